@@ -1,0 +1,1 @@
+"""medjax: fault-tolerant multi-modal training in JAX."""
