@@ -1,0 +1,54 @@
+"""Default: a 6,000-patient synthetic cohort with the paper's shape, trained on CPU.
+
+Run:
+  python launch.py --config configs/default.py --workdir runs/default
+Variants:
+  configs/default.py:ingest   only synthesise and ingest the cohort (no training)
+"""
+
+import ml_collections
+from ml_collections import config_dict
+
+from medjax.data import synthetic
+
+
+def get_config(arg=None):
+  config = ml_collections.ConfigDict()
+  # What launch.py runs: 'synth' (write the cohort), 'ingest' (+ manifest, placement, cache),
+  # 'train' (+ training and evaluation).
+  config.mode = "train"
+  config.seed = 0
+
+  config.data = data = ml_collections.ConfigDict()
+  # Cohort directory (dicom/, labs.csv, vitals.csv, labels.csv). None: synthesise one from
+  # data.synthetic into <workdir>/cohort.
+  data.root = config_dict.placeholder(str)
+  data.synthetic = synthetic.get_config()
+  data.synthetic.num_patients = 6000
+  data.analytes = ()          # expected lab columns in model order; empty: take them from labs.csv
+  data.rename = ml_collections.ConfigDict()   # labs.csv column -> analyte name
+  data.classes = ()           # class names in model order; empty: sorted names from labels.csv
+  data.vitals_channels = ("hr", "sbp", "dbp", "rr", "spo2", "temp")
+  data.vitals_steps = 24
+  data.vitals_hours_per_step = 1.0
+  data.image_size = 32        # cached image side (images are letterboxed and resized to it)
+  data.max_images = 4
+  data.split = (0.7, 0.1, 0.2)
+  data.on_error = "quarantine"   # malformed table rows: 'quarantine' (report, go on) or 'raise'
+  data.salt_file = ""         # pseudonymisation salt; default <workdir>/secrets/id_salt
+  data.scan_workers = 0       # header-scan processes; 0: one per CPU core
+  data.cache_dir = ""         # node-local decoded cache; default <workdir>/cache
+  data.reingest = False       # ingest again even if <workdir>/ingest exists
+  data.placement_method = "bounded"   # 'bounded' (medjax), 'ring' or 'modulo' (baselines)
+  data.vnodes = 100           # virtual nodes per host on the hash ring
+  data.num_partitions = 8     # partitions per epoch (the unit of lineage)
+  data.batch_size = 32        # global batch, split evenly over hosts
+
+  config.fault = fault = ml_collections.ConfigDict()
+  fault.local_hosts = 1       # hosts (agents) started on this machine by the local launcher
+
+  if arg == "ingest":
+    config.mode = "ingest"
+  elif arg:
+    raise ValueError(f"configs/default.py: unknown variant {arg!r}; use 'ingest' or none")
+  return config

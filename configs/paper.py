@@ -1,0 +1,20 @@
+"""Paper scale: the lineage paper's cohort shape (53,420 patients, 37 classes, 43 analytes).
+
+Run (on a cluster; see README "Multi-host"):
+  python launch.py --config configs/paper.py --workdir /pfs/runs/paper
+Variants:
+  configs/paper.py:ingest   only synthesise and ingest the cohort
+"""
+
+from configs import default
+
+
+def get_config(arg=None):
+  config = default.get_config(arg)
+  config.data.synthetic.num_patients = 53420
+  config.data.synthetic.image_size = 128
+  config.data.image_size = 64
+  config.data.num_partitions = 16
+  config.data.batch_size = 512
+  config.fault.local_hosts = 1
+  return config

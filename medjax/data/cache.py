@@ -1,0 +1,262 @@
+"""The node-local decoded-record cache, in TensorStore (zarr) on the host's local disk.
+
+Records are decoded from shared storage once (`records.decode`) and written into two arrays with
+one chunk per record: `images` (float16 [capacity, M, S, S]) and `tab` (float32, the image mask,
+labs, vitals and their masks packed). `index.json` maps record id -> (slot, fingerprint, crc32).
+
+Nothing on disk is trusted blindly. On open, the cache checks its shapes against the config and
+each entry's fingerprint (manifest row + table values) against the manifest; stale entries are
+dropped. On read, each record's bytes are checked against its crc32; a damaged or unreadable record
+is decoded again from shared storage, and only that record.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import time
+import zlib
+
+import numpy as np
+import tensorstore as ts
+
+from medjax.data import records
+
+FORMAT_VERSION = 1
+_COMPRESSOR = {"id": "blosc", "cname": "lz4", "clevel": 1, "shuffle": 2}
+
+
+def fingerprint(manifest, row: int, tables: dict[str, np.ndarray]) -> str:
+  """Changes whenever what record `row` decodes to could change."""
+  h = hashlib.blake2b(manifest.row_fingerprint(row).encode(), digest_size=12)
+  h.update(np.ascontiguousarray(tables["labs"][row]).tobytes())
+  h.update(np.ascontiguousarray(tables["vitals"][row]).tobytes())
+  return h.hexdigest()
+
+
+class Cache:
+  """Decoded records of one host, keyed by record id.
+
+  Args:
+    path: node-local directory (created if missing).
+    manifest: the ingest manifest (rows are addressed by manifest row index).
+    tables: the ingested tables (`ingest.load(...).tables`).
+    shapes: record shapes (`records.shapes_for`).
+    data_root: the shared-storage cohort root that manifest image paths are relative to.
+    read_only: never write (a process that is not the host's cache writer).
+  """
+
+  def __init__(self, path, manifest, tables, shapes: records.Shapes, data_root: str, *,
+               read_only: bool = False):
+    self.path, self.manifest, self.tables, self.shapes = path, manifest, tables, shapes
+    self.data_root, self.read_only = data_root, read_only
+    self.counters = {"hits": 0, "misses": 0, "damaged": 0, "pfs_reads": 0, "pfs_bytes": 0,
+                     "records_written": 0, "decode_s": 0.0, "dropped_stale": 0}
+    self.rejected: dict[str, dict] = {}
+    self._row_of = {rid: i for i, rid in enumerate(manifest.record_ids)}
+    self._shapes = shapes.record_shapes()
+    self._tab_sizes = [int(np.prod(self._shapes[k])) for k in records.KEYS if k != "images"]
+    os.makedirs(path, exist_ok=True)
+    self._open()
+
+  # -- opening and validation ------------------------------------------------------------------
+
+  def _spec(self) -> dict:
+    return {"version": FORMAT_VERSION, **self.shapes.as_dict()}
+
+  def _open(self) -> None:
+    spec_path = os.path.join(self.path, "spec.json")
+    spec = None
+    if os.path.exists(spec_path):
+      with open(spec_path) as f:
+        spec = json.load(f)
+    if spec != self._spec():
+      if spec is not None:
+        logging.warning("cache %s: built for %s, config wants %s; rebuilding it", self.path, spec,
+                        self._spec())
+      if self.read_only:
+        raise RuntimeError(f"cache {self.path} does not match the config and this process may not "
+                           "rebuild it; start the host's cache writer first")
+      for name in ("images", "tab", "index.json"):
+        target = os.path.join(self.path, name)
+        if os.path.isdir(target):
+          shutil.rmtree(target)
+        elif os.path.exists(target):
+          os.remove(target)
+      with open(spec_path, "w") as f:
+        json.dump(self._spec(), f)
+    self.index: dict[str, list] = {}
+    index_path = os.path.join(self.path, "index.json")
+    if os.path.exists(index_path):
+      with open(index_path) as f:
+        self.index = json.load(f)
+    capacity = max([s for s, _, _ in self.index.values()], default=-1) + 1
+    capacity = max(capacity, 64)
+    s, m = self.shapes.image_size, self.shapes.max_images
+    self._images = self._array("images", ts.float16, [capacity, m, s, s])
+    self._tab = self._array("tab", ts.float32, [capacity, sum(self._tab_sizes)])
+    self._validate()
+
+  def _array(self, name: str, dtype, shape: list[int]):
+    spec = {"driver": "zarr", "kvstore": {"driver": "file", "path": os.path.join(self.path, name)},
+            "metadata": {"compressor": _COMPRESSOR}}
+    return ts.open(spec, create=not self.read_only, open=True, dtype=dtype, shape=shape,
+                   chunk_layout=ts.ChunkLayout(read_chunk_shape=[1, *shape[1:]]),
+                   ).result()
+
+  def _validate(self) -> None:
+    """Drops entries whose record left the manifest or whose inputs changed."""
+    stale = []
+    for rid, (slot, fp, _) in self.index.items():
+      row = self._row_of.get(rid)
+      if (row is None or fp != fingerprint(self.manifest, row, self.tables)
+          or slot >= self._images.shape[0]):
+        stale.append(rid)
+    for rid in stale:
+      del self.index[rid]
+    self.counters["dropped_stale"] += len(stale)
+    if stale:
+      logging.info("cache %s: %d entries no longer match the manifest; they will be decoded again",
+                   self.path, len(stale))
+      self._save_index()
+
+  def _save_index(self) -> None:
+    if self.read_only:
+      return
+    tmp = os.path.join(self.path, "index.json.tmp")
+    with open(tmp, "w") as f:
+      json.dump(self.index, f)
+    os.replace(tmp, os.path.join(self.path, "index.json"))
+
+  def refresh(self) -> None:
+    """Re-reads the index (for readers while the host's writer adds records)."""
+    with open(os.path.join(self.path, "index.json")) as f:
+      self.index = json.load(f)
+    self._images = self._array("images", ts.float16, list(self._images.shape))
+    self._tab = self._array("tab", ts.float32, list(self._tab.shape))
+
+  # -- packing ---------------------------------------------------------------------------------
+
+  def _pack(self, rec: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    tab = np.concatenate([rec[k].astype(np.float32).ravel() for k in records.KEYS
+                          if k != "images"])
+    return rec["images"].astype(np.float16), tab
+
+  def _unpack(self, images: np.ndarray, tab: np.ndarray) -> dict[str, np.ndarray]:
+    out = {"images": images.astype(np.float32)}
+    offset = 0
+    for k, size in zip([k for k in records.KEYS if k != "images"], self._tab_sizes):
+      value = tab[offset:offset + size].reshape(self._shapes[k])
+      out[k] = value > 0.5 if k.endswith("mask") else value
+      offset += size
+    return out
+
+  @staticmethod
+  def _crc(images: np.ndarray, tab: np.ndarray) -> int:
+    return zlib.crc32(tab.tobytes(), zlib.crc32(images.tobytes()))
+
+  # -- writing ---------------------------------------------------------------------------------
+
+  def cached(self, rows: np.ndarray) -> np.ndarray:
+    """bool per row: an entry exists (its bytes are verified only on read)."""
+    return np.array([self.manifest.record_ids[r] in self.index for r in rows], bool)
+
+  def _decode(self, row: int) -> dict[str, np.ndarray]:
+    t0 = time.perf_counter()
+    rec, rejected, nbytes = records.decode(self.manifest, row, self.tables, self.data_root,
+                                           self.shapes)
+    self.counters["decode_s"] += time.perf_counter() - t0
+    self.counters["pfs_reads"] += len(self.manifest.image_files[row])
+    self.counters["pfs_bytes"] += nbytes
+    for entry in rejected:
+      if entry["path"] not in self.rejected:
+        self.rejected[entry["path"]] = entry
+        if not self.read_only:
+          with open(os.path.join(self.path, "decode_quarantine.jsonl"), "a") as f:
+            f.write(json.dumps(entry) + "\n")
+    return rec
+
+  def _free_slots(self, n: int) -> list[int]:
+    used = {slot for slot, _, _ in self.index.values()}
+    free = [s for s in range(self._images.shape[0]) if s not in used][:n]
+    if len(free) < n:
+      capacity = self._images.shape[0]
+      new_capacity = max(int(capacity * 1.5), capacity + n - len(free))
+      self._images = self._images.resize(
+          exclusive_max=[new_capacity, *self._images.shape[1:]], expand_only=True).result()
+      self._tab = self._tab.resize(
+          exclusive_max=[new_capacity, *self._tab.shape[1:]], expand_only=True).result()
+      free += list(range(capacity, capacity + n - len(free)))
+    return free
+
+  def _write(self, rows: list[int], recs: list[dict[str, np.ndarray]]) -> None:
+    if self.read_only or not rows:
+      return
+    slots = self._free_slots(len(rows))
+    packed = [self._pack(r) for r in recs]
+    images = np.stack([p[0] for p in packed])
+    tab = np.stack([p[1] for p in packed])
+    with ts.Transaction() as txn:
+      self._images.with_transaction(txn)[slots].write(images)
+      self._tab.with_transaction(txn)[slots].write(tab)
+    for row, slot, (im, tb) in zip(rows, slots, packed):
+      rid = self.manifest.record_ids[row]
+      self.index[rid] = [slot, fingerprint(self.manifest, row, self.tables), self._crc(im, tb)]
+    self.counters["records_written"] += len(rows)
+    self._save_index()
+
+  def ensure(self, rows, *, batch: int = 64, progress=None) -> int:
+    """Decodes and caches the rows that are not cached yet; returns how many were decoded."""
+    todo = [int(r) for r in rows if self.manifest.record_ids[r] not in self.index]
+    for start in range(0, len(todo), batch):
+      chunk = todo[start:start + batch]
+      self._write(chunk, [self._decode(r) for r in chunk])
+      if progress is not None:
+        progress(len(chunk))
+    return len(todo)
+
+  # -- reading ---------------------------------------------------------------------------------
+
+  def _read_slots(self, slots: list[int]) -> tuple[np.ndarray, np.ndarray] | None:
+    try:
+      images = self._images.oindex[np.asarray(slots)].read().result()
+      tab = self._tab.oindex[np.asarray(slots)].read().result()
+    except Exception:  # pylint: disable=broad-except  (a damaged chunk: isolate it below)
+      return None
+    return images, tab
+
+  def read(self, rows) -> dict[str, np.ndarray]:
+    """A batch for manifest rows (-1 = padding, all-missing), decoding any miss or damage."""
+    rows = [int(r) for r in rows]
+    out = records.empty(self.shapes, len(rows))
+    ids = self.manifest.record_ids
+    hits = [(i, r) for i, r in enumerate(rows) if r >= 0 and ids[r] in self.index]
+    redo = [(i, r) for i, r in enumerate(rows) if r >= 0 and ids[r] not in self.index]
+    self.counters["misses"] += len(redo)
+    if hits:
+      slots = [self.index[ids[r]][0] for _, r in hits]
+      together = self._read_slots(slots)
+      for j, (i, r) in enumerate(hits):
+        if together is not None:
+          one = together[0][j], together[1][j]
+        else:  # Some chunk is unreadable: read one by one to find which.
+          alone = self._read_slots([slots[j]])
+          one = None if alone is None else (alone[0][0], alone[1][0])
+        if one is None or self._crc(*one) != self.index[ids[r]][2]:
+          self.counters["damaged"] += 1
+          del self.index[ids[r]]
+          redo.append((i, r))
+          continue
+        self.counters["hits"] += 1
+        for k, v in self._unpack(*one).items():
+          out[k][i] = v
+    if redo:
+      decoded = [self._decode(r) for _, r in redo]
+      self._write([r for _, r in redo], decoded)
+      for (i, _), rec in zip(redo, decoded):
+        for k, v in rec.items():
+          out[k][i] = v
+    return out

@@ -1,0 +1,149 @@
+"""From config to ready data: cohort -> ingest -> placement -> partition plan -> decoded cache.
+
+`prepare` is what both `--config.mode=ingest` and training call first. Each stage reuses what an
+earlier run left in the workdir when it still matches, and says so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+
+import numpy as np
+
+from medjax import progress
+from medjax.data import cache as cache_lib
+from medjax.data import ingest
+from medjax.data import manifest as manifest_lib
+from medjax.data import partition
+from medjax.data import placement as placement_lib
+from medjax.data import records
+from medjax.data import synthetic
+
+
+@dataclasses.dataclass
+class Prepared:
+  root: str
+  ingested: ingest.Ingested
+  placement: placement_lib.Placement
+  shapes: records.Shapes
+
+  @property
+  def manifest(self) -> manifest_lib.Manifest:
+    return self.ingested.manifest
+
+
+def host_names(n: int) -> list[str]:
+  return [f"host-{i}" for i in range(n)]
+
+
+def cohort_root(config, workdir: str) -> str:
+  """The cohort directory: config.data.root, or a synthetic cohort written into the workdir."""
+  if config.data.root:
+    if not os.path.isdir(config.data.root):
+      raise FileNotFoundError(f"config.data.root={config.data.root!r} is not a directory; point it "
+                              "at a folder with dicom/, labs.csv, vitals.csv, labels.csv")
+    return config.data.root
+  root = os.path.join(workdir, "cohort")
+  marker = os.path.join(root, "synthetic.json")
+  wanted = config.data.synthetic.to_json(sort_keys=True)
+  if os.path.exists(marker):
+    with open(marker) as f:
+      if f.read() == wanted:
+        logging.info("cohort: reusing the synthetic cohort in %s", root)
+        return root
+    logging.info("cohort: %s was generated with another config; generating it again", root)
+  if config.data.synthetic.vitals_steps != config.data.vitals_steps:
+    raise ValueError(f"config.data.synthetic.vitals_steps={config.data.synthetic.vitals_steps} "
+                     f"but config.data.vitals_steps={config.data.vitals_steps}; make them equal")
+  synthetic.generate(config.data.synthetic, root)
+  logging.info("cohort: wrote %d synthetic patients to %s", config.data.synthetic.num_patients,
+               root)
+  with open(marker, "w") as f:
+    f.write(wanted)
+  return root
+
+
+def ingested(config, workdir: str, root: str) -> ingest.Ingested:
+  """Runs the ingest, or loads the one in the workdir when it exists and reingest is off."""
+  done = os.path.join(ingest.output_dir(workdir), "summary.json")
+  if os.path.exists(done) and not config.data.reingest and config.mode != "ingest":
+    logging.info("ingest: reusing %s (set --config.data.reingest=True to redo it)",
+                 ingest.output_dir(workdir))
+    return ingest.load(workdir)
+  result = ingest.run(config, workdir, root)
+  logging.info("ingest summary\n%s", ingest.format_summary(result.summary))
+  return result
+
+
+def cache_dir(config, workdir: str, host: str) -> str:
+  return os.path.join(config.data.cache_dir or os.path.join(workdir, "cache"), host)
+
+
+def open_cache(config, workdir: str, prepared: Prepared, host: str, *,
+               read_only: bool = False) -> cache_lib.Cache:
+  return cache_lib.Cache(cache_dir(config, workdir, host), prepared.manifest,
+                         prepared.ingested.tables, prepared.shapes, prepared.root,
+                         read_only=read_only)
+
+
+def fill_cache(cache: cache_lib.Cache, rows: np.ndarray, desc: str) -> int:
+  """Decodes into `cache` every row it lacks, with progress."""
+  todo = int(np.sum(~cache.cached(rows)))
+  if not todo:
+    return 0
+  with progress.Progress(todo, desc, unit="rec") as bar:
+    return cache.ensure(rows, progress=bar.update)
+
+
+def prepare(config, workdir: str, hosts: list[str]) -> Prepared:
+  """Cohort, ingest and placement over `hosts` (caches are filled by their hosts)."""
+  root = cohort_root(config, workdir)
+  result = ingested(config, workdir, root)
+  place = placement_lib.place(result.manifest, hosts, seed=config.seed,
+                              vnodes=config.data.vnodes, method=config.data.placement_method)
+  return Prepared(root=root, ingested=result, placement=place,
+                  shapes=records.shapes_for(config.data, result.tables))
+
+
+def run_ingest(config, workdir: str) -> dict:
+  """`--config.mode=ingest`: everything up to filled caches, with a report (no training)."""
+  hosts = host_names(config.fault.local_hosts)
+  prepared = prepare(config, workdir, hosts)
+  stats = placement_lib.load_stats(prepared.placement, prepared.manifest)
+  host_batch = config.data.batch_size // len(hosts)
+  plan = partition.plan_epoch(prepared.manifest, prepared.placement, seed=config.seed, epoch=0,
+                              num_partitions=config.data.num_partitions,
+                              host_batch_size=host_batch)
+  cache_counts = {}
+  for host in hosts:
+    cache = open_cache(config, workdir, prepared, host)
+    fill_cache(cache, prepared.placement.rows_of(host), f"decoding {host}")
+    cache_counts[host] = {**cache.counters, "rejected_at_decode": len(cache.rejected)}
+  report = {
+      "ingest": prepared.ingested.summary,
+      "placement": {k: v for k, v in stats.items() if not isinstance(v, (list, np.ndarray))},
+      "plan": {"epoch": 0, "partitions": len(plan.partitions), "steps": plan.num_steps,
+               "padding_fraction": round(plan.padding_fraction, 4)},
+      "cache": cache_counts,
+  }
+  with open(os.path.join(workdir, "ingest", "report.json"), "w") as f:
+    json.dump(report, f, indent=2, default=_jsonable)
+  print(ingest.format_summary(prepared.ingested.summary))
+  print(f"placement over {len(hosts)} host(s): max/mean cost "
+        f"{stats['cost_max_over_mean']:.4f}; epoch 0: {len(plan.partitions)} "
+        f"partitions, {plan.num_steps} steps, padding {report['plan']['padding_fraction']:.2%}")
+  for host, c in cache_counts.items():
+    print(f"cache {host}: {c['records_written']} records decoded, {c['pfs_reads']} files read, "
+          f"{c['rejected_at_decode']} rejected at decode")
+  return report
+
+
+def _jsonable(value):
+  if isinstance(value, np.generic):
+    return value.item()
+  if isinstance(value, np.ndarray):
+    return value.tolist()
+  raise TypeError(f"not JSON serialisable: {type(value)}")

@@ -1,0 +1,120 @@
+"""One manifest row -> the fixed-shape arrays the model reads.
+
+A record is a dict of numpy arrays:
+  images_MxSxS   float32 in [0, 1], up to M images (frames count as images), letterboxed to S x S
+  image_mask_M   bool
+  labs_L         raw lab values (NaN-free; 0 where missing)
+  labs_mask_L    bool
+  vitals_TxC     raw vital signs (0 where missing)
+  vitals_mask_TxC bool
+Batches stack records along a leading B axis and drop the per-record suffixes from the keys
+(`images`, `image_mask`, ...). Normalisation by training-split statistics happens at batch time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import numpy as np
+from PIL import Image
+
+from medjax.data import dicom
+
+KEYS = ("images", "image_mask", "labs", "labs_mask", "vitals", "vitals_mask")
+
+
+@dataclasses.dataclass(frozen=True)
+class Shapes:
+  image_size: int
+  max_images: int
+  num_analytes: int
+  vitals_steps: int
+  vitals_channels: int
+
+  def as_dict(self) -> dict:
+    return dataclasses.asdict(self)
+
+  def record_shapes(self) -> dict[str, tuple[int, ...]]:
+    s, m, l, t, c = (self.image_size, self.max_images, self.num_analytes, self.vitals_steps,
+                     self.vitals_channels)
+    return {"images": (m, s, s), "image_mask": (m,), "labs": (l,), "labs_mask": (l,),
+            "vitals": (t, c), "vitals_mask": (t, c)}
+
+
+def shapes_for(data_config, tables: dict[str, np.ndarray]) -> Shapes:
+  """Record shapes from the config (images) and the ingested tables (labs, vitals)."""
+  return Shapes(image_size=data_config.image_size, max_images=data_config.max_images,
+                num_analytes=tables["labs"].shape[1], vitals_steps=tables["vitals"].shape[1],
+                vitals_channels=tables["vitals"].shape[2])
+
+
+def empty(shapes: Shapes, n: int) -> dict[str, np.ndarray]:
+  """n all-missing records (padding)."""
+  return {k: np.zeros((n, *shape), bool if k.endswith("mask") else np.float32)
+          for k, shape in shapes.record_shapes().items()}
+
+
+def letterbox(image_HxW: np.ndarray, size: int) -> np.ndarray:
+  """Pads to a square (keeping the aspect ratio) and resizes to size x size (area-averaging)."""
+  h, w = image_HxW.shape
+  side = max(h, w)
+  if (h, w) != (side, side):
+    square = np.zeros((side, side), np.float32)
+    top, left = (side - h) // 2, (side - w) // 2
+    square[top:top + h, left:left + w] = image_HxW
+    image_HxW = square
+  if side == size:
+    return image_HxW.astype(np.float32)
+  resample = Image.BOX if side > size else Image.BILINEAR
+  out = Image.fromarray(image_HxW.astype(np.float32), "F").resize((size, size), resample)
+  return np.clip(np.asarray(out, np.float32), 0.0, 1.0)
+
+
+def decode(manifest, row: int, tables: dict[str, np.ndarray], data_root: str,
+           shapes: Shapes) -> tuple[dict[str, np.ndarray], list[dict], int]:
+  """Decodes one record from shared storage.
+
+  Returns:
+    (record, rejected files as quarantine entries, bytes read from storage).
+  """
+  record = {k: v[0] for k, v in empty(shapes, 1).items()}
+  rejected, nbytes, slot = [], 0, 0
+  for rel in manifest.image_files[row]:
+    if slot >= shapes.max_images:
+      break
+    path = os.path.join(data_root, rel)
+    try:
+      nbytes += os.path.getsize(path)
+      pixels = dicom.load_image(path)
+    except (dicom.RejectedFile, OSError) as e:
+      rejected.append({"path": rel, "stage": "decode", "reason": getattr(e, "reason", str(e))})
+      continue
+    frames = pixels[None] if pixels.ndim == 2 else pixels
+    for frame in frames[:shapes.max_images - slot]:
+      record["images"][slot] = letterbox(frame, shapes.image_size)
+      record["image_mask"][slot] = True
+      slot += 1
+  labs = tables["labs"][row]
+  record["labs_mask"] = ~np.isnan(labs)
+  record["labs"] = np.where(record["labs_mask"], labs, 0).astype(np.float32)
+  vitals = tables["vitals"][row]
+  record["vitals_mask"] = ~np.isnan(vitals)
+  record["vitals"] = np.where(record["vitals_mask"], vitals, 0).astype(np.float32)
+  return record, rejected, nbytes
+
+
+def stack(records: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+  return {k: np.stack([r[k] for r in records]) for k in KEYS}
+
+
+def normalize(batch: dict[str, np.ndarray], tables: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+  """z-scores labs and vitals with the training split's statistics; 0 where missing."""
+  out = dict(batch)
+  out["labs"] = np.where(batch["labs_mask"],
+                         (batch["labs"] - tables["labs_mean"]) / tables["labs_std"], 0
+                         ).astype(np.float32)
+  out["vitals"] = np.where(batch["vitals_mask"],
+                           (batch["vitals"] - tables["vitals_mean"]) / tables["vitals_std"], 0
+                           ).astype(np.float32)
+  return out

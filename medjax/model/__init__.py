@@ -1,0 +1,18 @@
+"""The fusion model. `create` builds it from config.model and the data's shapes."""
+
+from flax import nnx
+
+from medjax.model import fusion
+
+FusionModel = fusion.FusionModel
+MISSING_POLICIES = fusion.MISSING_POLICIES
+present_modalities = fusion.present_modalities
+
+
+def create(model_config, *, num_classes: int, shapes, seed: int) -> fusion.FusionModel:
+  """A FusionModel sized by `model_config` for records of `shapes` (records.Shapes)."""
+  return fusion.FusionModel(
+      model_config, num_classes=num_classes, image_size=shapes.image_size,
+      max_images=shapes.max_images, num_analytes=shapes.num_analytes,
+      vitals_steps=shapes.vitals_steps, vitals_channels=shapes.vitals_channels,
+      rngs=nnx.Rngs(params=seed))

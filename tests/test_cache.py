@@ -1,0 +1,89 @@
+"""The node-local decoded cache: written once, read by batch, validated on reopen, self-healing."""
+
+import glob
+import os
+
+import numpy as np
+import pytest
+
+from configs import default as default_config
+from medjax.data import cache as cache_lib
+from medjax.data import ingest
+from medjax.data import records
+from tests import cohorts
+
+
+@pytest.fixture
+def ingested(tmp_path):
+  root = cohorts.tiny_cohort(str(tmp_path / "cohort"))
+  config = default_config.get_config()
+  config.data.vitals_steps = 6
+  config.data.image_size = 16
+  result = ingest.run(config, str(tmp_path / "work"), root)
+  return config, result, root
+
+
+def _open(tmp_path, config, result, root, **kw):
+  shapes = records.shapes_for(config.data, result.tables)
+  return cache_lib.Cache(str(tmp_path / "cache"), result.manifest, result.tables, shapes, root, **kw)
+
+
+def test_read_equals_decode_and_counts_hits(tmp_path, ingested):
+  config, result, root = ingested
+  cache = _open(tmp_path, config, result, root)
+  rows = np.arange(len(result.manifest))
+  assert cache.ensure(rows) == len(rows)
+  assert cache.ensure(rows) == 0  # written once
+  batch = cache.read(np.concatenate([rows, [-1]]))
+  assert cache.counters["hits"] == len(rows) and cache.counters["misses"] == 0
+  for i in rows:
+    rec, _, _ = records.decode(result.manifest, i, result.tables, root, cache.shapes)
+    np.testing.assert_allclose(batch["images"][i], rec["images"], atol=1e-3)  # float16 storage
+    for k in ("image_mask", "labs", "labs_mask", "vitals", "vitals_mask"):
+      np.testing.assert_array_equal(batch[k][i], rec[k])
+  assert not batch["image_mask"][-1].any() and not batch["labs_mask"][-1].any()  # padding row
+  assert batch["images"].shape == (len(rows) + 1, 4, 16, 16)
+
+
+def test_reopen_reuses_and_validates_against_manifest(tmp_path, ingested):
+  config, result, root = ingested
+  cache = _open(tmp_path, config, result, root)
+  cache.ensure(np.arange(len(result.manifest)))
+  reopened = _open(tmp_path, config, result, root)
+  assert reopened.counters["dropped_stale"] == 0
+  assert reopened.ensure(np.arange(len(result.manifest))) == 0
+  # A changed lab value (a re-ingest with an edited table) invalidates exactly that record.
+  result.tables["labs"][0, 0] += 1.0
+  changed = _open(tmp_path, config, result, root)
+  assert changed.counters["dropped_stale"] == 1
+  assert changed.ensure(np.arange(len(result.manifest))) == 1
+
+
+def test_shape_change_rebuilds(tmp_path, ingested):
+  config, result, root = ingested
+  _open(tmp_path, config, result, root).ensure(np.arange(len(result.manifest)))
+  config.data.image_size = 8
+  cache = _open(tmp_path, config, result, root)
+  assert not cache.cached(np.arange(len(result.manifest))).any()
+
+
+def test_damaged_chunk_is_decoded_again_alone(tmp_path, ingested):
+  config, result, root = ingested
+  cache = _open(tmp_path, config, result, root)
+  rows = np.arange(len(result.manifest))
+  cache.ensure(rows)
+  image_rows = [r for r in rows if result.manifest.modality_mask[r, 0]]
+  victim = image_rows[0]
+  slot = cache.index[result.manifest.record_ids[victim]][0]
+  chunk = glob.glob(os.path.join(str(tmp_path / "cache"), "images", f"{slot}.*"))[0]
+  with open(chunk, "r+b") as f:
+    f.seek(20)
+    f.write(b"\xff" * 64)
+  reopened = _open(tmp_path, config, result, root)
+  reads_before = reopened.counters["pfs_reads"]
+  batch = reopened.read(rows)
+  assert reopened.counters["damaged"] == 1
+  assert reopened.counters["pfs_reads"] - reads_before == len(result.manifest.image_files[victim])
+  rec, _, _ = records.decode(result.manifest, victim, result.tables, root, reopened.shapes)
+  np.testing.assert_allclose(batch["images"][victim], rec["images"], atol=1e-3)
+  assert _open(tmp_path, config, result, root).read(rows) is not None

@@ -1,0 +1,101 @@
+"""Ingest of a hand-made cohort built from real DICOM test files shipped with pydicom."""
+
+import json
+import os
+
+import ml_collections
+import numpy as np
+import pytest
+
+from configs import default as default_config
+from medjax.data import cache as cache_lib
+from medjax.data import ingest
+from medjax.data import records
+from tests import cohorts
+
+
+@pytest.fixture
+def cohort(tmp_path):
+  return cohorts.tiny_cohort(str(tmp_path / "cohort"))
+
+
+def _config(**data):
+  config = default_config.get_config()
+  config.data.vitals_steps = 6
+  config.data.image_size = 16
+  config.data.split = (0.5, 0.0, 0.5)
+  config.data.update(data)
+  return config
+
+
+def test_ingest_links_by_patient_id_and_accounts_for_every_file(cohort, tmp_path):
+  workdir = str(tmp_path / "work")
+  result = ingest.run(_config(), workdir, cohort)
+  m = result.manifest
+  assert len(m) == 6  # MRN001..MRN006; MRN007 has only a label, MRN999 only images, no label
+  by_group = {ingest.manifest_lib.group_name(mask): i for i, mask in enumerate(m.modality_mask)}
+  assert set(by_group) == {"ILV", "L", "IV", "V"}
+  row = by_group["ILV"]
+  assert sorted(m.image_files[row]) == ["dicom/s1/a.dcm", "dicom/s1/b.dcm"]
+  assert m.num_images[by_group["IV"]] == 10  # emri_small has 10 frames
+  # Every input file is either in the manifest or in the quarantine report.
+  all_files = {os.path.relpath(os.path.join(dp, f), cohort)
+               for dp, _, fs in os.walk(os.path.join(cohort, "dicom")) for f in fs}
+  referenced = {f for files in m.image_files for f in files}
+  quarantined = {q["path"] for q in result.quarantine if q["path"].startswith("dicom")}
+  assert referenced | quarantined == all_files and not referenced & quarantined
+  reasons = {q["path"]: q["reason"] for q in result.quarantine}
+  assert "PatientID" in reasons["dicom/s3/c.dcm"]
+  assert "labels.csv" in reasons["dicom/s4/d.dcm"]
+  assert "pixel" in reasons["dicom/s5.dcm"].lower()
+  # Table problems: duplicate row, non-numeric value, out-of-order vitals, label without data.
+  table_lines = {(q["path"], q["line"]) for q in result.quarantine if q["stage"] == "tables"}
+  assert {("labs.csv", 5), ("labs.csv", 6), ("vitals.csv", 6), ("labels.csv", 8)} <= table_lines
+
+
+def test_no_raw_identifiers_leave_ingest(cohort, tmp_path):
+  workdir = str(tmp_path / "work")
+  ingest.run(_config(), workdir, cohort)
+  for dirpath, _, files in os.walk(os.path.join(workdir, "ingest")):
+    for name in files:
+      blob = open(os.path.join(dirpath, name), "rb").read()
+      for secret in (b"MRN00", b"DOE^JOHN", b"MRN999"):
+        assert secret not in blob, f"{name} contains {secret!r}"
+  salt = os.path.join(workdir, "secrets", "id_salt")
+  assert os.stat(salt).st_mode & 0o077 == 0
+
+
+def test_pseudonyms_stable_with_salt_and_split_is_stratified(cohort, tmp_path):
+  workdir = str(tmp_path / "work")
+  a = ingest.run(_config(), workdir, cohort).manifest
+  b = ingest.run(_config(), workdir, cohort).manifest
+  np.testing.assert_array_equal(a.record_ids, b.record_ids)
+  np.testing.assert_array_equal(a.split, b.split)
+  other = ingest.run(_config(), str(tmp_path / "other"), cohort).manifest
+  assert not set(other.record_ids) & set(a.record_ids)  # another salt, other ids
+  for label in np.unique(a.labels):
+    splits = a.split[a.labels == label]
+    assert abs(np.sum(splits == "train") - np.sum(splits == "test")) <= 1
+
+
+def test_raise_policy_names_file_and_line(cohort, tmp_path):
+  with pytest.raises(ingest.tables.TableError, match=r"labs.csv:5: duplicate patient row"):
+    ingest.run(_config(on_error="raise"), str(tmp_path / "w"), cohort)
+
+
+def test_tables_are_optional(cohort, tmp_path):
+  for name in ("labs.csv", "vitals.csv"):
+    os.remove(os.path.join(cohort, name))
+  result = ingest.run(_config(), str(tmp_path / "w"), cohort)
+  assert result.manifest.modality_mask[:, 0].all() and not result.manifest.modality_mask[:, 1:].any()
+
+
+def test_manifest_round_trip(cohort, tmp_path):
+  workdir = str(tmp_path / "work")
+  result = ingest.run(_config(), workdir, cohort)
+  loaded = ingest.load(workdir)
+  for field in ("record_ids", "labels", "modality_mask", "num_images", "split"):
+    np.testing.assert_array_equal(getattr(loaded.manifest, field), getattr(result.manifest, field))
+  assert loaded.manifest.image_files == result.manifest.image_files
+  first = json.loads(open(os.path.join(workdir, "ingest", "manifest.jsonl")).readlines()[1])
+  assert set(first) >= {"id", "label", "modalities", "image_files", "cost_ms", "split"}
