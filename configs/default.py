@@ -44,6 +44,47 @@ def get_config(arg=None):
   data.num_partitions = 8     # partitions per epoch (the unit of lineage)
   data.batch_size = 32        # global batch, split evenly over hosts
 
+  config.model = model = ml_collections.ConfigDict()
+  model.d_model = 64
+  model.image_channels = (16, 32, 64)   # strided 3x3 convs, one per entry
+  model.labs_hidden = 128
+  model.vitals_hidden = 64
+  model.fusion = "attention"            # 'attention' over modality tokens, or 'gated'
+  model.fusion_layers = 1
+  model.heads = 4
+  model.mlp_dim = 128
+  model.missing = "learned"             # 'learned', 'zero', 'mean' or 'drop' (ablations)
+  model.modality_dropout = 0.15
+  model.dtype = "float32"
+  model.num_classes = 0                 # 0: from the data; otherwise checked against it
+  model.num_analytes = 0                # 0: from the data; otherwise checked against it
+  model.vitals_channels = 0             # 0: from the data; otherwise checked against it
+
+  config.optim = optim = ml_collections.ConfigDict()
+  optim.epochs = 20
+  optim.lr = 2e-3
+  optim.warmup_fraction = 0.05
+  optim.end_lr_fraction = 0.01
+  optim.b1 = 0.9
+  optim.b2 = 0.999
+  optim.weight_decay = 1e-4
+  optim.clip_norm = 1.0
+  optim.grad_accum = 1                  # average the gradients of k steps per update
+  optim.class_weighted = False          # inverse-frequency loss weights for rare classes
+  optim.class_weight_power = 0.5        # weight = count^-power (0.5: square-root balancing)
+
+  config.mesh = mesh = ml_collections.ConfigDict()
+  mesh.data = -1                        # data-parallel axis size; -1: all devices fsdp leaves
+  mesh.fsdp = 1                         # parameter-sharding axis size
+
+  config.ckpt = ckpt = ml_collections.ConfigDict()
+  ckpt.max_to_keep = 3
+  ckpt.async_save = True
+
+  config.evals = evals = ml_collections.ConfigDict()
+  evals.splits = ("val", "test")
+  evals.bootstrap = 1000                # resamples for the 95% intervals
+
   config.fault = fault = ml_collections.ConfigDict()
   fault.local_hosts = 1       # hosts (agents) started on this machine by the local launcher
 

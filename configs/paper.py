@@ -16,5 +16,14 @@ def get_config(arg=None):
   config.data.image_size = 64
   config.data.num_partitions = 16
   config.data.batch_size = 512
+  # About 31M parameters, as in the paper.
+  config.model.d_model = 512
+  config.model.image_channels = (64, 128, 256, 512)
+  config.model.labs_hidden = 512
+  config.model.vitals_hidden = 256
+  config.model.fusion_layers = 8
+  config.model.heads = 8
+  config.model.mlp_dim = 2048
+  config.optim.lr = 3e-4
   config.fault.local_hosts = 1
   return config

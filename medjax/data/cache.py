@@ -199,9 +199,12 @@ class Cache:
     packed = [self._pack(r) for r in recs]
     images = np.stack([p[0] for p in packed])
     tab = np.stack([p[1] for p in packed])
+    # One transaction: both arrays' chunks are committed together before the index names them.
     with ts.Transaction() as txn:
-      self._images.with_transaction(txn)[slots].write(images)
-      self._tab.with_transaction(txn)[slots].write(tab)
+      writes = [self._images.with_transaction(txn)[slots].write(images),
+                self._tab.with_transaction(txn)[slots].write(tab)]
+      for w in writes:
+        w.result()
     for row, slot, (im, tb) in zip(rows, slots, packed):
       rid = self.manifest.record_ids[row]
       self.index[rid] = [slot, fingerprint(self.manifest, row, self.tables), self._crc(im, tb)]

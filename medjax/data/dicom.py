@@ -83,7 +83,7 @@ class Header:
   """What ingest needs to know about an image file; no names, dates or UIDs.
 
   Attributes:
-    patient_id: raw PatientID. Callers hash it; never log it.
+    patient_id: raw PatientID. Callers hash it; never log it (it is left out of repr()).
     modality: e.g. 'CT'; '' when absent.
     sop_class: SOP class name, e.g. 'CT Image Storage'.
     rows, columns, frames, samples_per_pixel: image geometry (frames is 1 for single-frame).
@@ -92,7 +92,7 @@ class Header:
     pixel_bytes: Pixel Data length as stored; for encapsulated (undefined length) data, the
       bytes from its start to the end of the file.
   """
-  patient_id: str
+  patient_id: str = dataclasses.field(repr=False)
   modality: str
   sop_class: str
   rows: int
@@ -205,7 +205,7 @@ def _read(path: str):
     if len(pydicom.dcmread(path, stop_before_pixels=True)):
       raise RejectedFile(path, "truncated: file ends inside an undefined-length element "
                          "(encapsulated pixel data without its sequence delimiter?)")
-    raise RejectedFile(path, "empty dataset")
+    raise RejectedFile(path, "no data elements after the file meta (truncated or empty dataset)")
   return ds
 
 
@@ -215,7 +215,8 @@ def _check_lengths(path: str, ds) -> None:
     return  # offsets point into the inflated stream; a cut stream already failed to inflate
   size = os.path.getsize(path)
   for tag in ds.keys():
-    elem = ds.get_item(tag)  # unlike ds[tag], leaves the element raw and its value unread
+    # keep_deferred: without it get_item reads (and so loads) a deferred value.
+    elem = ds.get_item(tag, keep_deferred=True)
     if isinstance(elem, dataelem.RawDataElement) and elem.length != _UNDEFINED_LENGTH:
       present = max(size - elem.value_tell, 0)
       if present < elem.length:
@@ -259,7 +260,7 @@ def _positive_int(path: str, ds, keyword: str, default: int | None = None) -> in
 
 
 def _pixel_bytes(path: str, ds, ts: uids.UID) -> int:
-  elem = ds.get_item(_PIXEL_DATA)
+  elem = ds.get_item(_PIXEL_DATA, keep_deferred=True)
   if not isinstance(elem, dataelem.RawDataElement):  # already read, e.g. from a deflated file
     length, undefined = len(elem.value or b""), False
   else:

@@ -127,11 +127,15 @@ def stratified_split(labels_N: np.ndarray, record_ids: np.ndarray, fractions: tu
 
 def _normalizer(values: np.ndarray, train_rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
   """Per-feature mean and std over the training rows' observed values (last axis = feature)."""
-  flat = values[train_rows].reshape(-1, values.shape[-1])
-  with np.errstate(invalid="ignore"):
-    count = np.sum(~np.isnan(flat), axis=0)
-    mean = np.where(count > 0, np.nanmean(np.where(count > 0, flat, 0), axis=0), 0.0)
-    std = np.where(count > 1, np.nanstd(np.where(count > 0, flat, 0), axis=0), 1.0)
+  features = values.shape[-1]
+  flat = values[train_rows].reshape(int(np.prod(values[train_rows].shape[:-1])), features)
+  flat = flat.astype(np.float64)
+  observed = ~np.isnan(flat)
+  count = observed.sum(0)
+  filled = np.where(observed, flat, 0.0)
+  mean = filled.sum(0) / np.maximum(count, 1)
+  var = np.where(observed, (flat - mean) ** 2, 0.0).sum(0) / np.maximum(count - 1, 1)
+  std = np.sqrt(var)
   return mean.astype(np.float32), np.where(std > 1e-6, std, 1.0).astype(np.float32)
 
 

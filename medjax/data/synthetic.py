@@ -87,6 +87,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.num_classes = 37
   c.class_prior_exponent = 1.0  # prior_k ~ (k + 1)^-a.
   c.rare_twins = 3  # Rarest classes sharing h_shared means with common classes 0, 1, ...
+  c.twin_offset = 4.0  # Distance of a twin's mean from its common twin's, along h_image.
   c.num_analytes = 43
   c.vitals_steps = 24
   c.image_size = 64
@@ -94,13 +95,14 @@ def get_config() -> ml_collections.ConfigDict:
   c.mean_images = 3.2  # Per patient with imaging (the paper's profile); 1 + Binomial.
   # Latent model; separation and noise levels are calibrated by experiments/calibrate_synthetic.py.
   c.latent_dim_shared = 16
-  c.latent_dim_image = 6
+  c.latent_dim_image = 2
+  c.class_rank_shared = 6  # Dims of h_shared along which class means differ.
   c.image_latent_dim = 8
-  c.class_sep = 0.75  # Class means ~ N(0, class_sep^2 I).
-  c.lab_noise = 1.2  # Per-analyte noise sd relative to the unit-norm signal loading.
-  c.vitals_noise = 2.8
+  c.class_sep = 1.8  # Class means ~ N(0, class_sep^2 I).
+  c.lab_noise = 1.0  # Per-analyte noise sd relative to the unit-norm signal loading.
+  c.vitals_noise = 1.0
   c.vitals_trend = 0.8  # Norm of the within-stay trend loading v_c relative to w_c.
-  c.image_noise = 0.5  # Per-image noise sd; the mean of n images has sd image_noise / sqrt(n).
+  c.image_noise = 1.0  # Per-image noise sd; the mean of n images has sd image_noise / sqrt(n).
   # Missingness (fractions of patients unless noted).
   c.frac_no_images = 0.38
   c.frac_no_labs = 0.08
@@ -216,10 +218,18 @@ def build_model(cfg) -> Model:
   names = [DISEASES[i] if i < len(DISEASES) else f"Disease {i + 1}" for i in range(k)]
   prior_K = (np.arange(1, k + 1, dtype=np.float64)) ** -cfg.class_prior_exponent
   prior_K /= prior_K.sum()
-  means_KxD = cfg.class_sep * rng.standard_normal((k, d))
+  # Class means vary only in a `class_rank_shared`-dim subspace of h_shared (plus all of h_image),
+  # which every modality can see: single modalities stay informative and combining them
+  # saturates, as in the paper's Table IV, instead of each modality holding disjoint evidence.
+  r = min(cfg.class_rank_shared, s)
+  basis_SxR = np.linalg.qr(rng.standard_normal((s, r)))[0]
+  means_KxD = cfg.class_sep * np.concatenate(
+      [rng.standard_normal((k, r)) @ basis_SxR.T, rng.standard_normal((k, d - s))], axis=1)
   twins = [(k - 1 - i, i) for i in range(cfg.rare_twins)]
-  for rare, common in twins:
-    means_KxD[rare, :s] = means_KxD[common, :s]
+  for rare, common in twins:  # Same on h_shared; a fixed offset on h_image only.
+    offset = _unit_rows(rng.standard_normal(d - s))
+    means_KxD[rare] = np.concatenate([means_KxD[common, :s],
+                                      means_KxD[common, s:] + cfg.twin_offset * offset])
   # Gains give each written standardized value roughly unit marginal variance.
   signal_var = 1.0 + cfg.class_sep ** 2
 
@@ -241,7 +251,12 @@ def build_model(cfg) -> Model:
   row_var_C = np.mean(np.sum(vit_TxCxS ** 2, axis=-1), axis=0)
   vit_gain_C = 1.0 / np.sqrt(row_var_C * signal_var + cfg.vitals_noise ** 2)
 
+  # Images read h through the class subspace of h_shared and all of h_image.
   e = cfg.image_latent_dim
+  view_RxD = np.zeros((r + d - s, d))
+  view_RxD[:r, :s] = basis_SxR.T
+  view_RxD[r:, s:] = np.eye(d - s)
+  image_ExD = _unit_rows(rng.standard_normal((e, r + d - s)) @ view_RxD)
   img_gain = 1.0 / np.sqrt(signal_var + cfg.image_noise ** 2)
   return Model(
       class_names=names, prior=prior_K, means=means_KxD, twins=twins, dim_shared=s,
@@ -250,7 +265,7 @@ def build_model(cfg) -> Model:
       lab_loadings=lab_LxS, lab_noise_sd=np.full(n_lab, lab_gain * cfg.lab_noise),
       vitals_loadings=vit_TxCxS * vit_gain_C[None, :, None],
       vitals_noise_sd=vit_gain_C * cfg.vitals_noise,
-      image_loadings=img_gain * _unit_rows(rng.standard_normal((e, d))),
+      image_loadings=img_gain * image_ExD,
       image_noise_sd=float(img_gain * cfg.image_noise))
 
 
@@ -490,19 +505,21 @@ def write_tables(cohort: Cohort, root: str) -> None:
 
 
 def write_cohort(cohort: Cohort, root: str, cfg) -> dict:
-  """Writes the cohort's input layout under `root` (must be absent or empty).
+  """Writes the cohort's input layout under `root`.
 
-  Files are written to a sibling temporary folder and renamed into place at the end, so an
-  interrupted run never leaves a half-written cohort behind.
+  `root` must be absent, empty, or hold an earlier synthetic cohort (it has oracle.npz), which is
+  replaced as a whole. Files are written to a sibling temporary folder and renamed into place
+  at the end, so an interrupted run never leaves a half-written or mixed cohort behind.
 
   Returns:
     Stats: counts, the written image files with their header variants ('images'), the junk
     files ingest must quarantine ('junk', paths relative to root) and timings in seconds.
   """
   root = os.path.abspath(root)
-  if os.path.isdir(root) and os.listdir(root):
-    raise FileExistsError(f"synthetic cohort root {root} is not empty; remove it or pick "
-                          "another root (the generator never mixes cohorts)")
+  if (os.path.isdir(root) and os.listdir(root)
+      and not os.path.exists(os.path.join(root, "oracle.npz"))):
+    raise FileExistsError(f"synthetic cohort root {root} holds files that are not a synthetic "
+                          "cohort; remove them or pick another root")
   tmp = f"{root}.partial-{os.getpid()}"
   shutil.rmtree(tmp, ignore_errors=True)
   os.makedirs(tmp)
@@ -511,9 +528,13 @@ def write_cohort(cohort: Cohort, root: str, cfg) -> dict:
   t1 = time.perf_counter()
   stats = synthetic_dicom.write_dicom(cohort, os.path.join(tmp, "dicom"), cfg)
   t2 = time.perf_counter()
-  if os.path.isdir(root):
-    os.rmdir(root)
-  os.rename(tmp, root)
+  if os.path.isdir(root):  # Empty, or an earlier synthetic cohort: move it aside, then drop it.
+    old = f"{root}.old-{os.getpid()}"
+    os.rename(root, old)
+    os.rename(tmp, root)
+    shutil.rmtree(old)
+  else:
+    os.rename(tmp, root)
   mask_Nx3 = cohort.modality_mask
   stats.update(
       num_patients=len(cohort), num_with_images=int(mask_Nx3[:, IMAGES].sum()),

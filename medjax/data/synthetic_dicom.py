@@ -262,6 +262,10 @@ def _patients_phi(patient_ids: np.ndarray, rng: np.random.Generator) -> list[dic
   return out
 
 
+def _hhmmss(seconds: int) -> str:
+  return f"{seconds // 3600:02d}{seconds // 60 % 60:02d}{seconds % 60:02d}"
+
+
 class _Writer:
   """Allocates random study folders and deterministic UIDs, and writes files."""
 
@@ -277,7 +281,8 @@ class _Writer:
     date = np.datetime64("2018-01-01") + np.timedelta64(int(self.rng.integers(0, 2400)), "D")
     return {"folder": folder, "patient": patient,
             "uid": uid.generate_uid(entropy_srcs=[str(self.seed), "study", key]),
-            "date": str(date).replace("-", ""), "time": f"{self.rng.integers(70000, 195959):06d}",
+            "date": str(date).replace("-", ""), "time": _hhmmss(int(self.rng.integers(7, 20) * 3600
+                                                                 + self.rng.integers(3600))),
             "accession": f"A{self.rng.integers(10 ** 7, 10 ** 8)}",
             "study_id": f"{self.rng.integers(1, 10 ** 5)}", "referrer": "ROE^RICHARD^DR"}
 

@@ -1,0 +1,79 @@
+"""Batches: plan steps -> this process's rows -> cached records -> global jax arrays.
+
+A plan step is an int32 [W, b] array of manifest rows (host-major, -1 = padding). The global batch
+is its W*b rows in that order; process k of a host with n processes feeds rows [k*b/n, (k+1)*b/n)
+of its host's slice, so the global batch is the same whatever the process count. Reading runs on a
+Grain prefetch thread so that it overlaps the training step.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import grain
+import jax
+import numpy as np
+
+from medjax.data import records
+
+
+class BatchReader:
+  """Reads this process's share of plan steps from its host's cache.
+
+  Args:
+    cache: the host's `cache.Cache`.
+    manifest: the ingest manifest.
+    tables: the ingested tables (normalisation statistics).
+    host_index: this host's column in plan steps.
+    local_index: this process's index among its host's processes.
+    local_count: how many processes its host runs.
+    class_weight_K: per-class loss weight (ones for an unweighted loss).
+    complete_only: weight 0 for records missing any modality (the 'drop' ablation).
+  """
+
+  def __init__(self, cache, manifest, tables, *, host_index: int = 0, local_index: int = 0,
+               local_count: int = 1, class_weight_K: np.ndarray | None = None,
+               complete_only: bool = False):
+    self.cache, self.manifest, self.tables = cache, manifest, tables
+    self.host_index, self.local_index, self.local_count = host_index, local_index, local_count
+    k = max(len(manifest.class_names), 1)
+    self.class_weight = (np.ones(k, np.float32) if class_weight_K is None
+                         else np.asarray(class_weight_K, np.float32))
+    self.complete_only = complete_only
+    self._lock = threading.Lock()  # the cache's counters and miss path are not thread-safe
+
+  def local_rows(self, step_Wxb: np.ndarray) -> np.ndarray:
+    b = step_Wxb.shape[1]
+    if b % self.local_count:
+      raise ValueError(f"host batch {b} does not split over {self.local_count} processes; make "
+                       "config.data.batch_size a multiple of hosts x processes per host")
+    per = b // self.local_count
+    return step_Wxb[self.host_index, self.local_index * per:(self.local_index + 1) * per]
+
+  def read(self, rows: np.ndarray) -> dict[str, np.ndarray]:
+    with self._lock:
+      batch = records.normalize(self.cache.read(rows), self.tables)
+    valid = rows >= 0
+    safe = np.where(valid, rows, 0)
+    labels = np.where(valid, self.manifest.labels[safe], 0).astype(np.int32)
+    weight = valid * self.class_weight[labels]
+    if self.complete_only:
+      weight = weight * self.manifest.modality_mask[safe].all(axis=1)
+    batch.update(label=labels, weight=weight.astype(np.float32), row=rows.astype(np.int32))
+    return batch
+
+
+def prefetched(reader: BatchReader, steps_SxWxb: np.ndarray, *, start: int = 0,
+               buffer: int = 4):
+  """Yields (step index, host-local batch) for steps[start:], read ahead on a thread."""
+  indices = list(range(start, len(steps_SxWxb)))
+  dataset = grain.MapDataset.source(indices).map(
+      lambda s: (s, reader.read(reader.local_rows(steps_SxWxb[s]))))
+  return iter(dataset.to_iter_dataset(grain.ReadOptions(num_threads=1,
+                                                        prefetch_buffer_size=buffer)))
+
+
+def to_global(local: dict[str, np.ndarray], sharding, global_batch: int) -> dict[str, jax.Array]:
+  """Assembles the global batch from every process's local share (no 'row': it stays local)."""
+  return {k: jax.make_array_from_process_local_data(sharding, v, (global_batch, *v.shape[1:]))
+          for k, v in local.items() if k != "row"}

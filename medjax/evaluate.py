@@ -1,0 +1,171 @@
+"""Evaluation: predictions over a split, metrics (with the Bayes ceiling), plots, notebook loading.
+
+In a notebook:
+  from medjax import evaluate
+  result = evaluate.load("runs/quickstart-...", split="test")
+  result.metrics["accuracy"], result.figures["confusion"]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import jax
+import ml_collections
+import numpy as np
+
+from medjax import plots
+from medjax.data import ingest
+from medjax.data import loader
+from medjax.data import manifest as manifest_lib
+from medjax.data import partition
+from medjax.train import metrics as metrics_lib
+from medjax.train import writers
+
+
+def predict(predict_fn, state, reader: loader.BatchReader, placement, rows: np.ndarray, *,
+            host_batch: int, sharding, global_batch: int, seed: int) -> np.ndarray:
+  """Class probabilities (len(rows), K) in the order of `rows`, on every process.
+
+  Rows are read by their owning hosts, exactly like training batches.
+  """
+  steps = partition.partition_steps(rows, placement, host_batch_size=host_batch, seed=seed)
+  flat = steps.reshape(len(steps), -1)
+  probs = {}
+  for s, local in loader.prefetched(reader, steps):
+    out = np.asarray(jax.device_get(predict_fn(state, loader.to_global(local, sharding,
+                                                                        global_batch))))
+    for r, p in zip(flat[s], out):
+      if r >= 0:
+        probs[int(r)] = p
+  return np.stack([probs[int(r)] for r in rows]) if len(rows) else np.zeros((0, 0))
+
+
+def _subsets(manifest, rows) -> np.ndarray:
+  return np.array([manifest_lib.group_name(m) for m in manifest.modality_mask[rows]])
+
+
+def split_metrics(manifest, rows: np.ndarray, probs_NxK: np.ndarray, *, bootstrap: int = 1000,
+                  seed: int = 0) -> dict:
+  """All metrics for `rows`: overall, per class, per modality subset, Table IV rows, 95% CIs."""
+  labels = manifest.labels[rows]
+  rare = metrics_lib.rare_classes(manifest.labels[manifest.indices("train")],
+                                  len(manifest.class_names))
+  out = metrics_lib.classification(probs_NxK, labels, rare)
+  out["by_subset"] = metrics_lib.by_subset(probs_NxK, labels, _subsets(manifest, rows))
+  out["table_iv"] = metrics_lib.table_iv(out["by_subset"])
+  out["ci95"] = metrics_lib.bootstrap(probs_NxK, labels, samples=bootstrap, seed=seed)
+  out["rare_classes"] = [manifest.class_names[k] for k in rare]
+  return out
+
+
+def ceiling_metrics(manifest, rows: np.ndarray, ceiling: dict[str, np.ndarray], **kw) -> dict:
+  """The same metrics for the Bayes-optimal posterior on the same records."""
+  where = {rid: i for i, rid in enumerate(ceiling["record_ids"])}
+  keep = np.array([manifest.record_ids[r] in where for r in rows], bool)
+  if not keep.all():
+    raise ValueError(f"ceiling.npz lacks {int((~keep).sum())} of the {len(rows)} test records; "
+                     "ingest the cohort again")
+  probs = ceiling["posterior"][[where[manifest.record_ids[r]] for r in rows]]
+  return split_metrics(manifest, rows, probs, **kw)
+
+
+def format_summary(summary: dict) -> str:
+  """Model vs ceiling, overall and by subset, as a plain-text table."""
+  test, ceil = summary.get("test", {}), summary.get("ceiling")
+  lines = [f"{'test':<14}{'model':>8}{'ceiling':>9}{'ratio':>7}"]
+  for key in ("accuracy", "macro_f1", "top3_accuracy", "rare_recall", "auroc_macro", "ece"):
+    m = test.get(key)
+    c = ceil.get(key) if ceil else None
+    ratio = f"{m / c:7.3f}" if (m is not None and c) else ""
+    lines.append(f"  {key:<12}{m:8.4f}" + (f"{c:9.4f}{ratio}" if c is not None else ""))
+  lines.append(f"{'by subset':<14}{'n':>6}{'acc':>8}{'ceiling':>9}")
+  for s, v in test.get("by_subset", {}).items():
+    c = ceil["by_subset"][s]["accuracy"] if ceil else float("nan")
+    lines.append(f"  {s:<12}{v['count']:6d}{v['accuracy']:8.4f}{c:9.4f}")
+  return "\n".join(lines)
+
+
+def write_plots(workdir: str, summary: dict, class_names: list[str], events=None) -> list[str]:
+  """PNG files in the workdir: loss curve, per-class F1, confusion matrix, accuracy by subset."""
+  figures = figures_for(summary, class_names, writers.read_metrics(workdir), events)
+  paths = []
+  for name, fig in figures.items():
+    path = os.path.join(workdir, f"{name}.png")
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    paths.append(path)
+  plots.close(figures)
+  return paths
+
+
+def figures_for(summary, class_names, metrics_rows, events=None) -> dict:
+  figures = {}
+  if metrics_rows:
+    figures["loss_curve"] = plots.loss_curve(metrics_rows, events or [])
+  if "test" in summary:
+    ceiling = summary.get("ceiling")
+    figures["per_class_f1"] = plots.per_class_f1(summary["test"], ceiling, class_names)
+    figures["confusion"] = plots.confusion(summary["test"]["confusion"], class_names)
+    figures["accuracy_by_subset"] = plots.by_subset(summary["test"], ceiling)
+  return figures
+
+
+@dataclasses.dataclass
+class Evaluation:
+  metrics: dict
+  ceiling: dict | None
+  figures: dict
+  probs: np.ndarray
+  record_ids: np.ndarray
+
+  def table(self) -> str:
+    return format_summary({"test": self.metrics, "ceiling": self.ceiling})
+
+
+def load(workdir: str, *, split: str = "test", bootstrap: int = 200) -> Evaluation:
+  """Loads a workdir's newest checkpoint onto this process's devices and evaluates `split`.
+
+  Trains nothing and writes nothing (records missing from the cache are decoded, not cached).
+  """
+  # Imported lazily: a notebook that only reads summary.json needs none of this.
+  from medjax import checkpoint as checkpoint_lib  # pylint: disable=import-outside-toplevel
+  from medjax.data import pipeline  # pylint: disable=import-outside-toplevel
+  from medjax.data import placement as placement_lib  # pylint: disable=import-outside-toplevel
+  from medjax.train import optim  # pylint: disable=import-outside-toplevel
+  from medjax.train import state as state_lib  # pylint: disable=import-outside-toplevel
+  from medjax.train import step as step_lib  # pylint: disable=import-outside-toplevel
+
+  with open(os.path.join(workdir, "config.json")) as f:
+    config = ml_collections.ConfigDict(json.load(f))
+  config.mesh.data, config.mesh.fsdp = -1, 1
+  ingested = ingest.load(workdir)
+  manifest = ingested.manifest
+  mesh = state_lib.make_mesh(config.mesh)
+  root = config.data.root or os.path.join(workdir, "cohort")
+  one_host = placement_lib.place(manifest, ["host-0"], seed=config.seed)
+  prepared = pipeline.Prepared(root=root, ingested=ingested, placement=one_host,
+                               shapes=pipeline.records.shapes_for(config.data, ingested.tables))
+  cache = pipeline.open_cache(config, workdir, prepared, "host-0", read_only=True)
+  reader = loader.BatchReader(cache, manifest, ingested.tables)
+  tx, _ = optim.make(config.optim, 1)
+  _, built = state_lib.build(config.model, tx, mesh, num_classes=len(manifest.class_names),
+                             shapes=prepared.shapes, seed=config.seed)
+  restored = checkpoint_lib.restore_latest(os.path.join(workdir, "checkpoints"), built.abstract)
+  if restored is None:
+    raise FileNotFoundError(f"{workdir}/checkpoints holds no checkpoint; train first")
+  state = restored[0]
+  batch = max(mesh.size, 8 * mesh.size)
+  rows = manifest.indices(split)
+  probs = predict(step_lib.make_predict_step(built.graphdef, built, mesh), state, reader,
+                  one_host, rows, host_batch=batch, sharding=state_lib.batch_sharding(mesh),
+                  global_batch=batch, seed=config.seed)
+  metrics = split_metrics(manifest, rows, probs, bootstrap=bootstrap, seed=config.seed)
+  ceiling_arrays = ingest.load_ceiling(workdir)
+  ceiling = (ceiling_metrics(manifest, rows, ceiling_arrays, bootstrap=bootstrap,
+                             seed=config.seed)
+             if ceiling_arrays is not None and split == "test" else None)
+  figures = figures_for({"test": metrics, "ceiling": ceiling}, manifest.class_names,
+                        writers.read_metrics(workdir))
+  return Evaluation(metrics, ceiling, figures, probs, manifest.record_ids[rows])

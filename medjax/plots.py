@@ -1,0 +1,90 @@
+"""Figures people look at (matplotlib, no display needed): each returns a Figure."""
+
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # pylint: disable=wrong-import-position
+import numpy as np  # pylint: disable=wrong-import-position
+
+SUBSETS = ("ILV", "IL", "IV", "LV", "I", "L", "V")
+
+
+def close(figures: dict) -> None:
+  for fig in figures.values():
+    plt.close(fig)
+
+
+def loss_curve(rows: list[dict], events: list[dict]):
+  """Training loss per step; failures (red) and recoveries (green) marked, as in Fig. 3."""
+  train = [r for r in rows if r.get("kind") == "train" and r.get("loss") is not None]
+  fig, ax = plt.subplots(figsize=(8, 4))
+  steps = np.array([r["step"] for r in train])
+  loss = np.array([r["loss"] for r in train])
+  ax.plot(steps, loss, lw=0.6, alpha=0.4, color="tab:blue", label="loss")
+  if len(loss) >= 10:
+    k = max(len(loss) // 50, 5)
+    smooth = np.convolve(loss, np.ones(k) / k, mode="valid")
+    ax.plot(steps[k - 1:], smooth, lw=1.8, color="tab:blue", label=f"mean of {k} steps")
+  for i, e in enumerate(events):
+    if e.get("kind") == "failure":
+      ax.axvline(e["step"], color="tab:red", ls="--", lw=1,
+                 label="failure" if i == 0 else None)
+    elif e.get("kind") == "recovered":
+      ax.axvline(e["step"], color="tab:green", ls=":", lw=1,
+                 label="recovered" if i == 1 else None)
+  ax.set_xlabel("global step")
+  ax.set_ylabel("training loss")
+  ax.legend(loc="upper right")
+  ax.set_title("Training loss")
+  return fig
+
+
+def per_class_f1(test: dict, ceiling: dict | None, class_names: list[str]):
+  f1 = np.array([np.nan if v is None else v for v in test["per_class_f1"]])
+  order = np.argsort(-np.nan_to_num(f1, nan=-1))
+  fig, ax = plt.subplots(figsize=(max(8, 0.28 * len(class_names)), 4))
+  x = np.arange(len(order))
+  ax.bar(x, f1[order], color="tab:blue", label="model")
+  if ceiling is not None:
+    c = np.array([np.nan if v is None else v for v in ceiling["per_class_f1"]])
+    ax.plot(x, c[order], "k_", ms=10, mew=2, label="Bayes ceiling")
+  ax.set_xticks(x, [class_names[i] for i in order], rotation=75, ha="right", fontsize=7)
+  ax.set_ylabel("F1 (test)")
+  ax.set_ylim(0, 1)
+  ax.legend()
+  ax.set_title("Per-class F1")
+  return fig
+
+
+def confusion(cm, class_names: list[str]):
+  cm = np.asarray(cm, np.float64)
+  norm = cm / np.maximum(cm.sum(1, keepdims=True), 1)
+  side = max(6, 0.22 * len(class_names))
+  fig, ax = plt.subplots(figsize=(side, side))
+  im = ax.imshow(norm, cmap="Blues", vmin=0, vmax=1)
+  ax.set_xticks(range(len(class_names)), class_names, rotation=90, fontsize=6)
+  ax.set_yticks(range(len(class_names)), class_names, fontsize=6)
+  ax.set_xlabel("predicted")
+  ax.set_ylabel("true")
+  fig.colorbar(im, ax=ax, fraction=0.046, label="row-normalised")
+  ax.set_title("Confusion matrix (test)")
+  return fig
+
+
+def by_subset(test: dict, ceiling: dict | None):
+  """Accuracy per available-modality subset, model beside the Bayes ceiling, with counts."""
+  subsets = [s for s in SUBSETS if test["by_subset"][s]["count"] > 0]
+  x = np.arange(len(subsets))
+  fig, ax = plt.subplots(figsize=(8, 4))
+  ax.bar(x - 0.2, [test["by_subset"][s]["accuracy"] for s in subsets], 0.4, label="model")
+  if ceiling is not None:
+    ax.bar(x + 0.2, [ceiling["by_subset"][s]["accuracy"] for s in subsets], 0.4,
+           label="Bayes ceiling", color="tab:gray")
+  ax.set_xticks(x, [f"{s}\n(n={test['by_subset'][s]['count']})" for s in subsets])
+  ax.set_ylabel("accuracy (test)")
+  ax.set_ylim(0, 1)
+  ax.legend()
+  ax.set_title("Accuracy by available modalities (I images, L labs, V vitals)")
+  return fig

@@ -1,0 +1,94 @@
+"""The device mesh (config.mesh) and the training state, created already sharded.
+
+The state is a plain dict pytree: {'params': nnx.State, 'fill': nnx.State, 'opt': optax state,
+'step': int32}. Parameters are replicated over the 'data' axis and, when config.mesh.fsdp > 1,
+sharded over the 'fsdp' axis along their largest dimension that divides evenly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from medjax import model as model_lib
+from medjax.model import fusion
+
+DATA_AXES = ("data", "fsdp")
+
+
+def make_mesh(mesh_config, devices=None) -> jax.sharding.Mesh:
+  """A ('data', 'fsdp') mesh over all devices (or `devices`); data=-1 takes what fsdp leaves."""
+  devices = list(devices if devices is not None else jax.devices())
+  fsdp = mesh_config.fsdp
+  data = mesh_config.data if mesh_config.data > 0 else len(devices) // max(fsdp, 1)
+  if data * fsdp != len(devices):
+    raise ValueError(f"config.mesh data={mesh_config.data} x fsdp={fsdp} does not cover the "
+                     f"{len(devices)} devices; set data=-1 or make the product equal")
+  # Auto axes: shardings are given explicitly at the jit boundary and propagated inside.
+  return jax.make_mesh((data, fsdp), DATA_AXES,
+                       axis_types=(jax.sharding.AxisType.Auto,) * 2, devices=devices)
+
+
+def batch_sharding(mesh) -> NamedSharding:
+  """Leading (batch) axis split over every device."""
+  return NamedSharding(mesh, P(DATA_AXES))
+
+
+def replicated(mesh) -> NamedSharding:
+  return NamedSharding(mesh, P())
+
+
+def _param_spec(shape: tuple[int, ...], fsdp: int) -> P:
+  if fsdp <= 1 or not shape:
+    return P()
+  for axis in np.argsort(shape)[::-1]:
+    if shape[axis] % fsdp == 0 and shape[axis] >= fsdp:
+      spec = [None] * len(shape)
+      spec[axis] = "fsdp"
+      return P(*spec)
+  return P()
+
+
+def shardings_for(abstract_state, mesh):
+  fsdp = mesh.shape["fsdp"]
+  return jax.tree.map(lambda x: NamedSharding(mesh, _param_spec(tuple(x.shape), fsdp)),
+                      abstract_state)
+
+
+@dataclasses.dataclass(frozen=True)
+class Built:
+  graphdef: nnx.GraphDef
+  abstract: dict           # ShapeDtypeStructs with shardings (a restore target)
+  shardings: dict
+
+
+def build(model_config, tx, mesh, *, num_classes: int, shapes, seed: int):
+  """(state, Built): the training state created directly in its sharded layout."""
+
+  def create():
+    model = model_lib.create(model_config, num_classes=num_classes, shapes=shapes, seed=seed)
+    _, params, fill = nnx.split(model, nnx.Param, fusion.FillValue)
+    return {"params": params, "fill": fill, "opt": tx.init(params),
+            "step": jnp.zeros((), jnp.int32)}
+
+  graphdef = nnx.graphdef(nnx.eval_shape(
+      lambda: model_lib.create(model_config, num_classes=num_classes, shapes=shapes, seed=seed)))
+  abstract = jax.eval_shape(create)
+  shardings = shardings_for(abstract, mesh)
+  state = jax.jit(create, out_shardings=shardings)()
+  abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                          abstract, shardings)
+  return state, Built(graphdef, abstract, shardings)
+
+
+def count_params(model_config, *, num_classes: int, shapes) -> int:
+  """Parameter count from an abstract evaluation (allocates nothing)."""
+  abstract = nnx.eval_shape(
+      lambda: model_lib.create(model_config, num_classes=num_classes, shapes=shapes, seed=0))
+  return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(abstract, nnx.Param)))

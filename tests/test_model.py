@@ -1,0 +1,144 @@
+"""The fusion model: shapes, masks, missing-modality policies, dropout, size, device invariance."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from configs import default as default_config
+from configs import paper as paper_config
+from medjax import model as model_lib
+from medjax.data import records
+from medjax.model import fusion
+from medjax.train import optim
+from medjax.train import state as state_lib
+from medjax.train import step as step_lib
+
+SHAPES = records.Shapes(image_size=16, max_images=3, num_analytes=7, vitals_steps=5,
+                        vitals_channels=6)
+
+
+def _batch(rng, n=12, shapes=SHAPES):
+  """Random records with every modality pattern, partial labs and partial vitals."""
+  b = records.empty(shapes, n)
+  b["images"] = rng.random(b["images"].shape).astype(np.float32)
+  b["labs"] = rng.normal(size=b["labs"].shape).astype(np.float32)
+  b["vitals"] = rng.normal(size=b["vitals"].shape).astype(np.float32)
+  for i in range(n):
+    pattern = (i % 7) + 1
+    if pattern & 1:
+      b["image_mask"][i, : 1 + i % shapes.max_images] = True
+    if pattern & 2:
+      b["labs_mask"][i] = rng.random(shapes.num_analytes) < 0.7
+      b["labs_mask"][i, 0] = True
+    if pattern & 4:
+      b["vitals_mask"][i] = rng.random((shapes.vitals_steps, shapes.vitals_channels)) < 0.8
+      b["vitals_mask"][i, 0, 0] = True
+  b["label"] = rng.integers(0, 5, n).astype(np.int32)
+  b["weight"] = np.ones(n, np.float32)
+  return b
+
+
+def _garbage(batch, rng):
+  """The same batch with NaN and noise wherever a mask says 'not there'."""
+  out = dict(batch)
+  out["images"] = np.where(batch["image_mask"][..., None, None], batch["images"], np.nan)
+  out["labs"] = np.where(batch["labs_mask"], batch["labs"], rng.normal(size=batch["labs"].shape) * 1e3)
+  out["vitals"] = np.where(batch["vitals_mask"], batch["vitals"], np.nan)
+  return out
+
+
+def _model(missing="learned", fusion_kind="attention", **kw):
+  config = default_config.get_config()
+  config.model.missing = missing
+  config.model.fusion = fusion_kind
+  config.model.update(kw)
+  return model_lib.create(config.model, num_classes=5, shapes=SHAPES, seed=0)
+
+
+@pytest.mark.parametrize("missing", fusion.MISSING_POLICIES)
+@pytest.mark.parametrize("fusion_kind", ["attention", "gated"])
+def test_output_ignores_whatever_sits_in_masked_inputs(missing, fusion_kind):
+  rng = np.random.default_rng(0)
+  m = _model(missing, fusion_kind)
+  batch = _batch(rng)
+  clean = m(jax.tree.map(jnp.asarray, batch))
+  dirty = m(jax.tree.map(jnp.asarray, _garbage(batch, rng)))
+  assert clean.shape == (12, 5)
+  assert np.isfinite(np.asarray(dirty)).all()
+  np.testing.assert_allclose(np.asarray(clean), np.asarray(dirty), rtol=1e-5, atol=1e-5)
+  # Training-mode gradients are finite too (jnp.where, not multiplication by the mask).
+  dirty = jax.tree.map(jnp.asarray, _garbage(batch, rng))
+  floats = {k: dirty[k] for k in ("images", "labs", "vitals")}
+  grads = jax.grad(lambda f: m(dict(dirty, **f), train=True, rng=jax.random.key(1)).sum())(floats)
+  for k in floats:
+    assert np.isfinite(np.asarray(grads[k])).all(), k
+
+
+def test_learned_missing_embedding_is_what_an_absent_modality_contributes():
+  rng = np.random.default_rng(1)
+  m = _model("learned")
+  batch = _batch(rng)
+  has_labs = batch["labs_mask"].any(1)
+  before = np.asarray(m(jax.tree.map(jnp.asarray, batch)))
+  noise = jax.random.normal(jax.random.key(5), m.missing_embed[...].shape[1:])
+  m.missing_embed[...] = m.missing_embed[...].at[1].add(noise)
+  after = np.asarray(m(jax.tree.map(jnp.asarray, batch)))
+  change = np.abs(after - before).max(1)
+  assert (change[~has_labs] > 1e-2).all()          # records without labs use the embedding
+  np.testing.assert_allclose(change[has_labs], 0, atol=1e-6)  # records with labs do not
+
+
+def test_modality_dropout_never_drops_every_modality():
+  rng = np.random.default_rng(2)
+  present = jnp.asarray(rng.random((20000, 3)) < 0.6)
+  present = present.at[:, 0].set(present[:, 0] | ~present.any(1))
+  kept = np.asarray(fusion.modality_dropout(jax.random.key(0), present, 0.9))
+  assert kept.any(1).all()
+  assert not (kept & ~np.asarray(present)).any()  # never adds a modality
+  # With p small, the drop rate of a present modality is about p.
+  kept = np.asarray(fusion.modality_dropout(jax.random.key(1), present, 0.15))
+  rate = 1 - kept[np.asarray(present)].mean()
+  assert 0.10 < rate < 0.16
+
+
+def test_paper_model_has_about_31m_parameters():
+  config = paper_config.get_config()
+  shapes = records.Shapes(image_size=config.data.image_size, max_images=4, num_analytes=43,
+                          vitals_steps=24, vitals_channels=6)
+  n = state_lib.count_params(config.model, num_classes=37, shapes=shapes)
+  assert 29e6 < n < 33e6, n
+
+
+def test_same_global_batch_same_loss_and_grads_on_1_and_8_devices():
+  assert len(jax.devices()) == 8
+  config = default_config.get_config()
+  rng = np.random.default_rng(3)
+  batch = _batch(rng, n=16)
+  results = []
+  for devices in (jax.devices()[:1], jax.devices()):
+    mesh = state_lib.make_mesh(config.mesh, devices)
+    tx, _ = optim.make(config.optim, 100)
+    state, built = state_lib.build(config.model, tx, mesh, num_classes=5, shapes=SHAPES, seed=0)
+    grad_fn = step_lib.make_grad_fn(built.graphdef, built, mesh, seed=0)
+    sharded = jax.device_put(batch, state_lib.batch_sharding(mesh))
+    loss, grads = grad_fn(state, sharded)
+    results.append((float(loss), jax.tree.map(np.asarray, grads)))
+  assert results[0][0] == pytest.approx(results[1][0], rel=1e-5)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
+               results[0][1], results[1][1])
+
+
+def test_fsdp_mesh_shards_parameters_and_matches():
+  config = default_config.get_config()
+  config.mesh.fsdp = 2
+  mesh = state_lib.make_mesh(config.mesh)
+  assert dict(mesh.shape) == {"data": 4, "fsdp": 2}
+  tx, _ = optim.make(config.optim, 10)
+  state, built = state_lib.build(config.model, tx, mesh, num_classes=5, shapes=SHAPES, seed=0)
+  specs = [s.spec for s in jax.tree.leaves(built.shardings["params"])]
+  assert any("fsdp" in tuple(s) for s in specs)
+  train_step = step_lib.make_train_step(built.graphdef, tx, built, mesh, seed=0)
+  batch = jax.device_put(_batch(np.random.default_rng(4), n=16), state_lib.batch_sharding(mesh))
+  state, metrics = train_step(state, batch)
+  assert np.isfinite(float(metrics["loss"])) and int(state["step"]) == 1
