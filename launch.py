@@ -35,6 +35,8 @@ def _setup_logging(workdir: str) -> None:
   handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
   logging.getLogger().addHandler(handler)
   logging.getLogger().setLevel(logging.INFO)
+  # Orbax and JAX log through absl at INFO for every save; keep their warnings, drop the chatter.
+  logging.getLogger("absl").setLevel(logging.WARNING)
 
 
 def main(argv):
@@ -53,9 +55,13 @@ def main(argv):
     print(pipeline.cohort_root(config, workdir))
   elif config.mode == "ingest":
     pipeline.run_ingest(config, workdir)
+  elif config.mode == "train":
+    from medjax.train import loop  # pylint: disable=import-outside-toplevel
+    summary = loop.train_and_evaluate(config, workdir)
+    from medjax import evaluate  # pylint: disable=import-outside-toplevel
+    print(evaluate.format_summary(summary))
   else:
-    raise app.UsageError(f"config.mode={config.mode!r}: use 'synth' or 'ingest' (training "
-                         "arrives with the model)")
+    raise app.UsageError(f"config.mode={config.mode!r}: use 'synth', 'ingest' or 'train'")
   print(f"workdir: {workdir}")
 
 

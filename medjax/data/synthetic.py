@@ -98,11 +98,11 @@ def get_config() -> ml_collections.ConfigDict:
   c.latent_dim_image = 2
   c.class_rank_shared = 6  # Dims of h_shared along which class means differ.
   c.image_latent_dim = 8
-  c.class_sep = 1.8  # Class means ~ N(0, class_sep^2 I).
-  c.lab_noise = 1.0  # Per-analyte noise sd relative to the unit-norm signal loading.
-  c.vitals_noise = 1.0
+  c.class_sep = 1.55  # Class means ~ N(0, class_sep^2 I).
+  c.lab_noise = 0.7  # Per-analyte noise sd relative to the unit-norm signal loading.
+  c.vitals_noise = 1.2  # Per hourly entry; vitals read only the class subspace.
   c.vitals_trend = 0.8  # Norm of the within-stay trend loading v_c relative to w_c.
-  c.image_noise = 1.0  # Per-image noise sd; the mean of n images has sd image_noise / sqrt(n).
+  c.image_noise = 0.6  # Per-image noise sd; the mean of n images has sd image_noise / sqrt(n).
   # Missingness (fractions of patients unless noted).
   c.frac_no_images = 0.38
   c.frac_no_labs = 0.08
@@ -238,14 +238,16 @@ def build_model(cfg) -> Model:
            for i in range(n_lab)]
   ref_mean_L = np.array([r[2] for r in table], np.float64)
   ref_sd_L = np.minimum([r[3] for r in table], ref_mean_L / 6)  # Keeps values positive.
-  decimals_L = np.maximum(0, 3 - np.floor(np.log10(ref_mean_L))).astype(np.int64)
+  # A resolution of <= sd / 100 keeps rounding noise under 0.1% of the measurement noise.
+  decimals_L = np.maximum(0, 2 - np.floor(np.log10(ref_sd_L))).astype(np.int64)
   lab_gain = 1.0 / np.sqrt(signal_var + cfg.lab_noise ** 2)
   lab_LxS = lab_gain * _unit_rows(rng.standard_normal((n_lab, s)))
 
   t = cfg.vitals_steps
   c = len(VITALS_CHANNELS)
-  w_CxS = _unit_rows(rng.standard_normal((c, s)))
-  v_CxS = cfg.vitals_trend * _unit_rows(rng.standard_normal((c, s)))
+  # Vitals read the class subspace only (lab rows also see the class-free dims of h_shared).
+  w_CxS = _unit_rows(rng.standard_normal((c, r)) @ basis_SxR.T)
+  v_CxS = cfg.vitals_trend * _unit_rows(rng.standard_normal((c, r)) @ basis_SxR.T)
   tau_T = np.arange(t) / (t - 1) - 0.5
   vit_TxCxS = w_CxS[None] + tau_T[:, None, None] * v_CxS[None]
   row_var_C = np.mean(np.sum(vit_TxCxS ** 2, axis=-1), axis=0)
