@@ -78,8 +78,10 @@ def get_config(arg=None):
   mesh.fsdp = 1                         # parameter-sharding axis size
 
   config.ckpt = ckpt = ml_collections.ConfigDict()
-  ckpt.max_to_keep = 3
+  ckpt.max_to_keep = 3                  # committed checkpoints kept
   ckpt.async_save = True
+  ckpt.every_steps = 0                  # also checkpoint every k steps inside a partition (0: no)
+  ckpt.lineage_store = ""               # TensorStore kvstore path or URL; default <workdir>/lineage
 
   config.evals = evals = ml_collections.ConfigDict()
   evals.splits = ("val", "test")
@@ -87,6 +89,8 @@ def get_config(arg=None):
 
   config.fault = fault = ml_collections.ConfigDict()
   fault.local_hosts = 1       # hosts (agents) started on this machine by the local launcher
+  fault.inject = ""           # e.g. "kill@step=30:process=1; sigterm@partition=2:process=0"
+  fault.ledger = True         # write the per-step record ledger (exactly-once checks)
 
   if arg == "ingest":
     config.mode = "ingest"

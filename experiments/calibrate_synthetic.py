@@ -27,7 +27,7 @@ from medjax.data import synthetic  # pylint: disable=g-import-not-at-top
 
 PARAMS = ("class_sep", "lab_noise", "vitals_noise", "image_noise")
 TARGETS = {"ILV": 0.90, "any2": 0.855, "single": 0.775}
-MIN_GAP = 0.015
+MIN_GAP = 0.01
 
 
 def full_modality_config(num_patients: int, seed: int):
@@ -60,8 +60,10 @@ def search(num_patients: int, max_evals: int) -> dict:
     return value
 
   x0 = np.log([synthetic.get_config()[p] for p in PARAMS])
+  simplex = np.concatenate([x0[None], x0[None] + 0.15 * np.eye(len(x0))])  # +-15% steps.
   res = scipy.optimize.minimize(objective, x0, method="Nelder-Mead",
-                                options={"xatol": 0.02, "fatol": 1e-5, "maxfev": max_evals})
+                                options={"xatol": 0.02, "fatol": 1e-5, "maxfev": max_evals,
+                                         "initial_simplex": simplex})
   return {p: round(float(v), 2) for p, v in zip(PARAMS, np.exp(res.x))}
 
 

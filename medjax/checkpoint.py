@@ -2,6 +2,12 @@
 
 An Orbax CheckpointManager with async saves. Each step's custom metadata is a deep copy of its
 lineage (which records the saved state has trained on), so a checkpoint says what it contains.
+
+A step is committed when Orbax has finalized it on every process and its lineage record is in the
+lineage store (`medjax.lineage`). Restore takes the newest committed step whose Orbax metadata
+agrees with the store, skipping (with a warning) any step that is damaged or incomplete.
+Retention is applied to committed steps only, so an uncommitted newer step never pushes the last
+committed one out.
 """
 
 from __future__ import annotations
@@ -9,8 +15,9 @@ from __future__ import annotations
 import copy
 import logging
 import os
+import shutil
+import time
 
-import jax
 import orbax.checkpoint as ocp
 
 
@@ -19,22 +26,38 @@ class Checkpointer:
 
   Args:
     directory: where step directories go (shared storage in multi-host runs).
-    max_to_keep: retention; None keeps all.
     async_save: save in the background (training goes on while Orbax writes).
   """
 
-  def __init__(self, directory: str, *, max_to_keep: int | None = 3, async_save: bool = True):
+  def __init__(self, directory: str, *, async_save: bool = True):
     self.directory = os.path.abspath(directory)
+    # Orbax keeps everything; `prune` applies retention to committed steps only.
     self._manager = ocp.CheckpointManager(
         self.directory,
-        options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
+        options=ocp.CheckpointManagerOptions(max_to_keep=None, create=True,
                                              enable_async_checkpointing=async_save),
         item_names=("state",))
+    self._pending: list[tuple[int, dict]] = []
+    self.blocked_s = 0.0
 
-  def save(self, step: int, state, lineage: dict, *, force: bool = True) -> bool:
-    """Starts saving `state` at `step` (returns before the write completes when async)."""
-    return self._manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state)),
-                              custom_metadata=copy.deepcopy(lineage), force=force)
+  def save(self, step: int, state, lineage: dict) -> None:
+    """Starts saving `state` at `step`; returns once the state is copied off the devices."""
+    t0 = time.perf_counter()
+    self._manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state)),
+                       custom_metadata=copy.deepcopy(lineage), force=True)
+    self._pending.append((step, copy.deepcopy(lineage)))
+    self.blocked_s += time.perf_counter() - t0
+
+  def finalized(self) -> list[tuple[int, dict]]:
+    """(step, lineage) of saves that Orbax has finalized on every process since the last call."""
+    if not self._pending or self._manager.is_saving_in_progress():
+      return []
+    done, self._pending = self._pending, []
+    return done
+
+  def reached_preemption(self, step: int) -> bool:
+    """True on every process at the same step once any process got SIGTERM (jax.distributed)."""
+    return self._manager.reached_preemption(step)
 
   def steps(self) -> list[int]:
     self._manager.reload()
@@ -54,27 +77,64 @@ class Checkpointer:
     return restored["state"]
 
   def wait(self) -> None:
+    t0 = time.perf_counter()
     self._manager.wait_until_finished()
+    self.blocked_s += time.perf_counter() - t0
 
   def close(self) -> None:
     self._manager.wait_until_finished()
     self._manager.close()
 
 
-def restore_latest(directory: str, abstract_state):
-  """(state, lineage, step) from the newest checkpoint in `directory`, or None if there is none."""
+def restore_committed(directory: str, store, abstract_state):
+  """(state, lineage, step) from the newest good committed checkpoint, or None.
+
+  A step counts only if its lineage record is in `store` and Orbax's copy of the lineage agrees;
+  a step that fails to restore (truncated or missing files) is skipped for the previous one.
+  """
   if not os.path.isdir(directory):
     return None
   ckpt = Checkpointer(directory, async_save=False)
   try:
-    step = ckpt.latest()
-    if step is None:
-      return None
-    logging.info("checkpoint: restoring step %d from %s", step, directory)
-    return ckpt.restore(step, abstract_state), ckpt.lineage(step), step
+    on_disk = set(ckpt.steps())
+    for step in reversed(store.committed_steps()):
+      if step not in on_disk:
+        continue
+      record = store.record(step)
+      try:
+        saved = ckpt.lineage(step)
+      except Exception as e:  # pylint: disable=broad-except
+        logging.warning("checkpoint %d: metadata unreadable (%s); trying the previous one", step, e)
+        continue
+      if _comparable(saved) != _comparable(record):
+        logging.warning("checkpoint %d: Orbax lineage %s disagrees with the lineage store %s; "
+                        "trying the previous one", step, saved, record)
+        continue
+      try:
+        state = ckpt.restore(step, abstract_state)
+      except Exception as e:  # pylint: disable=broad-except
+        logging.warning("checkpoint %d is damaged or incomplete (%s: %s); trying the previous "
+                        "committed one", step, type(e).__name__, str(e)[:200])
+        continue
+      logging.info("checkpoint: restored committed step %d from %s", step, directory)
+      return state, saved, step
+    return None
   finally:
     ckpt.close()
 
 
-def block_until_ready(state) -> None:
-  jax.block_until_ready(state)
+def _comparable(lineage: dict) -> dict:
+  return {k: v for k, v in lineage.items() if k != "committed_at"}
+
+
+def prune(directory: str, committed_steps: list[int], keep: int | None) -> list[int]:
+  """Deletes step directories older than the `keep` newest committed steps; returns them."""
+  if not keep or len(committed_steps) <= keep or not os.path.isdir(directory):
+    return []
+  oldest_kept = sorted(committed_steps)[-keep]
+  removed = []
+  for name in os.listdir(directory):
+    if name.isdigit() and int(name) < oldest_kept:
+      shutil.rmtree(os.path.join(directory, name), ignore_errors=True)
+      removed.append(int(name))
+  return sorted(removed)

@@ -101,11 +101,18 @@ class Cache:
     self._validate()
 
   def _array(self, name: str, dtype, shape: list[int]):
-    spec = {"driver": "zarr", "kvstore": {"driver": "file", "path": os.path.join(self.path, name)},
-            "metadata": {"compressor": _COMPRESSOR}}
-    return ts.open(spec, create=not self.read_only, open=True, dtype=dtype, shape=shape,
-                   chunk_layout=ts.ChunkLayout(read_chunk_shape=[1, *shape[1:]]),
-                   ).result()
+    """Opens the array as it is on disk (it may have grown), or creates it with `shape`."""
+    kvstore = {"driver": "file", "path": os.path.join(self.path, name)}
+    if os.path.exists(os.path.join(self.path, name, ".zarray")):
+      array = ts.open({"driver": "zarr", "kvstore": kvstore}, open=True, dtype=dtype).result()
+      if list(array.shape[1:]) == list(shape[1:]):
+        return array
+    if self.read_only:
+      raise RuntimeError(f"cache {self.path}: no usable {name!r} array and this process may not "
+                         "create it; the host's first process fills the cache")
+    return ts.open({"driver": "zarr", "kvstore": kvstore, "metadata": {"compressor": _COMPRESSOR}},
+                   create=True, delete_existing=True, dtype=dtype, shape=shape,
+                   chunk_layout=ts.ChunkLayout(read_chunk_shape=[1, *shape[1:]])).result()
 
   def _validate(self) -> None:
     """Drops entries whose record left the manifest or whose inputs changed."""
@@ -137,6 +144,7 @@ class Cache:
       self.index = json.load(f)
     self._images = self._array("images", ts.float16, list(self._images.shape))
     self._tab = self._array("tab", ts.float32, list(self._tab.shape))
+    self._validate()
 
   # -- packing ---------------------------------------------------------------------------------
 

@@ -89,21 +89,34 @@ def open_cache(config, workdir: str, prepared: Prepared, host: str, *,
                          read_only=read_only)
 
 
-def fill_cache(cache: cache_lib.Cache, rows: np.ndarray, desc: str) -> int:
+def fill_cache(cache: cache_lib.Cache, rows: np.ndarray, desc: str, on_progress=None) -> int:
   """Decodes into `cache` every row it lacks, with progress."""
   todo = int(np.sum(~cache.cached(rows)))
   if not todo:
     return 0
   with progress.Progress(todo, desc, unit="rec") as bar:
-    return cache.ensure(rows, progress=bar.update)
+    def update(n):
+      bar.update(n)
+      if on_progress is not None:
+        on_progress(n)
+    return cache.ensure(rows, progress=update)
 
 
-def prepare(config, workdir: str, hosts: list[str]) -> Prepared:
-  """Cohort, ingest and placement over `hosts` (caches are filled by their hosts)."""
+def prepare(config, workdir: str, hosts: list[str],
+            host_history: list[list[str]] | None = None) -> Prepared:
+  """Cohort, ingest and placement over `hosts` (caches are filled by their hosts).
+
+  `host_history` lists the host sets of earlier placement generations (ending with `hosts`), so
+  that records move only as much as membership changes require.
+  """
   root = cohort_root(config, workdir)
   result = ingested(config, workdir, root)
-  place = placement_lib.place(result.manifest, hosts, seed=config.seed,
-                              vnodes=config.data.vnodes, method=config.data.placement_method)
+  history = [list(h) for h in (host_history or [hosts])]
+  if sorted(history[-1]) != sorted(hosts):
+    raise ValueError(f"host history ends with {history[-1]}, not this generation's {hosts}")
+  place = placement_lib.place_history(result.manifest, history, seed=config.seed,
+                                      vnodes=config.data.vnodes,
+                                      method=config.data.placement_method)
   return Prepared(root=root, ingested=result, placement=place,
                   shapes=records.shapes_for(config.data, result.tables))
 

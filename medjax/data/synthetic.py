@@ -87,7 +87,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.num_classes = 37
   c.class_prior_exponent = 1.0  # prior_k ~ (k + 1)^-a.
   c.rare_twins = 3  # Rarest classes sharing h_shared means with common classes 0, 1, ...
-  c.twin_offset = 4.0  # Distance of a twin's mean from its common twin's, along h_image.
+  c.twin_offset = 5.0  # Distance of a twin's mean from its common twin's, along h_image.
   c.num_analytes = 43
   c.vitals_steps = 24
   c.image_size = 64
@@ -98,11 +98,11 @@ def get_config() -> ml_collections.ConfigDict:
   c.latent_dim_image = 2
   c.class_rank_shared = 6  # Dims of h_shared along which class means differ.
   c.image_latent_dim = 8
-  c.class_sep = 1.55  # Class means ~ N(0, class_sep^2 I).
-  c.lab_noise = 0.7  # Per-analyte noise sd relative to the unit-norm signal loading.
-  c.vitals_noise = 1.2  # Per hourly entry; vitals read only the class subspace.
+  c.class_sep = 1.71  # Class means ~ N(0, class_sep^2 I).
+  c.lab_noise = 0.87  # Per-analyte noise sd relative to the unit-norm signal loading.
+  c.vitals_noise = 1.46  # Per hourly entry; vitals read only the class subspace.
   c.vitals_trend = 0.8  # Norm of the within-stay trend loading v_c relative to w_c.
-  c.image_noise = 0.6  # Per-image noise sd; the mean of n images has sd image_noise / sqrt(n).
+  c.image_noise = 1.34  # Per-image noise sd; the mean of n images has sd image_noise / sqrt(n).
   # Missingness (fractions of patients unless noted).
   c.frac_no_images = 0.38
   c.frac_no_labs = 0.08

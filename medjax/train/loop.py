@@ -5,23 +5,31 @@ functions -> checkpoint restore -> loop over the partition plan -> evaluation an
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import math
 import os
+import signal
+import threading
 import time
 
 import jax
 import numpy as np
 from flax import nnx
+from jax.experimental import multihost_utils
 
 from medjax import checkpoint as checkpoint_lib
 from medjax import evaluate as evaluate_lib
+from medjax import lineage as lineage_lib
 from medjax import progress
 from medjax.data import ingest
 from medjax.data import loader
 from medjax.data import partition
 from medjax.data import pipeline
+from medjax.fault import context
+from medjax.fault import inject
+from medjax.fault import ledger as ledger_lib
 from medjax.model import fusion
 from medjax.train import optim
 from medjax.train import state as state_lib
@@ -82,9 +90,48 @@ def fill_values(reader: loader.BatchReader, rows: np.ndarray, tables) -> tuple:
           -tables["vitals_mean"] / tables["vitals_std"])
 
 
-def train_and_evaluate(config, workdir: str, topology: Topology = Topology()) -> dict:
-  """Trains on the partition plan, checkpoints, evaluates; returns summary.json's contents."""
+def placement_fingerprint(placement) -> str:
+  h = hashlib.sha256(np.ascontiguousarray(placement.owner_N).tobytes())
+  h.update(json.dumps(list(placement.hosts)).encode())
+  return h.hexdigest()[:16]
+
+
+def _segment(epoch: int, global_step: int, seed: int, placement, base_N: np.ndarray) -> dict:
+  """A fresh plan segment: the rest of `epoch` (records not in base) under `placement`."""
+  return {"global_step": global_step, "epoch": epoch, "seed": seed, "partition": 0, "offset": 0,
+          "segment": {"placement": placement_fingerprint(placement),
+                      "hosts": list(placement.hosts), "base": lineage_lib.pack_bitmap(base_N)},
+          "processed": lineage_lib.pack_bitmap(base_N)}
+
+
+class Stopped(Exception):
+  """The coordinator asked this generation to stop at a step boundary."""
+
+
+class Preempted(Exception):
+  """SIGTERM: a checkpoint was saved and committed; the process should exit."""
+
+
+def train_and_evaluate(config, workdir: str, topology: Topology = Topology(), ctx=None,
+                       host_history: list[list[str]] | None = None) -> dict:
+  """Trains on the partition plan, checkpoints, evaluates; returns summary.json's contents.
+
+  Args:
+    config: the run config.
+    workdir: the run directory (shared storage).
+    topology: this process's host and place among the host's processes.
+    ctx: the fault-tolerance context (`medjax.fault.context`); None: a single-process run that
+      commits its own lineage records.
+    host_history: host sets of the placement generations so far (default: just this one).
+  """
   is_chief = jax.process_index() == 0
+  store = lineage_lib.LineageStore(config.ckpt.lineage_store
+                                   or os.path.join(workdir, "lineage"))
+  ctx = ctx or context.Local(store)
+  injector = inject.Injector(config.fault.inject, jax.process_index(), workdir)
+  sigterm = _sigterm_flag()
+  ctx.set_phase("preparing")
+
   # Mesh.
   mesh = state_lib.make_mesh(config.mesh)
   batch_sharding = state_lib.batch_sharding(mesh)
@@ -94,103 +141,165 @@ def train_and_evaluate(config, workdir: str, topology: Topology = Topology()) ->
                         f"{mesh.size} devices; make it a multiple")
   host_batch = global_batch // len(topology.hosts)
 
-  # Data: cohort, ingest, placement, this host's cache.
-  prepared = pipeline.prepare(config, workdir, list(topology.hosts))
+  # Data: cohort, ingest, placement for this generation's hosts, this host's cache.
+  prepared = pipeline.prepare(config, workdir, list(topology.hosts), host_history=host_history)
   check_shapes(config, prepared)
   manifest, tables = prepared.manifest, prepared.ingested.tables
   cache = pipeline.open_cache(config, workdir, prepared, topology.host,
                               read_only=topology.local_index != 0)
   if topology.local_index == 0:
     pipeline.fill_cache(cache, prepared.placement.rows_of(topology.host),
-                        f"decoding {topology.host}")
+                        f"decoding {topology.host}", on_progress=lambda n: ctx.progress())
+  if jax.process_count() > 1:
+    multihost_utils.sync_global_devices("cache filled")
+    cache.refresh()
   reader = loader.BatchReader(
       cache, manifest, tables, host_index=topology.host_index,
       local_index=topology.local_index, local_count=topology.local_count,
       class_weight_K=class_weights(config, manifest),
       complete_only=config.model.missing == "drop")
+  train_rows = manifest.indices("train")
 
-  def plan(epoch: int) -> partition.EpochPlan:
+  def plan(epoch: int, base_N: np.ndarray) -> partition.EpochPlan:
+    rows = train_rows[~base_N[train_rows]] if base_N.any() else None
     return partition.plan_epoch(manifest, prepared.placement, seed=config.seed, epoch=epoch,
                                 num_partitions=config.data.num_partitions,
-                                host_batch_size=host_batch)
+                                host_batch_size=host_batch, rows=rows)
 
   # Model and optimizer, state created sharded.
-  steps_per_epoch = plan(0).num_steps
+  no_records = np.zeros(len(manifest), bool)
+  steps_per_epoch = plan(0, no_records).num_steps
   total_steps = config.optim.epochs * steps_per_epoch
   tx, lr_schedule = optim.make(config.optim, total_steps)
   state, built = state_lib.build(config.model, tx, mesh, num_classes=len(manifest.class_names),
                                  shapes=prepared.shapes, seed=config.seed)
   num_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(state["params"]))
   logging.info("model: %s parameters; %d steps per epoch, %d epochs, global batch %d on %d "
-               "devices", f"{num_params:,}", steps_per_epoch, config.optim.epochs, global_batch,
-               mesh.size)
+               "devices in %d processes", f"{num_params:,}", steps_per_epoch,
+               config.optim.epochs, global_batch, mesh.size, jax.process_count())
   train_step = step_lib.make_train_step(built.graphdef, tx, built, mesh, seed=config.seed)
 
-  # Restore the newest checkpoint, or set the fill values from training data on a fresh start.
+  # Restore the newest committed checkpoint; a fresh start sets the fill values from data.
+  ctx.set_phase("restoring")
   ckpt_dir = os.path.join(workdir, "checkpoints")
-  restored = checkpoint_lib.restore_latest(ckpt_dir, built.abstract)
+  restored = checkpoint_lib.restore_committed(ckpt_dir, store, built.abstract)
   if restored is not None:
-    state, lineage, _ = restored
+    state, lineage, last_good = restored
+    if lineage["segment"]["placement"] != placement_fingerprint(prepared.placement):
+      # The host set changed: plan the epoch's remaining records under the new placement.
+      processed = lineage_lib.unpack_bitmap(lineage["processed"], len(manifest))
+      lineage = _segment(lineage["epoch"], lineage["global_step"], config.seed,
+                         prepared.placement, processed)
+      logging.info("resume: hosts changed; re-planning the %d records left in epoch %d",
+                   int(np.sum(~processed[train_rows])), lineage["epoch"])
   else:
-    lineage = {"epoch": 0, "partition": 0, "offset": 0, "global_step": 0, "seed": config.seed,
-               "generation": prepared.placement.generation}
+    last_good = None
+    lineage = _segment(0, 0, config.seed, prepared.placement, no_records)
     if config.model.missing != "learned":
-      image_mean, labs_zero, vitals_zero = fill_values(reader, manifest.indices("train"), tables)
-      model = _model_view(built, state)
+      image_mean, labs_zero, vitals_zero = fill_values(reader, train_rows, tables)
+      model = nnx.merge(built.graphdef, jax.device_get(state["params"]),
+                        jax.device_get(state["fill"]))
       model.set_fill_values(image_mean, labs_zero, vitals_zero)
-      state = dict(state, fill=jax.device_put(_fill_state(model), built.shardings["fill"]))
-  ckpt = checkpoint_lib.Checkpointer(ckpt_dir, max_to_keep=config.ckpt.max_to_keep,
-                                     async_save=config.ckpt.async_save)
+      state = dict(state, fill=jax.device_put(nnx.state(model, fusion.FillValue),
+                                              built.shardings["fill"]))
+  ckpt = checkpoint_lib.Checkpointer(ckpt_dir, async_save=config.ckpt.async_save)
   writer = writers.MetricWriter(workdir, enabled=is_chief)
+  ledger = ledger_lib.Writer(workdir, ctx.generation, jax.process_index(),
+                             enabled=config.fault.ledger)
 
-  # The loop: epochs -> partitions -> steps, resuming where the lineage says.
+  def commit_finalized():
+    for step, saved in ckpt.finalized():
+      if is_chief:
+        ctx.commit(dict(saved, committed_at=time.time()))
+        if isinstance(ctx, context.Local):
+          checkpoint_lib.prune(ckpt_dir, store.committed_steps(), config.ckpt.max_to_keep)
+      del step
+
+  def save(lineage_now: dict) -> None:
+    ctx.set_phase("checkpointing")
+    ckpt.save(lineage_now["global_step"], state, lineage_now)
+    ctx.blocked_s = ckpt.blocked_s
+    ctx.set_phase("training")
+
+  # The loop: epochs -> partitions -> steps, from where the lineage says.
   t_start = time.perf_counter()
   executed = 0
   bar = progress.Progress(total_steps, "training", unit="step")
   bar.update(lineage["global_step"])
-  last_good = restored[2] if restored is not None else None
-  for epoch in range(lineage["epoch"], config.optim.epochs):
-    epoch_plan = plan(epoch)
-    first_partition = lineage["partition"] if epoch == lineage["epoch"] else 0
-    for p in range(first_partition, epoch_plan.num_partitions):
-      steps = epoch_plan.steps[p]
-      offset = lineage["offset"] if (epoch, p) == (lineage["epoch"], lineage["partition"]) else 0
-      for s, local in loader.prefetched(reader, steps, start=offset):
-        t0 = time.perf_counter()
-        batch = loader.to_global(local, batch_sharding, global_batch)
-        state, step_metrics = train_step(state, batch)
-        step_metrics = jax.device_get(step_metrics)
-        executed += 1
-        global_step = lineage["global_step"] + 1
-        if not math.isfinite(float(step_metrics["loss"])):
-          bad = [manifest.record_ids[r] for r in local["row"] if r >= 0]
-          raise TrainingError(
-              f"non-finite loss {float(step_metrics['loss'])} at step {global_step} (epoch "
-              f"{epoch}, partition {p}, offset {s}); this process's records in the batch: "
-              f"{bad[:8]}{'...' if len(bad) > 8 else ''}; last good checkpoint: "
-              f"{last_good if last_good is not None else 'none'} in {ckpt_dir}. Lower "
-              "config.optim.lr or check those records, then rerun to resume from it")
-        lineage = dict(lineage, epoch=epoch, partition=p, offset=s + 1, global_step=global_step)
-        dt = time.perf_counter() - t0
-        writer.write(global_step, {
-            "loss": step_metrics["loss"], "accuracy": step_metrics["accuracy"],
-            "grad_norm": step_metrics["grad_norm"],
-            "learning_rate": float(lr_schedule(global_step // config.optim.grad_accum)),
-            "examples_per_s": float(step_metrics["weight"] > 0) * float(
-                np.sum(local["row"] >= 0)) * jax.process_count() / max(dt, 1e-9),
-            "epoch": epoch, "partition": p})
-        bar.update(1, loss=f"{float(step_metrics['loss']):.3f}")
-      # Partition boundary: the next partition starts at offset 0.
-      lineage = dict(lineage, partition=p + 1, offset=0)
-      if p + 1 == epoch_plan.num_partitions:
-        lineage = dict(lineage, epoch=epoch + 1, partition=0)
-      ckpt.save(lineage["global_step"], state, lineage)
-      last_good = lineage["global_step"]
-  bar.close()
+  ctx.set_phase("compiling")
+  try:
+    while lineage["epoch"] < config.optim.epochs:
+      epoch = lineage["epoch"]
+      base = lineage_lib.unpack_bitmap(lineage["segment"]["base"], len(manifest))
+      processed = lineage_lib.unpack_bitmap(lineage["processed"], len(manifest))
+      epoch_plan = plan(epoch, base)
+      for p in range(lineage["partition"], epoch_plan.num_partitions):
+        injector.at_partition(p, lineage["global_step"])
+        steps = epoch_plan.steps[p]
+        for s, local in loader.prefetched(reader, steps, start=lineage["offset"]):
+          if ctx.stop_requested():
+            raise Stopped(f"stop requested at step {lineage['global_step']}")
+          t0 = time.perf_counter()
+          state, step_metrics = train_step(state, loader.to_global(local, batch_sharding,
+                                                                   global_batch))
+          step_metrics = jax.device_get(step_metrics)
+          executed += 1
+          global_step = lineage["global_step"] + 1
+          step_rows = steps[s].ravel()
+          processed[step_rows[step_rows >= 0]] = True
+          lineage = dict(lineage, global_step=global_step, partition=p, offset=s + 1)
+          ledger.write(global_step, epoch, local["row"])
+          if ctx.phase != "training":
+            ctx.set_phase("training")
+          ctx.progress(global_step, epoch, p)
+          if not math.isfinite(float(step_metrics["loss"])):
+            bad = [manifest.record_ids[r] for r in local["row"] if r >= 0]
+            raise TrainingError(
+                f"non-finite loss {float(step_metrics['loss'])} at step {global_step} (epoch "
+                f"{epoch}, partition {p}, offset {s}); this process's records in the batch: "
+                f"{bad[:8]}{'...' if len(bad) > 8 else ''}; last good checkpoint: "
+                f"{last_good if last_good is not None else 'none'} in {ckpt_dir}. Lower "
+                "config.optim.lr or check those records, then rerun to resume from it")
+          dt = time.perf_counter() - t0
+          writer.write(global_step, {
+              "loss": step_metrics["loss"], "accuracy": step_metrics["accuracy"],
+              "grad_norm": step_metrics["grad_norm"],
+              "learning_rate": float(lr_schedule(global_step // config.optim.grad_accum)),
+              "examples_per_s": float(np.sum(local["row"] >= 0)) * jax.process_count() / dt,
+              "epoch": epoch, "partition": p, "generation": ctx.generation})
+          bar.update(1, loss=f"{float(step_metrics['loss']):.3f}")
+          injector.after_step(global_step)
+          lineage = dict(lineage, processed=lineage_lib.pack_bitmap(processed))
+          k = config.ckpt.every_steps
+          if k and global_step % k == 0 and s + 1 < len(steps):
+            save(lineage)
+          preempted = (ckpt.reached_preemption(global_step) if jax.distributed.is_initialized()
+                       else sigterm.is_set())
+          if preempted:
+            save(lineage)
+            ckpt.wait()
+            commit_finalized()
+            ctx.flush()
+            raise Preempted(f"SIGTERM: checkpoint {global_step} saved and committed")
+          commit_finalized()
+        # Partition boundary: a checkpoint; after the last one, the next epoch's first segment.
+        lineage = dict(lineage, partition=p + 1, offset=0)
+        if p + 1 == epoch_plan.num_partitions:
+          lineage = _segment(epoch + 1, lineage["global_step"], config.seed, prepared.placement,
+                             no_records)
+        save(lineage)
+        last_good = lineage["global_step"]
+    ckpt.wait()
+    commit_finalized()
+    ctx.flush()
+  finally:
+    bar.close()
+    ledger.close()
   ckpt.close()
   train_seconds = time.perf_counter() - t_start
 
   # Evaluation.
+  ctx.set_phase("evaluating")
   predict = step_lib.make_predict_step(built.graphdef, built, mesh)
   ceiling = ingest.load_ceiling(workdir)
   results = {}
@@ -207,10 +316,11 @@ def train_and_evaluate(config, workdir: str, topology: Topology = Topology()) ->
                                                         bootstrap=config.evals.bootstrap,
                                                         seed=config.seed)
   summary = {**results,
-             "train": {"steps_executed": executed, "global_step": lineage["global_step"],
-                       "epochs": config.optim.epochs, "seconds": round(train_seconds, 2),
-                       "parameters": num_params, "devices": mesh.size,
-                       "processes": jax.process_count()},
+             "train": {"steps_executed_this_process": executed,
+                       "global_step": lineage["global_step"], "epochs": config.optim.epochs,
+                       "seconds": round(train_seconds, 2), "parameters": num_params,
+                       "devices": mesh.size, "processes": jax.process_count(),
+                       "checkpoint_blocked_s": round(ckpt.blocked_s, 3)},
              "cache": {topology.host: cache.counters}}
   writer.close()
   if is_chief:
@@ -218,12 +328,13 @@ def train_and_evaluate(config, workdir: str, topology: Topology = Topology()) ->
       json.dump(summary, f, indent=2, default=float)
     evaluate_lib.write_plots(workdir, summary, manifest.class_names)
     logging.info("summary\n%s", evaluate_lib.format_summary(summary))
+  ctx.set_phase("done")
   return summary
 
 
-def _model_view(built: state_lib.Built, state: dict):
-  return nnx.merge(built.graphdef, jax.device_get(state["params"]), jax.device_get(state["fill"]))
-
-
-def _fill_state(model):
-  return nnx.state(model, fusion.FillValue)
+def _sigterm_flag():
+  """Single-process runs: SIGTERM sets a flag the loop checks at step boundaries."""
+  flag = threading.Event()
+  if threading.current_thread() is threading.main_thread() and not jax.distributed.is_initialized():
+    signal.signal(signal.SIGTERM, lambda *_: flag.set())
+  return flag

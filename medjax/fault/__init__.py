@@ -1,0 +1,1 @@
+"""Fault tolerance: the coordinator, agents, the worker's side of the protocol, fault injection."""

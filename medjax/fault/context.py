@@ -1,0 +1,137 @@
+"""The worker's side of fault tolerance: progress heartbeats, commits, stop requests.
+
+`Local` serves single-process runs with no coordinator: a commit writes the lineage record itself.
+`Remote` talks to the coordinator: a background thread sends heartbeats carrying progress (phase,
+step, partition, a progress counter) and picks up stop requests; commits are queued and resent
+until the coordinator takes them, so a coordinator outage loses nothing.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+
+import grpc
+
+from medjax import lineage as lineage_lib
+
+PHASES = ("starting", "preparing", "compiling", "restoring", "training", "checkpointing",
+          "evaluating", "done")
+
+
+class Local:
+  """No coordinator: commits go straight to the lineage store."""
+
+  generation = 0
+  process_id = 0
+
+  def __init__(self, store: lineage_lib.LineageStore):
+    self.store = store
+    self.phase, self.step, self.counter = "starting", 0, 0
+    self.blocked_s, self.executed = 0.0, 0
+
+  def set_phase(self, phase: str) -> None:
+    self.phase = phase
+
+  def progress(self, step: int = 0, epoch: int = 0, partition: int = 0) -> None:
+    self.step = step
+    self.counter += 1
+
+  def stop_requested(self) -> bool:
+    return False
+
+  def commit(self, record: dict) -> None:
+    self.store.commit(record)
+
+  def flush(self, timeout_s: float = 0.0) -> bool:
+    return True
+
+  def close(self) -> None:
+    pass
+
+
+class Remote(Local):
+  """Heartbeats and commits to the coordinator; survives its outages by buffering."""
+
+  def __init__(self, client, *, generation: int, process_id: int, interval_s: float = 0.5):
+    self.client, self.generation, self.process_id = client, generation, process_id
+    self.phase, self.step, self.epoch, self.partition, self.counter = "starting", 0, 0, 0, 0
+    self.blocked_s, self.executed = 0.0, 0
+    self._stop = threading.Event()
+    self._closed = threading.Event()
+    self._pending: collections.deque = collections.deque()
+    self._lock = threading.Lock()
+    self._interval = interval_s
+    self._reachable = True
+    self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
+    self._thread.start()
+
+  def set_phase(self, phase: str) -> None:
+    self.phase = phase
+    self.counter += 1
+    self._beat()
+
+  def progress(self, step: int = 0, epoch: int = 0, partition: int = 0) -> None:
+    first = self.step == 0 or self.executed == 0
+    self.step, self.epoch, self.partition = step, epoch, partition
+    self.counter += 1
+    self.executed += 1
+    if first:
+      self._beat()  # the coordinator times recovery to the first step of a generation
+
+  def stop_requested(self) -> bool:
+    return self._stop.is_set()
+
+  def commit(self, record: dict) -> None:
+    with self._lock:
+      self._pending.append(record)
+    self._send_commits()
+
+  def flush(self, timeout_s: float = 30.0) -> bool:
+    """Waits until every queued commit reached the coordinator (or the timeout)."""
+    deadline = time.monotonic() + timeout_s
+    while self._pending and time.monotonic() < deadline:
+      self._send_commits()
+      if self._pending:
+        time.sleep(0.2)
+    return not self._pending
+
+  def _send_commits(self) -> None:
+    with self._lock:
+      while self._pending:
+        try:
+          self.client.call("Commit", {"generation": self.generation, "record": self._pending[0]})
+        except grpc.RpcError:
+          return
+        self._pending.popleft()
+
+  def _beat(self) -> None:
+    try:
+      reply = self.client.call("WorkerHeartbeat", {
+          "generation": self.generation, "process_id": self.process_id, "phase": self.phase,
+          "step": self.step, "epoch": self.epoch, "partition": self.partition,
+          "counter": self.counter, "blocked_s": round(self.blocked_s, 4),
+          "executed": self.executed, "time": time.time()})
+    except grpc.RpcError:
+      if self._reachable:
+        logging.warning("worker %d: coordinator unreachable; training goes on, reports are "
+                        "buffered", self.process_id)
+      self._reachable = False
+      return
+    if not self._reachable:
+      logging.info("worker %d: coordinator reachable again", self.process_id)
+    self._reachable = True
+    if reply.get("stop"):
+      self._stop.set()
+
+  def _run(self) -> None:
+    while not self._closed.wait(self._interval):
+      self._beat()
+      if self._pending:
+        self._send_commits()
+
+  def close(self) -> None:
+    self._closed.set()
+    self._beat()

@@ -1,0 +1,110 @@
+"""Fault injection from config: real signals and errors at a chosen step or partition.
+
+config.fault.inject is a ';'-separated list of KIND@WHEN:process=P, e.g.
+  "kill@step=30:process=1; sigstop@step=60:process=0; sigterm@partition=2:process=1"
+Kinds: kill (SIGKILL itself), sigstop (SIGSTOP itself: a hang with no heartbeats), hang (the
+training thread blocks forever while heartbeats go on: a live hang), oom (raises an out-of-memory
+error), sigterm (SIGTERM itself: a preemption). WHEN is step=N (after global step N) or
+partition=N (when partition N of an epoch starts). Each fault fires once per run: a marker in
+<workdir>/faults/ keeps a restarted generation from firing it again, and records when it fired.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import threading
+import time
+
+KINDS = ("kill", "sigstop", "hang", "oom", "sigterm")
+
+
+class InjectedOutOfMemory(MemoryError):
+  """Raised by an injected 'oom' fault (stands in for XLA's RESOURCE_EXHAUSTED)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Fault:
+  kind: str
+  step: int | None
+  partition: int | None
+  process: int
+  index: int
+
+  @property
+  def name(self) -> str:
+    when = f"step={self.step}" if self.step is not None else f"partition={self.partition}"
+    return f"{self.index}-{self.kind}@{when}:process={self.process}"
+
+
+def parse(text: str) -> list[Fault]:
+  faults = []
+  for i, item in enumerate(x.strip() for x in text.split(";")):
+    if not item:
+      continue
+    try:
+      kind, rest = item.split("@", 1)
+      when, proc = rest.split(":", 1)
+      key, value = when.split("=")
+      pkey, pvalue = proc.split("=")
+      assert kind in KINDS and key in ("step", "partition") and pkey == "process"
+      faults.append(Fault(kind, int(value) if key == "step" else None,
+                          int(value) if key == "partition" else None, int(pvalue), i))
+    except (ValueError, AssertionError) as e:
+      raise ValueError(f"config.fault.inject: cannot read {item!r}; write KIND@step=N:process=P "
+                       f"or KIND@partition=N:process=P with KIND in {KINDS}") from e
+  return faults
+
+
+class Injector:
+  """Fires this process's faults when training reaches them."""
+
+  def __init__(self, text: str, process_id: int, workdir: str):
+    self.faults = [f for f in parse(text) if f.process == process_id]
+    self.dir = os.path.join(workdir, "faults")
+    os.makedirs(self.dir, exist_ok=True)
+
+  def _fire(self, fault: Fault, global_step: int) -> None:
+    marker = os.path.join(self.dir, fault.name)
+    try:
+      fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    except FileExistsError:
+      return  # fired in an earlier generation
+    with os.fdopen(fd, "w") as f:
+      json.dump({"kind": fault.kind, "process": fault.process, "step": global_step,
+                 "time": time.time(), "pid": os.getpid()}, f)
+    if fault.kind == "kill":
+      os.kill(os.getpid(), signal.SIGKILL)
+    elif fault.kind == "sigstop":
+      os.kill(os.getpid(), signal.SIGSTOP)
+    elif fault.kind == "sigterm":
+      os.kill(os.getpid(), signal.SIGTERM)
+    elif fault.kind == "hang":
+      threading.Event().wait()
+    elif fault.kind == "oom":
+      raise InjectedOutOfMemory(f"RESOURCE_EXHAUSTED: injected out of memory at step {global_step}")
+
+  def after_step(self, global_step: int) -> None:
+    for f in self.faults:
+      if f.step == global_step:
+        self._fire(f, global_step)
+
+  def at_partition(self, partition: int, global_step: int) -> None:
+    for f in self.faults:
+      if f.partition == partition:
+        self._fire(f, global_step)
+
+
+def fired(workdir: str) -> list[dict]:
+  """Every fault that fired, with when (for detection times in the summary)."""
+  d = os.path.join(workdir, "faults")
+  out = []
+  for name in sorted(os.listdir(d)) if os.path.isdir(d) else []:
+    with open(os.path.join(d, name)) as f:
+      try:
+        out.append({"name": name, **json.load(f)})
+      except json.JSONDecodeError:
+        continue
+  return out

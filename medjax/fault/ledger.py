@@ -1,0 +1,71 @@
+"""The ledger: which records each executed step trained on, per generation and process.
+
+Independent of checkpoints and lineage, so it can check them: the final model trained on, for
+each committed global step, the rows of that step's LAST execution (earlier executions of a step
+were discarded by a restart). Those rows must cover every training record exactly once per epoch.
+"""
+
+from __future__ import annotations
+
+import collections
+import glob
+import json
+import os
+
+import numpy as np
+
+
+class Writer:
+  """Appends {step, epoch, rows} lines to <workdir>/ledger/gen-G-proc-P.jsonl."""
+
+  def __init__(self, workdir: str, generation: int, process: int, *, enabled: bool = True):
+    self._f = None
+    if enabled:
+      os.makedirs(os.path.join(workdir, "ledger"), exist_ok=True)
+      self._f = open(os.path.join(workdir, "ledger", f"gen-{generation:03d}-proc-{process:03d}"
+                                  ".jsonl"), "a")
+
+  def write(self, step: int, epoch: int, rows: np.ndarray) -> None:
+    if self._f is not None:
+      self._f.write(json.dumps({"step": int(step), "epoch": int(epoch),
+                                "rows": [int(r) for r in rows if r >= 0]}) + "\n")
+      self._f.flush()
+
+  def close(self) -> None:
+    if self._f is not None:
+      self._f.close()
+
+
+def last_executions(workdir: str, final_step: int) -> dict[int, tuple[int, list[int]]]:
+  """global step -> (epoch, rows of all processes) from the newest generation that ran it."""
+  by_step: dict[int, dict[int, tuple[int, list[int]]]] = collections.defaultdict(dict)
+  for path in sorted(glob.glob(os.path.join(workdir, "ledger", "gen-*-proc-*.jsonl"))):
+    generation = int(os.path.basename(path).split("-")[1])
+    with open(path) as f:
+      for line in f:
+        try:
+          entry = json.loads(line)
+        except json.JSONDecodeError:
+          continue  # a line cut by a SIGKILL
+        gen_rows = by_step[entry["step"]].setdefault(generation, (entry["epoch"], []))
+        gen_rows[1].extend(entry["rows"])
+  out = {}
+  for step in range(1, final_step + 1):
+    if step in by_step:
+      generation = max(by_step[step])
+      out[step] = by_step[step][generation]
+  return out
+
+
+def exactly_once(workdir: str, final_step: int, train_rows: np.ndarray, epochs: int) -> dict:
+  """Checks that committed steps cover every training record exactly once per epoch."""
+  executions = last_executions(workdir, final_step)
+  missing_steps = [s for s in range(1, final_step + 1) if s not in executions]
+  counts = np.zeros((epochs, int(train_rows.max()) + 1 if len(train_rows) else 0), np.int64)
+  for epoch, rows in executions.values():
+    if epoch < epochs:
+      np.add.at(counts[epoch], rows, 1)
+  per_epoch = counts[:, train_rows] if len(train_rows) else counts
+  return {"exactly_once": bool(not missing_steps and np.all(per_epoch == 1)),
+          "missing_steps": missing_steps[:10], "records_seen_twice": int(np.sum(per_epoch > 1)),
+          "records_never_seen": int(np.sum(per_epoch == 0))}

@@ -1,0 +1,149 @@
+"""The coordinator's gRPC service: methods, JSON messages, token authentication, TLS.
+
+Messages are JSON objects (UTF-8) carried by gRPC unary calls on the service
+`medjax.Coordinator`; every call carries `authorization: Bearer <token>` metadata, and the server
+rejects (UNAUTHENTICATED, logged) any call without the right token.
+
+Methods and their messages (all fields JSON):
+  RegisterAgent   {host, agent_id, address}                   -> {ok, coordinator_epoch}
+  AgentHeartbeat  {host, agent_id, generation, workers: [{process_id, pid, running, exit_code}]}
+                  -> {action: 'idle'|'run'|'stop'|'exit', generation, spec}
+  ReportExit      {host, generation, process_id, exit_code, reason}   -> {ok}
+  WorkerHeartbeat {generation, process_id, phase, step, epoch, partition, counter,
+                   blocked_s, executed}                        -> {stop}
+  Commit          {generation, record}                        -> {ok}
+  Status          {}                                          -> the coordinator's state
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import json
+import logging
+import os
+import secrets
+import socket
+from concurrent import futures
+from typing import Callable
+
+import grpc
+
+SERVICE = "medjax.Coordinator"
+METHODS = ("RegisterAgent", "AgentHeartbeat", "ReportExit", "WorkerHeartbeat", "Commit",
+           "Status")
+TOKEN_ENV = "MEDJAX_TOKEN"
+
+
+def _encode(message: dict) -> bytes:
+  return json.dumps(message).encode()
+
+
+def _decode(data: bytes) -> dict:
+  return json.loads(data.decode()) if data else {}
+
+
+def load_token(token_file: str = "") -> str:
+  """The shared token: $MEDJAX_TOKEN, else the contents of `token_file`, else ''."""
+  token = os.environ.get(TOKEN_ENV, "")
+  if not token and token_file and os.path.exists(token_file):
+    with open(token_file) as f:
+      token = f.read().strip()
+  return token
+
+
+def create_token_file(path: str) -> str:
+  """A new random token in an owner-only file (reused if it exists)."""
+  if os.path.exists(path):
+    return load_token(path)
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  token = secrets.token_urlsafe(32)
+  fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+  with os.fdopen(fd, "w") as f:
+    f.write(token)
+  return token
+
+
+def is_loopback(host: str) -> bool:
+  if host == "localhost":
+    return True
+  try:
+    return ipaddress.ip_address(host).is_loopback
+  except ValueError:
+    return False
+
+
+def free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+class _Auth(grpc.ServerInterceptor):
+  """Rejects calls without `authorization: Bearer <token>`."""
+
+  def __init__(self, token: str):
+    self._expected = f"Bearer {token}".encode()
+
+    def deny(request, context):
+      context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong token")
+    self._deny = grpc.unary_unary_rpc_method_handler(deny)
+
+  def intercept_service(self, continuation, handler_call_details):
+    given = dict(handler_call_details.invocation_metadata).get("authorization", "")
+    if hmac.compare_digest(given.encode(), self._expected):
+      return continuation(handler_call_details)
+    logging.warning("coordinator: rejected unauthenticated call to %s",
+                    handler_call_details.method)
+    return self._deny
+
+
+def serve(handlers: dict[str, Callable[[dict], dict]], *, host: str, port: int, token: str,
+          tls_cert: str = "", tls_key: str = "", workers: int = 16) -> tuple[grpc.Server, int]:
+  """Starts the service; returns (server, bound port). Refuses a non-loopback bind without token."""
+  if not token:
+    where = "loopback" if is_loopback(host) else f"{host} (not loopback)"
+    raise ValueError(f"coordinator: refusing to serve on {where} without a token; set "
+                     f"${TOKEN_ENV} or config.fault.token_file (every call must carry it)")
+  rpc = {name: grpc.unary_unary_rpc_method_handler(
+      lambda request, context, fn=fn: fn(request), request_deserializer=_decode,
+      response_serializer=_encode) for name, fn in handlers.items()}
+  server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers),
+                       interceptors=[_Auth(token)])
+  server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(SERVICE, rpc)])
+  address = f"{host}:{port}"
+  if tls_cert:
+    with open(tls_cert, "rb") as c, open(tls_key, "rb") as k:
+      creds = grpc.ssl_server_credentials([(k.read(), c.read())])
+    bound = server.add_secure_port(address, creds)
+  else:
+    bound = server.add_insecure_port(address)
+  if not bound:
+    raise OSError(f"coordinator: cannot bind {address}")
+  server.start()
+  return server, bound
+
+
+class Client:
+  """Calls the coordinator; each method takes and returns a dict.
+
+  Raises grpc.RpcError when the coordinator is unreachable (callers buffer and retry).
+  """
+
+  def __init__(self, address: str, token: str, *, tls_ca: str = "", timeout_s: float = 2.0):
+    self.address, self.timeout_s = address, timeout_s
+    if tls_ca:
+      with open(tls_ca, "rb") as f:
+        self._channel = grpc.secure_channel(address, grpc.ssl_channel_credentials(f.read()))
+    else:
+      self._channel = grpc.insecure_channel(address)
+    self._metadata = (("authorization", f"Bearer {token}"),)
+    self._stubs = {m: self._channel.unary_unary(f"/{SERVICE}/{m}", request_serializer=_encode,
+                                                response_deserializer=_decode) for m in METHODS}
+
+  def call(self, method: str, message: dict | None = None, timeout_s: float | None = None) -> dict:
+    return self._stubs[method](message or {}, metadata=self._metadata,
+                               timeout=timeout_s or self.timeout_s)
+
+  def close(self) -> None:
+    self._channel.close()
