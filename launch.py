@@ -2,11 +2,19 @@
 
   python launch.py --config configs/quickstart.py [--workdir DIR] [--config.a.b=value]
   python launch.py --config configs/quickstart.py --config.mode=ingest --workdir DIR
+
+Roles (--role):
+  local        (default) everything on this machine: data, coordinator, agents, workers
+  coordinator  the coordinator of a multi-host run (--config, --workdir on shared storage,
+               --bind, --port); it ingests the cohort first if that is not done
+  agent        one per host (--coordinator=HOST:PORT, --workdir, --host_name)
+  worker       started by an agent, never by hand
 """
 
 import json
 import logging
 import os
+import socket
 import sys
 import time
 
@@ -16,22 +24,35 @@ from ml_collections import config_flags
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Config file (configs/NAME.py[:variant]); override fields with "
-    "--config.a.b=value.", lock_config=True)
+    "--config.a.b=value. Agents and workers read <workdir>/config.json instead.",
+    lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (default: runs/<config>-<time>).")
-_ROLE = flags.DEFINE_enum("role", "local", ["local"], "What this process is: 'local' runs "
-                          "everything on this machine.")
-flags.mark_flags_as_required(["config"])
+_ROLE = flags.DEFINE_enum("role", "local", ["local", "coordinator", "agent", "worker"],
+                          "What this process is (see the module docstring).")
+_COORDINATOR = flags.DEFINE_string("coordinator", None, "HOST:PORT of the coordinator.")
+_BIND = flags.DEFINE_string("bind", "127.0.0.1", "Coordinator: address to serve on.")
+_PORT = flags.DEFINE_integer("port", 0, "Coordinator: port (0: config.fault.port or a free one).")
+_HOST_NAME = flags.DEFINE_string("host_name", None, "Agent: this host's name (default hostname).")
+_ADVERTISE = flags.DEFINE_string("advertise", "127.0.0.1", "Agent: this host's address as the "
+                                 "other hosts reach it (for jax.distributed).")
+_GENERATION = flags.DEFINE_integer("generation", 0, "Worker: generation.")
+_PROCESS_ID = flags.DEFINE_integer("process_id", 0, "Worker: jax process id.")
 
 
 def _workdir() -> str:
   if _WORKDIR.value:
     return _WORKDIR.value
+  if _CONFIG.value is None:
+    raise app.UsageError("--workdir is required for this role")
   name = os.path.splitext(os.path.basename(flags.FLAGS["config"].config_filename))[0]
   return os.path.join("runs", f"{name}-{time.strftime('%Y%m%d-%H%M%S')}")
 
 
-def _setup_logging(workdir: str) -> None:
-  handler = logging.FileHandler(os.path.join(workdir, "log.txt"))
+def _setup_logging(workdir: str, name: str) -> None:
+  os.makedirs(os.path.join(workdir, "logs"), exist_ok=True)
+  path = (os.path.join(workdir, "log.txt") if name == "log"
+          else os.path.join(workdir, "logs", f"{name}.txt"))
+  handler = logging.FileHandler(path)
   handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
   logging.getLogger().addHandler(handler)
   logging.getLogger().setLevel(logging.INFO)
@@ -39,30 +60,79 @@ def _setup_logging(workdir: str) -> None:
   logging.getLogger("absl").setLevel(logging.WARNING)
 
 
+def _config(workdir: str):
+  """The flag's config (saved to the workdir), or the workdir's saved config."""
+  if _CONFIG.value is not None:
+    config = _CONFIG.value
+    with open(os.path.join(workdir, "config.json"), "w") as f:
+      f.write(config.to_json_best_effort(indent=2, sort_keys=True))
+    return config
+  path = os.path.join(workdir, "config.json")
+  if not os.path.exists(path):
+    raise app.UsageError(f"no --config and no {path}; give --config")
+  from medjax.fault import worker  # pylint: disable=import-outside-toplevel
+  return worker.load_config(workdir)
+
+
 def main(argv):
   del argv
-  config = _CONFIG.value
+  role = _ROLE.value
   workdir = _workdir()
   os.makedirs(workdir, exist_ok=True)
-  _setup_logging(workdir)
-  with open(os.path.join(workdir, "config.json"), "w") as f:
-    f.write(config.to_json_best_effort(indent=2, sort_keys=True))
-  logging.info("workdir %s, mode %s", workdir, config.mode)
+  if role == "worker":
+    _setup_logging(workdir, f"worker-{_GENERATION.value:03d}-{_PROCESS_ID.value:03d}")
+    from medjax.fault import worker  # pylint: disable=import-outside-toplevel
+    return worker.run(workdir, _GENERATION.value, _PROCESS_ID.value, _HOST_NAME.value,
+                      _COORDINATOR.value)
+  config = _config(workdir)
+  if role == "agent":
+    host = _HOST_NAME.value or socket.gethostname()
+    _setup_logging(workdir, f"agent-{host}")
+    from medjax.fault import agent  # pylint: disable=import-outside-toplevel
+    from medjax.fault import protocol  # pylint: disable=import-outside-toplevel
+    if not _COORDINATOR.value:
+      raise app.UsageError("--role=agent needs --coordinator=HOST:PORT")
+    token = protocol.load_token(config.fault.token_file
+                                or os.path.join(workdir, "secrets", "token"))
+    return agent.Agent(_COORDINATOR.value, token, host=host, workdir=workdir,
+                       fault_config=config.fault, advertise=_ADVERTISE.value,
+                       tls_ca=config.fault.tls_ca).run()
+  if role == "coordinator":
+    _setup_logging(workdir, "coordinator")
+    from medjax.data import pipeline  # pylint: disable=import-outside-toplevel
+    from medjax.fault import coordinator  # pylint: disable=import-outside-toplevel
+    from medjax.fault import protocol  # pylint: disable=import-outside-toplevel
+    pipeline.ingested(config, workdir, pipeline.cohort_root(config, workdir))
+    token = protocol.load_token(config.fault.token_file
+                                or os.path.join(workdir, "secrets", "token"))
+    return coordinator.Coordinator(config, workdir, token=token, host=_BIND.value,
+                                   port=_PORT.value or config.fault.port).serve()
 
+  _setup_logging(workdir, "log")
+  logging.info("workdir %s, mode %s", workdir, config.mode)
   # Imported here so that `--help` and flag errors stay fast.
   from medjax.data import pipeline  # pylint: disable=import-outside-toplevel
+  from medjax import evaluate  # pylint: disable=import-outside-toplevel
   if config.mode == "synth":
     print(pipeline.cohort_root(config, workdir))
   elif config.mode == "ingest":
     pipeline.run_ingest(config, workdir)
   elif config.mode == "train":
-    from medjax.train import loop  # pylint: disable=import-outside-toplevel
-    summary = loop.train_and_evaluate(config, workdir)
-    from medjax import evaluate  # pylint: disable=import-outside-toplevel
+    if config.fault.supervised:
+      from medjax.fault import local  # pylint: disable=import-outside-toplevel
+      summary = local.run(config, workdir)
+    else:
+      from medjax.train import loop  # pylint: disable=import-outside-toplevel
+      summary = loop.train_and_evaluate(config, workdir)
     print(evaluate.format_summary(summary))
+    if "fault_tolerance" in summary:
+      ft = summary["fault_tolerance"]
+      print(f"fault tolerance: {len(ft['failures'])} failures, {ft['restarts']} restarts, "
+            f"waste {ft['waste_fraction']:.2%}, exactly once: {ft['exactly_once']}")
   else:
     raise app.UsageError(f"config.mode={config.mode!r}: use 'synth', 'ingest' or 'train'")
   print(f"workdir: {workdir}")
+  return 0
 
 
 if __name__ == "__main__":

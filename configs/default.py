@@ -76,6 +76,7 @@ def get_config(arg=None):
   config.mesh = mesh = ml_collections.ConfigDict()
   mesh.data = -1                        # data-parallel axis size; -1: all devices fsdp leaves
   mesh.fsdp = 1                         # parameter-sharding axis size
+  mesh.compilation_cache_dir = ""       # JAX persistent compilation cache; default <workdir>/jax_cache
 
   config.ckpt = ckpt = ml_collections.ConfigDict()
   ckpt.max_to_keep = 3                  # committed checkpoints kept
@@ -88,7 +89,32 @@ def get_config(arg=None):
   evals.bootstrap = 1000                # resamples for the 95% intervals
 
   config.fault = fault = ml_collections.ConfigDict()
+  # Supervised runs have a coordinator process, one agent per host and worker processes; an
+  # unsupervised run trains in the launcher's own process (no fault tolerance beyond resume).
+  fault.supervised = True
   fault.local_hosts = 1       # hosts (agents) started on this machine by the local launcher
+  fault.hosts = 0             # hosts a generation needs (0: local_hosts)
+  fault.workers_per_host = 2  # worker processes per host
+  fault.devices_per_worker = 1
+  fault.elastic = False       # after a host is lost, go on with fewer hosts (>= min_hosts)
+  fault.min_hosts = 1
+  fault.replacement_wait_s = 60.0   # without elastic: how long to wait for a replacement host
+  fault.timeout_training_s = 10.0   # hang: no progress for this long while training
+  fault.timeout_compile_s = 180.0   # ... while compiling, restoring or checkpointing
+  fault.timeout_start_s = 600.0     # ... while starting, preparing data or evaluating
+  fault.host_timeout_s = 5.0        # lost host: no agent heartbeat for this long
+  fault.stop_grace_s = 2.0          # stop at a step boundary, then SIGTERM, then SIGKILL
+  fault.agent_interval_s = 0.2
+  fault.coordinator_lost_s = 600.0  # agents give up on an unreachable coordinator after this
+  fault.backoff_s = 1.0             # restart delay, doubled per failure without progress
+  fault.backoff_max_s = 30.0
+  fault.max_failures_without_progress = 3
+  fault.jax_heartbeat_timeout_s = 120   # above ours, so the coordinator acts first
+  fault.port = 0              # coordinator port (0: a free one, local runs)
+  fault.token_file = ""       # shared token (or $MEDJAX_TOKEN); default <workdir>/secrets/token
+  fault.tls_cert = ""         # optional TLS: coordinator certificate and key, agents' CA
+  fault.tls_key = ""
+  fault.tls_ca = ""
   fault.inject = ""           # e.g. "kill@step=30:process=1; sigterm@partition=2:process=0"
   fault.ledger = True         # write the per-step record ledger (exactly-once checks)
 

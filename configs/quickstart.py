@@ -4,15 +4,29 @@ Run:
   python launch.py --config configs/quickstart.py
 Variants:
   configs/quickstart.py:ingest   only synthesise and ingest the cohort (no training)
+  configs/quickstart.py:tiny     a 300-patient cohort and 2 short epochs (the tests' runs)
 """
 
 from configs import default
 
 
 def get_config(arg=None):
-  config = default.get_config(arg)
+  config = default.get_config(None if arg == "tiny" else arg)
   config.data.synthetic.num_patients = 1500
   config.data.synthetic.image_size = 64
   config.data.image_size = 32
   config.data.num_partitions = 4
+  if arg == "tiny":
+    config.data.synthetic.num_patients = 300
+    config.data.synthetic.image_size = 32
+    config.data.image_size = 16
+    config.data.num_partitions = 3
+    config.data.batch_size = 16
+    config.model.image_channels = (8, 16)
+    config.optim.epochs = 2
+    config.evals.splits = ("test",)
+    config.evals.bootstrap = 50
+    config.ckpt.every_steps = 4
+    config.fault.timeout_training_s = 4.0
+    config.fault.backoff_s = 0.5
   return config

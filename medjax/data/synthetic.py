@@ -8,10 +8,16 @@ Generative model (all Gaussian, so every modality subset has a closed-form poste
   vitals   x[t, c] = (w_c + (t / (T - 1) - 1/2) v_c) . h_shared + N(0, sigma_V^2)
   images   u_j = A_I h + N(0, sigma_I^2 I_E), j < n_images      rendered into DICOM pixels
 
+Class means differ only along a few directions of h_shared (`class_rank_shared`) and along
+h_image. Vitals and images read those directions; labs read all of h_shared; only images read
+h_image. So every modality alone is informative and combining them saturates, in the pattern of
+the lineage paper's Table IV (see experiments/calibrate_synthetic.py for the calibration). A few
+rare classes ("twins") copy a common class's mean on h_shared: only images tell them apart.
+
 Labs and vitals are written in clinical units (ref_mean + ref_sd * x) after rounding to the
 CSV precision; the posterior is computed from those written values, the mean image latent and
-exactly the entries a patient has. A few rare classes ("twins") copy a common class's mean on
-h_shared, so only images can tell them apart.
+exactly the entries a patient has. (Rounding adds < 1% to any entry's noise variance, which the
+posterior ignores; it is exact for the values as written under the Gaussian model.)
 
 `sample_cohort` builds a cohort in memory, `write_cohort` writes the on-disk input layout read by
 ingest (see DESIGN.md, "Synthetic cohort"; DICOM writing is in `synthetic_dicom`), `generate` does
@@ -218,9 +224,7 @@ def build_model(cfg) -> Model:
   names = [DISEASES[i] if i < len(DISEASES) else f"Disease {i + 1}" for i in range(k)]
   prior_K = (np.arange(1, k + 1, dtype=np.float64)) ** -cfg.class_prior_exponent
   prior_K /= prior_K.sum()
-  # Class means vary only in a `class_rank_shared`-dim subspace of h_shared (plus all of h_image),
-  # which every modality can see: single modalities stay informative and combining them
-  # saturates, as in the paper's Table IV, instead of each modality holding disjoint evidence.
+  # Class means live in a basis_SxR subspace of h_shared plus all of h_image (module docstring).
   r = min(cfg.class_rank_shared, s)
   basis_SxR = np.linalg.qr(rng.standard_normal((s, r)))[0]
   means_KxD = cfg.class_sep * np.concatenate(
@@ -236,8 +240,8 @@ def build_model(cfg) -> Model:
   n_lab = cfg.num_analytes
   table = [_ANALYTES[i] if i < len(_ANALYTES) else ("Extra", f"analyte_{i + 1}", 10.0, 1.5)
            for i in range(n_lab)]
-  ref_mean_L = np.array([r[2] for r in table], np.float64)
-  ref_sd_L = np.minimum([r[3] for r in table], ref_mean_L / 6)  # Keeps values positive.
+  ref_mean_L = np.array([row[2] for row in table], np.float64)
+  ref_sd_L = np.minimum([row[3] for row in table], ref_mean_L / 6)  # Keeps values positive.
   # A resolution of <= sd / 100 keeps rounding noise under 0.1% of the measurement noise.
   decimals_L = np.maximum(0, 2 - np.floor(np.log10(ref_sd_L))).astype(np.int64)
   lab_gain = 1.0 / np.sqrt(signal_var + cfg.lab_noise ** 2)
@@ -262,7 +266,7 @@ def build_model(cfg) -> Model:
   img_gain = 1.0 / np.sqrt(signal_var + cfg.image_noise ** 2)
   return Model(
       class_names=names, prior=prior_K, means=means_KxD, twins=twins, dim_shared=s,
-      lab_names=[r[1] for r in table], lab_panels=[r[0] for r in table],
+      lab_names=[row[1] for row in table], lab_panels=[row[0] for row in table],
       lab_ref_mean=ref_mean_L, lab_ref_sd=ref_sd_L, lab_decimals=decimals_L,
       lab_loadings=lab_LxS, lab_noise_sd=np.full(n_lab, lab_gain * cfg.lab_noise),
       vitals_loadings=vit_TxCxS * vit_gain_C[None, :, None],
@@ -420,45 +424,13 @@ def posterior(cohort: Cohort, modality_mask_Nx3=None) -> np.ndarray:
   return np.exp(log_posterior(cohort, modality_mask_Nx3))
 
 
-SUBSETS = ("ILV", "IL", "IV", "LV", "I", "L", "V")
-
-
-def ceiling_by_subset(cohort: Cohort, rows: np.ndarray | None = None) -> dict[str, float]:
-  """Bayes-ceiling accuracy on the same patients with modalities hidden.
-
-  Args:
-    cohort: a sampled cohort.
-    rows: patients to score; default those having all three modalities.
-
-  Returns:
-    Accuracy per subset ('ILV', 'IL', ..., 'V'), plus 'any2' and 'single' (means over the
-    pairs and singles, Table IV's rows) and 'num_patients'.
-  """
-  if rows is None:
-    rows = np.nonzero(cohort.modality_mask.all(axis=1))[0]
-  sub = dataclasses.replace(
-      cohort, patient_ids=cohort.patient_ids[rows], labels=cohort.labels[rows],
-      modality_mask=cohort.modality_mask[rows], num_images=cohort.num_images[rows],
-      labs=cohort.labs[rows], vitals=cohort.vitals[rows],
-      image_latents=cohort.image_latents[rows], latents=cohort.latents[rows],
-      posterior=cohort.posterior[rows])
-  out = {}
-  for name in SUBSETS:
-    keep_3 = np.array([m in name for m in "ILV"])
-    out[name] = float(np.mean(log_posterior(sub, keep_3).argmax(axis=1) == sub.labels))
-  out["any2"] = float(np.mean([out[k] for k in ("IL", "IV", "LV")]))
-  out["single"] = float(np.mean([out[k] for k in ("I", "L", "V")]))
-  out["num_patients"] = int(len(rows))
-  return out
-
-
 def canonical_image(u_E: np.ndarray, image_size: int) -> np.ndarray:
   """The image every written DICOM variant of latent `u_E` decodes to, float32 [H, W] in [0, 1]."""
   return synthetic_dicom.canonical_image(u_E, image_size)
 
 
 def _format_columns(values_NxC: np.ndarray, decimals_C) -> np.ndarray:
-  """Fixed-decimal strings, '' for NaN; '%.{d}f' of a value rounded to d decimals re-parses to it."""
+  """Fixed-decimal strings, '' for NaN (a value rounded to d decimals re-parses exactly)."""
   out = np.empty(values_NxC.shape, dtype=object)
   for j, dec in enumerate(decimals_C):
     col = values_NxC[:, j]

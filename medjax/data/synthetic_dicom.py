@@ -76,7 +76,7 @@ def get_header_config() -> ml_collections.ConfigDict:
 
 @functools.lru_cache(maxsize=8)
 def geometry(image_size: int):
-  """Masks (fov, body, marker) as (H, W) bool and blob bumps (E_max, H, W) for `image_size`."""
+  """(H, W) bool masks: circular field of view, body ellipse, marker square (inside the body)."""
   if image_size < 16:
     raise ValueError(f"config.data.synthetic.image_size={image_size}: need >= 16 so the "
                      "marker and air regions carry the percentiles")
@@ -87,7 +87,8 @@ def geometry(image_size: int):
   marker = (np.abs(x_HxW) < 0.08) & (np.abs(y_HxW) < 0.08)
   air = fov & ~body
   if air.sum() < 0.05 * fov.sum() or marker.sum() < 0.02 * fov.sum():
-    raise ValueError(f"image_size={image_size}: air or marker region too small")
+    raise ValueError(f"config.data.synthetic.image_size={image_size}: air or marker region "
+                     "too small for robust windowing; use a larger image_size")
   return fov, body, marker
 
 
@@ -153,6 +154,11 @@ def _quota(rng: np.random.Generator, n: int, weights: dict[str, float]) -> np.nd
 def plan_headers(n: int, headers, rng: np.random.Generator) -> list[dict]:
   """Header variants of n image files, each factor in its configured proportion."""
   h = headers
+  for field, known in (("transfer_syntax", TRANSFER_SYNTAXES), ("rescale", RESCALES)):
+    unknown = set(h[field]) - set(known)
+    if unknown:
+      raise ValueError(f"config.data.synthetic.headers.{field}: unknown {sorted(unknown)}; "
+                       f"use names from {sorted(known)}")
   photometric = _quota(rng, n, {"MONOCHROME1": h.frac_monochrome1,
                                 "MONOCHROME2": 1 - h.frac_monochrome1})
   window = _quota(rng, n, {True: 1 - h.frac_no_window, False: h.frac_no_window})
@@ -160,10 +166,6 @@ def plan_headers(n: int, headers, rng: np.random.Generator) -> list[dict]:
   rescale = _quota(rng, n, dict(h.rescale))
   syntax = _quota(rng, n, dict(h.transfer_syntax))
   dx = _quota(rng, n, {True: h.frac_dx, False: 1 - h.frac_dx})
-  for name in syntax:
-    if name not in TRANSFER_SYNTAXES:
-      raise ValueError(f"config.data.synthetic.headers.transfer_syntax: unknown '{name}'; "
-                       f"use {sorted(TRANSFER_SYNTAXES)}")
   modality = np.where(rescale != "raw", "CT", np.where(dx.astype(bool), "DX", "MR"))
   return [dict(photometric=photometric[i], window=bool(window[i]), padding=bool(padding[i]),
                rescale=rescale[i], transfer_syntax=syntax[i], modality=str(modality[i]))
@@ -198,8 +200,9 @@ def image_dataset(v_HxW: np.ndarray, variant: dict, sop_uid: str, study: dict,
   """A single-frame image dataset of value image `v_HxW` with the header `variant`."""
   modality = variant["modality"]
   ts = TRANSFER_SYNTAXES[variant["transfer_syntax"]]
+  native = variant["transfer_syntax"] in _UNCOMPRESSED
   ds = _base_dataset(_SOP_CLASSES[modality], sop_uid, study, series_number,
-                     ts if variant["transfer_syntax"] in _UNCOMPRESSED else uid.ExplicitVRLittleEndian)
+                     ts if native else uid.ExplicitVRLittleEndian)  # compress() sets it.
   resc = RESCALES[variant["rescale"]]
   ds.Modality = modality
   ds.BodyPartExamined = "CHEST"
@@ -221,7 +224,7 @@ def image_dataset(v_HxW: np.ndarray, variant: dict, sop_uid: str, study: dict,
   if variant["padding"]:
     ds.PixelPaddingValue = resc.padding
   stored_HxW = stored_values(v_HxW, variant)
-  if variant["transfer_syntax"] in _UNCOMPRESSED:
+  if native:
     ds.PixelData = stored_HxW.astype("<u2").tobytes()
   else:  # Lossless encoders; keep the instance UID (the default would draw a random one).
     ds.compress(ts, stored_HxW, generate_instance_uid=False)
@@ -262,10 +265,6 @@ def _patients_phi(patient_ids: np.ndarray, rng: np.random.Generator) -> list[dic
   return out
 
 
-def _hhmmss(seconds: int) -> str:
-  return f"{seconds // 3600:02d}{seconds // 60 % 60:02d}{seconds % 60:02d}"
-
-
 class _Writer:
   """Allocates random study folders and deterministic UIDs, and writes files."""
 
@@ -276,13 +275,16 @@ class _Writer:
 
   def new_study(self, patient: dict, key: str) -> dict:
     folder = f"{self.rng.integers(0, 2 ** 48):012x}"
+    while folder in self.folders:
+      folder = f"{self.rng.integers(0, 2 ** 48):012x}"
     self.folders[folder] = 0
     os.makedirs(os.path.join(self.root, folder))
     date = np.datetime64("2018-01-01") + np.timedelta64(int(self.rng.integers(0, 2400)), "D")
+    seconds = int(self.rng.integers(7 * 3600, 20 * 3600))
     return {"folder": folder, "patient": patient,
             "uid": uid.generate_uid(entropy_srcs=[str(self.seed), "study", key]),
-            "date": str(date).replace("-", ""), "time": _hhmmss(int(self.rng.integers(7, 20) * 3600
-                                                                 + self.rng.integers(3600))),
+            "date": str(date).replace("-", ""),
+            "time": f"{seconds // 3600:02d}{seconds // 60 % 60:02d}{seconds % 60:02d}",
             "accession": f"A{self.rng.integers(10 ** 7, 10 ** 8)}",
             "study_id": f"{self.rng.integers(1, 10 ** 5)}", "referrer": "ROE^RICHARD^DR"}
 
@@ -306,6 +308,17 @@ def write_dicom(cohort, dicom_root: str, cfg) -> dict:
     image_index, header variant), 'junk' (path, kind), 'num_image_files', 'variants' (counts).
   """
   os.makedirs(dicom_root)
+  # openjpeg logs every encoded tile at INFO; keep the run's log readable.
+  openjpeg_log = logging.getLogger("openjpeg")
+  level = openjpeg_log.level
+  openjpeg_log.setLevel(max(level, logging.WARNING))
+  try:
+    return _write_all(cohort, dicom_root, cfg)
+  finally:
+    openjpeg_log.setLevel(level)
+
+
+def _write_all(cohort, dicom_root: str, cfg) -> dict:
   writer = _Writer(dicom_root, cfg.seed)
   phi = _patients_phi(cohort.patient_ids, np.random.default_rng(
       np.random.SeedSequence([cfg.seed, 2001])))

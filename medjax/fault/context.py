@@ -17,6 +17,9 @@ import grpc
 
 from medjax import lineage as lineage_lib
 
+# Worker exit codes (besides 0, success, and -N, killed by signal N).
+EXIT_ERROR, EXIT_STOPPED, EXIT_PREEMPTED, EXIT_OOM = 1, 10, 11, 12
+
 PHASES = ("starting", "preparing", "compiling", "restoring", "training", "checkpointing",
           "evaluating", "done")
 
@@ -37,6 +40,10 @@ class Local:
 
   def progress(self, step: int = 0, epoch: int = 0, partition: int = 0) -> None:
     self.step = step
+    self.counter += 1
+
+  def alive(self) -> None:
+    """Progress that is not a training step (e.g. a record decoded into the cache)."""
     self.counter += 1
 
   def stop_requested(self) -> bool:

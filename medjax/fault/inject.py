@@ -97,6 +97,15 @@ class Injector:
         self._fire(f, global_step)
 
 
+def record_external(workdir: str, kind: str, *, process=None, host=None, pid=None) -> None:
+  """Notes a fault delivered from outside (a test or an operator's kill), for detection times."""
+  d = os.path.join(workdir, "faults")
+  os.makedirs(d, exist_ok=True)
+  now = time.time()
+  with open(os.path.join(d, f"external-{now:.6f}-{kind}"), "w") as f:
+    json.dump({"kind": kind, "process": process, "host": host, "pid": pid, "time": now}, f)
+
+
 def fired(workdir: str) -> list[dict]:
   """Every fault that fired, with when (for detection times in the summary)."""
   d = os.path.join(workdir, "faults")
@@ -107,4 +116,4 @@ def fired(workdir: str) -> list[dict]:
         out.append({"name": name, **json.load(f)})
       except json.JSONDecodeError:
         continue
-  return out
+  return sorted(out, key=lambda f: f.get("time", 0))

@@ -149,7 +149,7 @@ def train_and_evaluate(config, workdir: str, topology: Topology = Topology(), ct
                               read_only=topology.local_index != 0)
   if topology.local_index == 0:
     pipeline.fill_cache(cache, prepared.placement.rows_of(topology.host),
-                        f"decoding {topology.host}", on_progress=lambda n: ctx.progress())
+                        f"decoding {topology.host}", on_progress=lambda n: ctx.alive())
   if jax.process_count() > 1:
     multihost_utils.sync_global_devices("cache filled")
     cache.refresh()

@@ -1,0 +1,150 @@
+"""The agent: one per host; starts, watches, stops and restarts that host's worker processes.
+
+It registers with the coordinator and heartbeats every fault.agent_interval_s; each reply says
+which generation to run. It starts the generation's workers (their jax.distributed address, process
+ids and count come from the coordinator), reports any worker exit at once, and stops workers when
+told: asked at a step boundary first (the coordinator's reply to their heartbeats), then SIGTERM,
+then SIGKILL. If the coordinator is unreachable, workers keep running and the agent keeps trying;
+a restarted coordinator hears from it again and learns what it runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import grpc
+
+from medjax.fault import protocol
+
+LAUNCH = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
+    __file__)))), "launch.py")
+
+
+@dataclasses.dataclass
+class Worker:
+  process_id: int
+  proc: subprocess.Popen
+  log: object
+  reported: bool = False
+  term_sent: float = 0.0
+
+
+class Agent:
+  """Supervises one host's workers for the coordinator at `address`."""
+
+  def __init__(self, address: str, token: str, *, host: str, workdir: str, fault_config,
+               advertise: str = "127.0.0.1", tls_ca: str = ""):
+    self.client = protocol.Client(address, token, tls_ca=tls_ca, timeout_s=2.0)
+    self.host, self.workdir, self.f, self.advertise = host, workdir, fault_config, advertise
+    self.agent_id = uuid.uuid4().hex[:8]
+    self.generation = -1
+    self.workers: list[Worker] = []
+    self.stopping_since = 0.0
+    self.registered = False
+
+  def _worker_status(self) -> list[dict]:
+    return [{"process_id": w.process_id, "pid": w.proc.pid, "running": w.proc.poll() is None,
+             "exit_code": w.proc.poll()} for w in self.workers]
+
+  def _register(self) -> None:
+    self.client.call("RegisterAgent", {
+        "host": self.host, "agent_id": self.agent_id, "address": self.advertise,
+        "free_port": protocol.free_port(), "generation": self.generation,
+        "workers": self._worker_status()})
+    self.registered = True
+
+  def _start(self, spec: dict) -> None:
+    self.generation = spec["generation"]
+    host_index = spec["hosts"].index(self.host)
+    os.makedirs(os.path.join(self.workdir, "logs"), exist_ok=True)
+    for local in range(spec["workers_per_host"]):
+      pid = host_index * spec["workers_per_host"] + local
+      env = dict(os.environ)
+      env["XLA_FLAGS"] = (f"--xla_force_host_platform_device_count="
+                          f"{spec['devices_per_worker']}")
+      env.setdefault("JAX_PLATFORMS", "cpu")
+      log = open(os.path.join(self.workdir, "logs",
+                              f"gen-{self.generation:03d}-proc-{pid:03d}.log"), "a")
+      proc = subprocess.Popen(
+          [sys.executable, LAUNCH, "--role=worker", f"--workdir={self.workdir}",
+           f"--generation={self.generation}", f"--process_id={pid}", f"--host_name={self.host}",
+           f"--coordinator={self.client.address}"],
+          env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+      self.workers.append(Worker(pid, proc, log))
+    logging.info("agent %s: started generation %d (%d workers)", self.host, self.generation,
+                 len(self.workers))
+
+  def _stop_workers(self, now: float) -> bool:
+    """Escalates SIGTERM -> SIGKILL on live workers; True once none is running."""
+    alive = [w for w in self.workers if w.proc.poll() is None]
+    if not alive:
+      return True
+    if not self.stopping_since:
+      self.stopping_since = now
+    waited = now - self.stopping_since
+    for w in alive:
+      if waited > self.f.stop_grace_s * 2:
+        w.proc.send_signal(signal.SIGKILL)
+      elif waited > self.f.stop_grace_s and not w.term_sent:
+        w.term_sent = now
+        w.proc.send_signal(signal.SIGTERM)
+    return False
+
+  def _reap(self) -> None:
+    for w in self.workers:
+      code = w.proc.poll()
+      if code is not None and not w.reported:
+        try:
+          self.client.call("ReportExit", {"host": self.host, "generation": self.generation,
+                                          "process_id": w.process_id, "exit_code": code})
+          w.reported = True
+        except grpc.RpcError:
+          pass  # reported on a later pass, or seen in heartbeats
+
+  def run(self) -> int:
+    """Runs until the coordinator says the run is over."""
+    unreachable_since = None
+    while True:
+      now = time.time()
+      self._reap()
+      try:
+        if not self.registered:
+          self._register()
+        reply = self.client.call("AgentHeartbeat", {
+            "host": self.host, "agent_id": self.agent_id, "generation": self.generation,
+            "free_port": protocol.free_port(), "workers": self._worker_status()})
+        unreachable_since = None
+      except grpc.RpcError:
+        if unreachable_since is None:
+          unreachable_since = now
+          logging.warning("agent %s: coordinator unreachable; workers keep running", self.host)
+        if now - unreachable_since > self.f.coordinator_lost_s:
+          logging.error("agent %s: coordinator gone for %.0fs; stopping", self.host,
+                        now - unreachable_since)
+          while not self._stop_workers(time.time()):
+            time.sleep(0.1)
+          return 3
+        self.registered = False
+        time.sleep(self.f.agent_interval_s)
+        continue
+      action = reply.get("action")
+      if action == "register":
+        self.registered = False
+      elif action == "run":
+        if reply["generation"] != self.generation or not self.workers:
+          if self._stop_workers(now):
+            self.workers, self.stopping_since = [], 0.0
+            self._start(reply["spec"])
+      elif action in ("stop", "exit"):
+        if self._stop_workers(now):
+          self.workers, self.stopping_since = [], 0.0
+          if action == "exit":
+            return 0
+      time.sleep(self.f.agent_interval_s)

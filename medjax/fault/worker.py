@@ -1,0 +1,72 @@
+"""A worker process: joins its generation's jax.distributed job and trains.
+
+Started by its host's agent with the generation number and its process id; the generation's spec
+(hosts, host history, process count, the jax.distributed address) is in
+<workdir>/generations/gen-<G>.json, the run's config in <workdir>/config.json.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+
+import jax
+import ml_collections
+
+from medjax.fault import context
+from medjax.fault import inject
+from medjax.fault import protocol
+
+
+def load_config(workdir: str) -> ml_collections.ConfigDict:
+  with open(os.path.join(workdir, "config.json")) as f:
+    return ml_collections.ConfigDict(json.load(f))
+
+
+def run(workdir: str, generation: int, process_id: int, host: str, coordinator: str) -> int:
+  """Trains as process `process_id` of `generation`; returns the process exit code."""
+  from medjax.train import loop  # pylint: disable=import-outside-toplevel
+  config = load_config(workdir)
+  with open(os.path.join(workdir, "generations", f"gen-{generation:03d}.json")) as f:
+    spec = json.load(f)
+  token = protocol.load_token(config.fault.token_file
+                              or os.path.join(workdir, "secrets", "token"))
+  client = protocol.Client(coordinator, token, tls_ca=config.fault.tls_ca)
+  ctx = context.Remote(client, generation=generation, process_id=process_id)
+  # Restarts reuse compiled programs instead of compiling from scratch.
+  jax.config.update("jax_compilation_cache_dir", config.mesh.compilation_cache_dir
+                    or os.path.join(workdir, "jax_cache"))
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+  jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  # jax.distributed's own failure detection waits longer than the coordinator's, so ours acts.
+  jax.distributed.initialize(spec["jax_address"], spec["num_processes"], process_id,
+                             heartbeat_timeout_seconds=config.fault.jax_heartbeat_timeout_s,
+                             initialization_timeout=int(config.fault.timeout_start_s))
+  wph = spec["workers_per_host"]
+  topology = loop.Topology(hosts=tuple(spec["hosts"]), host=host, local_index=process_id % wph,
+                           local_count=wph)
+  try:
+    loop.train_and_evaluate(config, workdir, topology, ctx, host_history=spec["host_history"])
+  except loop.Stopped as e:
+    logging.info("worker %d: %s", process_id, e)
+    code = context.EXIT_STOPPED
+  except loop.Preempted as e:
+    logging.info("worker %d: %s", process_id, e)
+    code = context.EXIT_PREEMPTED
+  except (inject.InjectedOutOfMemory, MemoryError) as e:
+    logging.error("worker %d: out of memory: %s", process_id, e)
+    code = context.EXIT_OOM
+  except Exception:  # pylint: disable=broad-except
+    logging.exception("worker %d: training failed", process_id)
+    code = context.EXIT_ERROR
+  else:
+    ctx.close()
+    jax.distributed.shutdown()
+    return 0
+  ctx.close()
+  # Peers may be dead or stuck in a collective: leave without the distributed shutdown barrier.
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os._exit(code)  # pylint: disable=protected-access
