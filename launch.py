@@ -120,7 +120,11 @@ def main(argv):
   elif config.mode == "train":
     if config.fault.supervised:
       from medjax.fault import local  # pylint: disable=import-outside-toplevel
-      summary = local.run(config, workdir)
+      try:
+        summary = local.run(config, workdir)
+      except local.RunFailed as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     else:
       from medjax.train import loop  # pylint: disable=import-outside-toplevel
       summary = loop.train_and_evaluate(config, workdir)

@@ -18,6 +18,7 @@ import os
 import shutil
 import time
 
+import jax
 import orbax.checkpoint as ocp
 
 
@@ -36,7 +37,7 @@ class Checkpointer:
         self.directory,
         options=ocp.CheckpointManagerOptions(max_to_keep=None, create=True,
                                              enable_async_checkpointing=async_save),
-        item_names=("state",))
+        item_handlers={"state": ocp.StandardCheckpointHandler()})
     self._pending: list[tuple[int, dict]] = []
     self.blocked_s = 0.0
 
@@ -86,18 +87,23 @@ class Checkpointer:
     self._manager.close()
 
 
-def restore_committed(directory: str, store, abstract_state):
+def restore_committed(directory: str, store, abstract_state, ckpt: "Checkpointer | None" = None):
   """(state, lineage, step) from the newest good committed checkpoint, or None.
 
   A step counts only if its lineage record is in `store` and Orbax's copy of the lineage agrees;
   a step that fails to restore (truncated or missing files) is skipped for the previous one.
+  Pass `ckpt` to restore through a Checkpointer that training will go on saving with.
   """
-  if not os.path.isdir(directory):
+  # Every process must take the same path (Orbax synchronises processes inside), so decide from
+  # the lineage store, which no one writes while a generation starts.
+  committed = store.committed_steps()
+  if not committed or not os.path.isdir(directory):
     return None
-  ckpt = Checkpointer(directory, async_save=False)
+  own = ckpt is None
+  ckpt = ckpt or Checkpointer(directory, async_save=False)
   try:
     on_disk = set(ckpt.steps())
-    for step in reversed(store.committed_steps()):
+    for step in reversed(committed):
       if step not in on_disk:
         continue
       record = store.record(step)
@@ -120,11 +126,42 @@ def restore_committed(directory: str, store, abstract_state):
       return state, saved, step
     return None
   finally:
+    if own:
+      ckpt.close()
+
+
+def load_arrays(directory: str, step: int | None = None):
+  """The saved state as host numpy arrays, with no restore target (for inspection and tests)."""
+  ckpt = Checkpointer(directory, async_save=False)
+  try:
+    step = ckpt.latest() if step is None else step
+    metadata = ckpt._manager.item_metadata(step)["state"]  # pylint: disable=protected-access
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device),
+                          metadata)
+    state = ckpt.restore(step, target)
+  finally:
     ckpt.close()
+  return jax.device_get(state), step
 
 
 def _comparable(lineage: dict) -> dict:
   return {k: v for k, v in lineage.items() if k != "committed_at"}
+
+
+def discard_uncommitted(directory: str, committed_steps: list[int]) -> list[int]:
+  """Deletes step directories newer than the newest committed step: work a failure discarded.
+
+  Call on one process while no generation is saving (before training resumes).
+  """
+  newest = max(committed_steps, default=-1)
+  removed = []
+  for name in os.listdir(directory) if os.path.isdir(directory) else []:
+    step = name.split(".")[0]
+    if step.isdigit() and int(step) > newest:
+      shutil.rmtree(os.path.join(directory, name), ignore_errors=True)
+      removed.append(int(step))
+  return sorted(removed)
 
 
 def prune(directory: str, committed_steps: list[int], keep: int | None) -> list[int]:

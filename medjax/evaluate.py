@@ -152,7 +152,10 @@ def load(workdir: str, *, split: str = "test", bootstrap: int = 200) -> Evaluati
   tx, _ = optim.make(config.optim, 1)
   _, built = state_lib.build(config.model, tx, mesh, num_classes=len(manifest.class_names),
                              shapes=prepared.shapes, seed=config.seed)
-  restored = checkpoint_lib.restore_latest(os.path.join(workdir, "checkpoints"), built.abstract)
+  from medjax import lineage as lineage_lib  # pylint: disable=import-outside-toplevel
+  store = lineage_lib.LineageStore(config.ckpt.lineage_store or os.path.join(workdir, "lineage"))
+  restored = checkpoint_lib.restore_committed(os.path.join(workdir, "checkpoints"), store,
+                                              built.abstract)
   if restored is None:
     raise FileNotFoundError(f"{workdir}/checkpoints holds no checkpoint; train first")
   state = restored[0]

@@ -98,15 +98,16 @@ class Agent:
     return False
 
   def _reap(self) -> None:
-    for w in self.workers:
-      code = w.proc.poll()
-      if code is not None and not w.reported:
-        try:
-          self.client.call("ReportExit", {"host": self.host, "generation": self.generation,
-                                          "process_id": w.process_id, "exit_code": code})
-          w.reported = True
-        except grpc.RpcError:
-          pass  # reported on a later pass, or seen in heartbeats
+    # A worker killed by a signal is more likely the cause than a peer that then errored out.
+    exited = [w for w in self.workers if w.proc.poll() is not None and not w.reported]
+    for w in sorted(exited, key=lambda w: (w.proc.returncode >= 0, w.process_id)):
+      try:
+        self.client.call("ReportExit", {"host": self.host, "generation": self.generation,
+                                        "process_id": w.process_id,
+                                        "exit_code": w.proc.returncode})
+        w.reported = True
+      except grpc.RpcError:
+        pass  # reported on a later pass
 
   def run(self) -> int:
     """Runs until the coordinator says the run is over."""

@@ -80,10 +80,12 @@ class Coordinator:
     self.agents: dict[str, dict] = {}
     self.workers: dict[int, dict] = {}
     self.stop_deadline = 0.0
+    self.stop_started = 0.0
     self.next_start = 0.0
     self.error = ""
     self.recover_until = time.time() + self.f.host_timeout_s * 2
     self.pending_recovery: dict | None = None
+    self.dismissed: set[str] = set()   # agents told to exit once the run is over
     if saved:
       self.events.write("coordinator_restarted", generation=self.generation)
 
@@ -118,9 +120,9 @@ class Coordinator:
       a = self.agents[host]
       a.update(last_seen=time.time(), free_port=msg.get("free_port"),
                generation=msg.get("generation", -1), workers=msg.get("workers", []))
-      if self.status == "done":
-        return {"action": "exit"}
-      if self.status == "failed":
+      if self.status in ("done", "failed"):
+        if not any(w.get("running") for w in a["workers"]):
+          self.dismissed.add(host)
         return {"action": "exit"}
       spec = self.spec
       if spec and self.status == "running" and host in spec["hosts"]:
@@ -174,7 +176,7 @@ class Coordinator:
                      last_step=msg["step"])
         if msg["phase"] == "training":
           stats["training_s"] = now - stats.get("first_step", now)
-      return {"stop": self.status != "running"}
+      return {"stop": self.status not in ("running", "recovering")}
 
   def commit(self, msg: dict) -> dict:
     record = msg["record"]
@@ -219,6 +221,7 @@ class Coordinator:
     self.strikes = self.strikes + 1 if last_commit <= self.commits_at_failure else 1
     self.commits_at_failure = last_commit
     self.status = "stopping"
+    self.stop_started = now
     self.stop_deadline = now + self.f.stop_grace_s * 3
     self._persist()
 
@@ -299,10 +302,6 @@ class Coordinator:
     self.status = "done"
     self.events.write("done", generation=self.generation)
     self._persist()
-    try:
-      self.finalize_summary()
-    except Exception:  # pylint: disable=broad-except
-      logging.exception("coordinator: could not add the fault-tolerance block to summary.json")
 
   def fault_tolerance(self) -> dict:
     """The summary's fault_tolerance block (see README, "What the summary numbers mean")."""
@@ -377,9 +376,23 @@ class Coordinator:
         self._check_hangs(now)
         return
       if self.status == "stopping":
-        busy = [a for a in self.agents.values() if now - a["last_seen"] < self.f.host_timeout_s
-                and any(w.get("running") for w in a.get("workers", []))]
-        if not busy or now > self.stop_deadline + self.f.stop_grace_s * 4:
+        # Every host of the stopped generation either reported (after the stop began) that its
+        # workers are gone, or has been silent long enough to count as lost.
+        settled, lost = True, []
+        for h in (self.spec or {}).get("hosts", []):
+          a = self.agents.get(h)
+          if a is None or now - a["last_seen"] > self.f.host_timeout_s:
+            lost.append(h)
+          elif a["last_seen"] < self.stop_started or any(w.get("running")
+                                                         for w in a.get("workers", [])):
+            settled = False
+        if lost and self.failures and self.failures[-1]["kind"] != "host_lost":
+          # A peer's crash or hang was the symptom; the host going away was the cause.
+          self.failures[-1].update(observed=self.failures[-1]["kind"], kind="host_lost",
+                                   worker=lost[0], host=lost[0])
+          self.events.write("failure_reclassified", kind="host_lost", host=lost[0])
+        timeout = self.stop_deadline + self.f.stop_grace_s * 4 + self.f.host_timeout_s
+        if settled or now > timeout:
           self.events.write("generation_stopped", generation=self.generation)
           if self.strikes > self.f.max_failures_without_progress:
             self._give_up(f"{self.strikes} failures in a row without a new committed checkpoint "
@@ -405,8 +418,15 @@ class Coordinator:
       while self.status not in ("done", "failed"):
         self.tick()
         time.sleep(0.05)
-      # Let agents hear 'exit' before going away.
-      time.sleep(max(1.0, 3 * self.f.agent_interval_s))
+      if self.status == "done":
+        try:
+          self.finalize_summary()
+        except Exception:  # pylint: disable=broad-except
+          logging.exception("coordinator: could not add the fault-tolerance block to summary.json")
+      # Serve until every live agent has heard 'exit' (or a while has passed).
+      deadline = time.time() + max(10.0, 5 * self.f.agent_interval_s)
+      while time.time() < deadline and set(self._alive_hosts()) - self.dismissed:
+        time.sleep(0.05)
     finally:
       server.stop(grace=1.0)
     if self.status == "failed":

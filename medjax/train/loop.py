@@ -145,14 +145,16 @@ def train_and_evaluate(config, workdir: str, topology: Topology = Topology(), ct
   prepared = pipeline.prepare(config, workdir, list(topology.hosts), host_history=host_history)
   check_shapes(config, prepared)
   manifest, tables = prepared.manifest, prepared.ingested.tables
-  cache = pipeline.open_cache(config, workdir, prepared, topology.host,
-                              read_only=topology.local_index != 0)
-  if topology.local_index == 0:
+  # The host's first process fills its cache; the others open it once that is done.
+  writer_process = topology.local_index == 0
+  if writer_process:
+    cache = pipeline.open_cache(config, workdir, prepared, topology.host)
     pipeline.fill_cache(cache, prepared.placement.rows_of(topology.host),
                         f"decoding {topology.host}", on_progress=lambda n: ctx.alive())
   if jax.process_count() > 1:
     multihost_utils.sync_global_devices("cache filled")
-    cache.refresh()
+  if not writer_process:
+    cache = pipeline.open_cache(config, workdir, prepared, topology.host, read_only=True)
   reader = loader.BatchReader(
       cache, manifest, tables, host_index=topology.host_index,
       local_index=topology.local_index, local_count=topology.local_count,
@@ -182,7 +184,14 @@ def train_and_evaluate(config, workdir: str, topology: Topology = Topology(), ct
   # Restore the newest committed checkpoint; a fresh start sets the fill values from data.
   ctx.set_phase("restoring")
   ckpt_dir = os.path.join(workdir, "checkpoints")
-  restored = checkpoint_lib.restore_committed(ckpt_dir, store, built.abstract)
+  if is_chief:
+    dropped = checkpoint_lib.discard_uncommitted(ckpt_dir, store.committed_steps())
+    if dropped:
+      logging.info("checkpoints %s were never committed; deleted", dropped)
+  if jax.process_count() > 1:
+    multihost_utils.sync_global_devices("uncommitted checkpoints discarded")
+  ckpt = checkpoint_lib.Checkpointer(ckpt_dir, async_save=config.ckpt.async_save)
+  restored = checkpoint_lib.restore_committed(ckpt_dir, store, built.abstract, ckpt)
   if restored is not None:
     state, lineage, last_good = restored
     if lineage["segment"]["placement"] != placement_fingerprint(prepared.placement):
@@ -202,7 +211,6 @@ def train_and_evaluate(config, workdir: str, topology: Topology = Topology(), ct
       model.set_fill_values(image_mean, labs_zero, vitals_zero)
       state = dict(state, fill=jax.device_put(nnx.state(model, fusion.FillValue),
                                               built.shardings["fill"]))
-  ckpt = checkpoint_lib.Checkpointer(ckpt_dir, async_save=config.ckpt.async_save)
   writer = writers.MetricWriter(workdir, enabled=is_chief)
   ledger = ledger_lib.Writer(workdir, ctx.generation, jax.process_index(),
                              enabled=config.fault.ledger)
@@ -215,7 +223,12 @@ def train_and_evaluate(config, workdir: str, topology: Topology = Topology(), ct
           checkpoint_lib.prune(ckpt_dir, store.committed_steps(), config.ckpt.max_to_keep)
       del step
 
+  saved_step = [last_good]
+
   def save(lineage_now: dict) -> None:
+    if lineage_now["global_step"] == saved_step[0]:
+      return  # e.g. a partition boundary reached right after restoring there
+    saved_step[0] = lineage_now["global_step"]
     ctx.set_phase("checkpointing")
     ckpt.save(lineage_now["global_step"], state, lineage_now)
     ctx.blocked_s = ckpt.blocked_s

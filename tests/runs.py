@@ -1,0 +1,69 @@
+"""Running launch.py for real in tests: subprocesses, workdirs, events, ledgers."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LAUNCH = os.path.join(ROOT, "launch.py")
+
+
+def env() -> dict:
+  e = dict(os.environ)
+  # Workers get their device count from their agent; the test process's 8 fake devices stay here.
+  e.pop("XLA_FLAGS", None)
+  e["JAX_PLATFORMS"] = "cpu"
+  return e
+
+
+def start(workdir: str, *overrides: str, config: str = "configs/quickstart.py:tiny"):
+  """Starts `launch.py` (the local role) in the background; stdout/stderr to workdir/launcher.log."""
+  os.makedirs(workdir, exist_ok=True)
+  log = open(os.path.join(workdir, "launcher.log"), "w")
+  return subprocess.Popen([sys.executable, LAUNCH, f"--config={config}", f"--workdir={workdir}",
+                           *overrides], cwd=ROOT, env=env(), stdout=log, stderr=subprocess.STDOUT,
+                          start_new_session=True)
+
+
+def run(workdir: str, *overrides: str, timeout: float = 600, **kw) -> int:
+  proc = start(workdir, *overrides, **kw)
+  try:
+    return proc.wait(timeout=timeout)
+  except subprocess.TimeoutExpired:
+    os.killpg(proc.pid, signal.SIGKILL)
+    raise AssertionError(f"launch.py did not finish in {timeout}s; see {workdir}/launcher.log, "
+                         f"{workdir}/logs") from None
+
+
+def events(workdir: str) -> list[dict]:
+  path = os.path.join(workdir, "events.jsonl")
+  if not os.path.exists(path):
+    return []
+  with open(path) as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+def wait_for(predicate, timeout: float, what: str, poll: float = 0.2):
+  deadline = time.time() + timeout
+  while time.time() < deadline:
+    value = predicate()
+    if value:
+      return value
+    time.sleep(poll)
+  raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def summary(workdir: str) -> dict:
+  with open(os.path.join(workdir, "summary.json")) as f:
+    return json.load(f)
+
+
+def tail(workdir: str, name: str = "launcher.log", n: int = 40) -> str:
+  path = os.path.join(workdir, name)
+  if not os.path.exists(path):
+    return ""
+  with open(path) as f:
+    return "".join(f.readlines()[-n:])

@@ -1,0 +1,206 @@
+"""Fault tolerance with real processes: the coordinator, agents and workers, real signals."""
+
+import collections
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import grpc
+import numpy as np
+import pytest
+
+from medjax import checkpoint
+from medjax.data import ingest
+from medjax.fault import inject
+from medjax.fault import protocol
+from tests import runs
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory):
+  """One cohort and one compilation cache shared by the runs of this module."""
+  base = tmp_path_factory.mktemp("fault")
+  return {"base": base, "cache": str(base / "jax_cache")}
+
+
+def _common(shared):
+  # One salt: the same pseudonymous ids, hence the same split and plans, in every run.
+  return [f"--config.mesh.compilation_cache_dir={shared['cache']}",
+          f"--config.data.salt_file={shared['base'] / 'id_salt'}"]
+
+
+def _ledger_counts(workdir, final_step):
+  """Per (epoch, row) how often the LAST execution of each committed step trained on it."""
+  by_step = collections.defaultdict(dict)
+  for path in glob.glob(os.path.join(workdir, "ledger", "*.jsonl")):
+    gen = int(os.path.basename(path).split("-")[1])
+    for line in open(path):
+      try:
+        e = json.loads(line)
+      except json.JSONDecodeError:
+        continue
+      by_step[e["step"]].setdefault(gen, []).append(e)
+  counts = collections.Counter()
+  for step in range(1, final_step + 1):
+    assert step in by_step, f"committed step {step} has no ledger entry"
+    for e in by_step[step][max(by_step[step])]:
+      for r in e["rows"]:
+        counts[(e["epoch"], r)] += 1
+  return counts
+
+
+def _assert_exactly_once(workdir, epochs):
+  s = runs.summary(workdir)
+  final = s["fault_tolerance"]["steps_committed"]
+  counts = _ledger_counts(workdir, final)
+  train = ingest.load(workdir).manifest.indices("train")
+  for epoch in range(epochs):
+    seen = [counts[(epoch, int(r))] for r in train]
+    assert all(c == 1 for c in seen), (epoch, collections.Counter(seen))
+  assert sum(counts.values()) == epochs * len(train)
+  assert s["fault_tolerance"]["exactly_once"] is True
+
+
+def test_signals_recovery_exactly_once_and_same_parameters(shared):
+  clean = str(shared["base"] / "clean")
+  assert runs.run(clean, *_common(shared)) == 0, runs.tail(clean)
+  faulty = str(shared["base"] / "faulty")
+  faults = "kill@step=6:process=1; sigstop@step=13:process=0; sigterm@step=21:process=1"
+  code = runs.run(faulty, *_common(shared), f"--config.fault.inject={faults}")
+  assert code == 0, runs.tail(faulty)
+
+  ft = runs.summary(faulty)["fault_tolerance"]
+  kinds = [f["kind"] for f in ft["failures"]]
+  assert kinds == ["crash", "hang", "preemption"], ft["failures"]
+  assert ft["restarts"] == 3
+  crash, hang, preempt = ft["failures"]
+  assert crash["detected_s"] < 1.0
+  assert hang["detected_s"] < 4.0 + 2.0  # timeout_training_s + 2 s
+  assert all(f["recovered_s"] is not None for f in ft["failures"])
+  assert ft["steps_committed"] == runs.summary(clean)["fault_tolerance"]["steps_committed"]
+  assert ft["steps_executed"] > ft["steps_committed"]  # the crash and the hang cost work
+  _assert_exactly_once(faulty, epochs=2)
+
+  # The run that survived three failures ends where the uninterrupted one does.
+  a, step_a = checkpoint.load_arrays(os.path.join(clean, "checkpoints"))
+  b, step_b = checkpoint.load_arrays(os.path.join(faulty, "checkpoints"))
+  assert step_a == step_b
+  import jax  # pylint: disable=import-outside-toplevel
+  jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6),
+               a["params"], b["params"])
+  # Failures and recoveries are marked on the loss curve, and events say when.
+  events = [e["event"] for e in runs.events(faulty)]
+  assert events.count("failure") == 3 and events.count("recovered") == 3
+  assert os.path.exists(os.path.join(faulty, "loss_curve.png"))
+
+
+def test_coordinator_crash_and_restart_mid_run(shared):
+  workdir = str(shared["base"] / "coordinator_crash")
+  proc = runs.start(workdir, *_common(shared))
+  try:
+    runs.wait_for(lambda: any(e["event"] == "commit" and e["step"] >= 4
+                              for e in runs.events(workdir)), 300, "a commit at step 4")
+    with open(os.path.join(workdir, "coordinator.json")) as f:
+      pid = json.load(f)["pid"]
+    inject.record_external(workdir, "kill", host="coordinator", pid=pid)
+    os.kill(pid, signal.SIGKILL)
+    assert proc.wait(timeout=400) == 0, runs.tail(workdir)
+  finally:
+    if proc.poll() is None:
+      os.killpg(proc.pid, signal.SIGKILL)
+  events = [e["event"] for e in runs.events(workdir)]
+  assert "coordinator_restarted" in events
+  assert "resumed_generation" in events  # the workers trained on; no new generation
+  ft = runs.summary(workdir)["fault_tolerance"]
+  assert ft["failures"] == [] and ft["restarts"] == 0
+  _assert_exactly_once(workdir, epochs=2)
+
+
+def test_crash_loop_guard_stops_with_error(shared):
+  workdir = str(shared["base"] / "crash_loop")
+  kills = "; ".join(["kill@step=2:process=0"] * 5)
+  code = runs.run(workdir, *_common(shared), f"--config.fault.inject={kills}",
+                  "--config.fault.max_failures_without_progress=2")
+  assert code != 0
+  log = runs.tail(workdir, n=80)
+  assert "failures in a row without a new committed checkpoint" in log
+  assert "crash of worker 0 at step" in log
+  assert [e["event"] for e in runs.events(workdir)].count("failure") == 3
+
+
+def test_elastic_shrink_from_two_hosts_to_one_keeps_exactly_once(shared):
+  workdir = str(shared["base"] / "elastic")
+  proc = runs.start(workdir, *_common(shared), "--config.fault.local_hosts=2",
+                    "--config.fault.workers_per_host=1", "--config.fault.elastic=True",
+                    "--config.fault.host_timeout_s=3")
+  try:
+    runs.wait_for(lambda: any(e["event"] == "commit" and e["step"] >= 6
+                              for e in runs.events(workdir)), 300, "a commit at step 6")
+    # Lose host-1: its agent and its worker, as when a machine goes away.
+    out = subprocess.run(["pgrep", "-f", f"--workdir={workdir} .*--host_name=host-1"],
+                         capture_output=True, text=True).stdout.split()
+    assert out, "no host-1 processes found"
+    inject.record_external(workdir, "host_lost", host="host-1")
+    for pid in out:
+      os.kill(int(pid), signal.SIGKILL)
+    assert proc.wait(timeout=400) == 0, runs.tail(workdir)
+  finally:
+    if proc.poll() is None:
+      os.killpg(proc.pid, signal.SIGKILL)
+  ft = runs.summary(workdir)["fault_tolerance"]
+  assert [f["kind"] for f in ft["failures"]][0] in ("host_lost", "crash")
+  gens = [e for e in runs.events(workdir) if e["event"] == "generation_start"]
+  assert gens[0]["hosts"] == ["host-0", "host-1"] and gens[-1]["hosts"] == ["host-0"]
+  _assert_exactly_once(workdir, epochs=2)
+
+
+def test_unauthenticated_call_is_rejected(shared, tmp_path):
+  workdir = str(shared["base"] / "clean")  # reuse the finished run's workdir and config
+  token = protocol.load_token(os.path.join(workdir, "secrets", "token"))
+  port = protocol.free_port()
+  log = open(tmp_path / "coordinator.log", "w")
+  proc = subprocess.Popen([sys.executable, runs.LAUNCH, "--role=coordinator",
+                           f"--workdir={tmp_path / 'w'}", f"--port={port}",
+                           "--config=configs/quickstart.py:tiny",
+                           f"--config.data.root={os.path.join(workdir, 'cohort')}",
+                           f"--config.fault.token_file={os.path.join(workdir, 'secrets', 'token')}"],
+                          cwd=runs.ROOT, env=runs.env(), stdout=log, stderr=subprocess.STDOUT)
+  try:
+    good = protocol.Client(f"127.0.0.1:{port}", token)
+    runs.wait_for(lambda: _reachable(good), 120, "the coordinator to serve")
+    bad = protocol.Client(f"127.0.0.1:{port}", "not-the-token")
+    with pytest.raises(grpc.RpcError) as e:
+      bad.call("Status")
+    assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    with pytest.raises(grpc.RpcError):
+      bad.call("Commit", {"record": {"global_step": 999}})
+    assert good.call("Status")["status"] in ("waiting", "running")
+  finally:
+    proc.kill()
+    proc.wait()
+  assert "rejected unauthenticated call" in open(tmp_path / "coordinator.log").read() + open(
+      tmp_path / "w" / "logs" / "coordinator.txt").read()
+
+
+def test_coordinator_refuses_to_serve_without_token(tmp_path):
+  env = runs.env()
+  env.pop(protocol.TOKEN_ENV, None)
+  out = subprocess.run([sys.executable, runs.LAUNCH, "--role=coordinator",
+                        f"--workdir={tmp_path}", "--bind=0.0.0.0", "--config=configs/quickstart.py:tiny",
+                        "--config.data.synthetic.num_patients=40"],
+                       cwd=runs.ROOT, env=env, capture_output=True, text=True, timeout=300)
+  assert out.returncode != 0
+  assert "without a token" in out.stderr + out.stdout
+
+
+def _reachable(client) -> bool:
+  try:
+    client.call("Status")
+    return True
+  except grpc.RpcError:
+    return False
