@@ -125,10 +125,10 @@ def main(argv):
       except local.RunFailed as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+      print(evaluate.format_summary(summary))
     else:
       from medjax.train import loop  # pylint: disable=import-outside-toplevel
-      summary = loop.train_and_evaluate(config, workdir)
-    print(evaluate.format_summary(summary))
+      summary = loop.train_and_evaluate(config, workdir)  # logs the summary table itself
     if "fault_tolerance" in summary:
       ft = summary["fault_tolerance"]
       print(f"fault tolerance: {len(ft['failures'])} failures, {ft['restarts']} restarts, "

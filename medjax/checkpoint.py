@@ -110,7 +110,8 @@ def restore_committed(directory: str, store, abstract_state, ckpt: "Checkpointer
       try:
         saved = ckpt.lineage(step)
       except Exception as e:  # pylint: disable=broad-except
-        logging.warning("checkpoint %d: metadata unreadable (%s); trying the previous one", step, e)
+        logging.warning("checkpoint %d is damaged or incomplete (metadata unreadable: %s); trying "
+                        "the previous committed one", step, str(e)[:200])
         continue
       if _comparable(saved) != _comparable(record):
         logging.warning("checkpoint %d: Orbax lineage %s disagrees with the lineage store %s; "

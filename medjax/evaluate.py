@@ -157,7 +157,8 @@ def load(workdir: str, *, split: str = "test", bootstrap: int = 200) -> Evaluati
   restored = checkpoint_lib.restore_committed(os.path.join(workdir, "checkpoints"), store,
                                               built.abstract)
   if restored is None:
-    raise FileNotFoundError(f"{workdir}/checkpoints holds no checkpoint; train first")
+    raise FileNotFoundError(f"{workdir}/checkpoints holds no committed, readable checkpoint "
+                            f"(committed steps: {store.committed_steps()}); train first")
   state = restored[0]
   batch = max(mesh.size, 8 * mesh.size)
   rows = manifest.indices(split)

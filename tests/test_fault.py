@@ -66,9 +66,16 @@ def _assert_exactly_once(workdir, epochs):
   assert s["fault_tolerance"]["exactly_once"] is True
 
 
-def test_signals_recovery_exactly_once_and_same_parameters(shared):
+@pytest.fixture(scope="module")
+def clean_run(shared):
+  """An uninterrupted supervised run: 1 host, 2 worker processes of 1 device each."""
   clean = str(shared["base"] / "clean")
   assert runs.run(clean, *_common(shared)) == 0, runs.tail(clean)
+  return clean
+
+
+def test_signals_recovery_exactly_once_and_same_parameters(shared, clean_run):
+  clean = clean_run
   faulty = str(shared["base"] / "faulty")
   faults = "kill@step=6:process=1; sigstop@step=13:process=0; sigterm@step=21:process=1"
   code = runs.run(faulty, *_common(shared), f"--config.fault.inject={faults}")
@@ -97,6 +104,26 @@ def test_signals_recovery_exactly_once_and_same_parameters(shared):
   events = [e["event"] for e in runs.events(faulty)]
   assert events.count("failure") == 3 and events.count("recovered") == 3
   assert os.path.exists(os.path.join(faulty, "loss_curve.png"))
+
+
+def test_restore_onto_another_process_and_device_count(shared, clean_run, tmp_path):
+  # The notebook path: this test process (1 process, 8 devices) evaluates the 2-process run.
+  from medjax import evaluate  # pylint: disable=import-outside-toplevel
+  result = evaluate.load(clean_run, bootstrap=10)
+  assert result.metrics["accuracy"] == pytest.approx(
+      runs.summary(clean_run)["test"]["accuracy"], abs=1e-6)
+  # Training resumes on 1 worker process with 2 devices for a third epoch.
+  cont = str(tmp_path / "cont")
+  import shutil  # pylint: disable=import-outside-toplevel
+  shutil.copytree(clean_run, cont, ignore=shutil.ignore_patterns("cache"))
+  code = runs.run(cont, *_common(shared), "--config.optim.epochs=3",
+                  "--config.fault.workers_per_host=1", "--config.fault.devices_per_worker=2")
+  assert code == 0, runs.tail(cont)
+  ft = runs.summary(cont)["fault_tolerance"]
+  assert ft["steps_committed"] > runs.summary(clean_run)["fault_tolerance"]["steps_committed"]
+  gens = [e for e in runs.events(cont) if e["event"] == "generation_start"]
+  assert gens[-1]["num_processes"] == 1
+  _assert_exactly_once(cont, epochs=3)
 
 
 def test_coordinator_crash_and_restart_mid_run(shared):
