@@ -81,6 +81,7 @@ def get_config(arg=None):
   config.ckpt = ckpt = ml_collections.ConfigDict()
   ckpt.max_to_keep = 3                  # committed checkpoints kept
   ckpt.async_save = True
+  ckpt.partition_boundaries = True      # checkpoint at every partition boundary (and the end)
   ckpt.every_steps = 0                  # also checkpoint every k steps inside a partition (0: no)
   ckpt.lineage_store = ""               # TensorStore kvstore path or URL; default <workdir>/lineage
 

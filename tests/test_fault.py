@@ -10,6 +10,7 @@ import sys
 
 import grpc
 import numpy as np
+import psutil
 import pytest
 
 from medjax import checkpoint
@@ -169,12 +170,13 @@ def test_elastic_shrink_from_two_hosts_to_one_keeps_exactly_once(shared):
     runs.wait_for(lambda: any(e["event"] == "commit" and e["step"] >= 6
                               for e in runs.events(workdir)), 300, "a commit at step 6")
     # Lose host-1: its agent and its worker, as when a machine goes away.
-    out = subprocess.run(["pgrep", "-f", f"--workdir={workdir} .*--host_name=host-1"],
-                         capture_output=True, text=True).stdout.split()
-    assert out, "no host-1 processes found"
+    victims = [p.pid for p in psutil.process_iter(["cmdline"])
+               if f"--workdir={workdir}" in (p.info["cmdline"] or [])
+               and "--host_name=host-1" in (p.info["cmdline"] or [])]
+    assert len(victims) == 2, f"expected host-1's agent and worker, found {victims}"
     inject.record_external(workdir, "host_lost", host="host-1")
-    for pid in out:
-      os.kill(int(pid), signal.SIGKILL)
+    for pid in victims:
+      os.kill(pid, signal.SIGKILL)
     assert proc.wait(timeout=400) == 0, runs.tail(workdir)
   finally:
     if proc.poll() is None:

@@ -82,6 +82,7 @@ class Coordinator:
     self.stop_deadline = 0.0
     self.stop_started = 0.0
     self.next_start = 0.0
+    self.waiting_since = time.time()
     self.error = ""
     self.recover_until = time.time() + self.f.host_timeout_s * 2
     self.pending_recovery: dict | None = None
@@ -259,7 +260,7 @@ class Coordinator:
     previous = self.history[-1] if self.history else []
     if len(alive) < wanted:
       if not (self.f.elastic and previous and len(alive) >= self.f.min_hosts):
-        if now > self.next_start + self.f.replacement_wait_s and self.history:
+        if now > max(self.next_start, self.waiting_since) + self.f.replacement_wait_s:
           self._give_up(f"only {len(alive)} of {wanted} hosts alive after waiting "
                         f"{self.f.replacement_wait_s}s for a replacement, and config.fault.elastic"
                         f" is {self.f.elastic} (min_hosts {self.f.min_hosts})")
@@ -401,6 +402,7 @@ class Coordinator:
             return
           backoff = min(self.f.backoff_s * 2 ** max(self.strikes - 1, 0), self.f.backoff_max_s)
           self.next_start = now + backoff
+          self.waiting_since = now
           self.status = "waiting"
           self._persist()
 

@@ -300,8 +300,9 @@ def train_and_evaluate(config, workdir: str, topology: Topology = Topology(), ct
         if p + 1 == epoch_plan.num_partitions:
           lineage = _segment(epoch + 1, lineage["global_step"], config.seed, prepared.placement,
                              no_records)
-        save(lineage)
-        last_good = lineage["global_step"]
+        if config.ckpt.partition_boundaries or lineage["epoch"] == config.optim.epochs:
+          save(lineage)
+        last_good = saved_step[0]
     ckpt.wait()
     commit_finalized()
     ctx.flush()
