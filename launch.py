@@ -11,7 +11,6 @@ Roles (--role):
   worker       started by an agent, never by hand
 """
 
-import json
 import logging
 import os
 import socket

@@ -14,6 +14,7 @@ from scipy import stats
 
 from medjax.data import synthetic
 from medjax.data import synthetic_dicom
+from medjax.data import synthetic_tables
 
 _HAS_DICOM = importlib.util.find_spec("medjax.data.dicom") is not None
 _WRITE_PATIENTS = 120
@@ -90,7 +91,7 @@ def test_same_seed_writes_identical_bytes(written):
 def test_different_seed_gives_different_cohort(written, tmp_path):
   cfg, cohort, roots, _ = written
   other = synthetic.sample_cohort(_config(seed=4))
-  synthetic.write_tables(other, str(tmp_path))
+  synthetic_tables.write_tables(other, str(tmp_path), synthetic.VITALS_CHANNELS)
   for name in ("labels.csv", "labs.csv", "vitals.csv"):
     with open(os.path.join(roots[0], name), "rb") as f1, open(tmp_path / name, "rb") as f2:
       assert f1.read() != f2.read(), name
