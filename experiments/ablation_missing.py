@@ -191,7 +191,10 @@ def check_split(shared, workdir: str) -> None:
 
 
 def mean_std(values) -> dict:
+  """Mean, sample std and the values; None where a subset had no test records (NaN metrics)."""
   v = np.asarray(values, np.float64)
+  if np.isnan(v).all():
+    return {"mean": None, "std": None, "values": [None] * len(v)}
   return {"mean": float(np.mean(v)), "std": float(np.std(v, ddof=1)) if len(v) > 1 else 0.0,
           "values": [float(x) for x in v]}
 
@@ -239,7 +242,20 @@ def aggregate(summaries: dict, policies, seeds) -> dict:
   return out
 
 
+def _finite(value):
+  """NaN (a metric over no records) -> null, so the JSON stays strict."""
+  if isinstance(value, dict):
+    return {k: _finite(v) for k, v in value.items()}
+  if isinstance(value, (list, tuple)):
+    return [_finite(v) for v in value]
+  if isinstance(value, float) and np.isnan(value):
+    return None
+  return value
+
+
 def pct(ms: dict) -> str:
+  if ms["mean"] is None:
+    return "–"
   return f"{100 * ms['mean']:.1f} ± {100 * ms['std']:.1f}"
 
 
@@ -293,7 +309,8 @@ def markdown(result: dict) -> str:
     cells = [s, str(agg["policies"][policies[0]]["by_subset"][s]["count"])]
     cells += [pct(agg["policies"][p]["by_subset"][s]["accuracy"]) for p in policies]
     if ceiling:
-      cells.append(f"{100 * ceiling['by_subset'][s]['accuracy']:.1f}")
+      c = ceiling["by_subset"][s]["accuracy"]
+      cells.append("–" if c is None or np.isnan(c) else f"{100 * c:.1f}")
     lines.append("| " + " | ".join(cells) + " |")
   if "paired_vs_learned" in agg:
     lines += ["", "## Learned minus each policy, paired by seed (accuracy points)", "",
@@ -364,7 +381,7 @@ def main():
   }
   os.makedirs(os.path.dirname(args.out), exist_ok=True)
   with open(args.out + ".json", "w") as f:
-    json.dump(result, f, indent=2)
+    json.dump(_finite(result), f, indent=2, allow_nan=False)
   text = markdown(result)
   with open(args.out + ".md", "w") as f:
     f.write(text)

@@ -74,25 +74,9 @@ def bench_scan(root: str) -> dict:
   return out
 
 
-def paper_manifest(num_patients: int, seed: int = 0):
-  """A paper-scale manifest from a cohort sampled in memory (no pixels written)."""
-  cfg = synthetic.get_config()
-  cfg.num_patients = num_patients
-  cohort = synthetic.sample_cohort(cfg)
-  salt = b"benchmark-salt-0123456789abcdef"
-  ids = np.array([ingest.pseudonym(p, salt) for p in cohort.patient_ids])
-  mask = cohort.modality_mask
-  return ingest.manifest_lib.Manifest(
-      record_ids=ids, labels=cohort.labels.astype(np.int32), modality_mask=mask,
-      num_images=cohort.num_images.astype(np.int32),
-      cost=ingest.manifest_lib.expected_cost(mask, cohort.num_images),
-      split=ingest.stratified_split(cohort.labels, ids, (0.7, 0.1, 0.2), seed),
-      image_files=[[] for _ in range(len(ids))], class_names=list(cohort.model.class_names))
-
-
 def bench_placement(num_patients: int, num_hosts: int) -> dict:
   t0 = time.perf_counter()
-  manifest = paper_manifest(num_patients)
+  manifest = synthetic.manifest_without_pixels(num_patients)
   sample_s = time.perf_counter() - t0
   hosts = [f"host-{i}" for i in range(num_hosts)]
   times = []

@@ -3,14 +3,11 @@
 import json
 import os
 
-import ml_collections
 import numpy as np
 import pytest
 
 from configs import default as default_config
-from medjax.data import cache as cache_lib
 from medjax.data import ingest
-from medjax.data import records
 from tests import cohorts
 
 

@@ -1,38 +1,20 @@
 """Tests for medjax.data.partition: coverage, ownership, balance, stratification, re-planning."""
 
-import hashlib
 import time
 
 import numpy as np
 import pytest
 
-from medjax.data import manifest as manifest_lib
 from medjax.data import partition as partition_lib
 from medjax.data import placement as placement_lib
+from tests import cohorts
 
 HOSTS = ("host-0", "host-1", "host-2", "host-3")
 
 
-def make_manifest(n: int, seed: int = 0) -> manifest_lib.Manifest:
-  """Random rows in the paper cohort's proportions (see tests/test_placement.py)."""
-  rng = np.random.default_rng(seed)
-  p_C = 1.0 / np.arange(1, 38) ** 1.2
-  labels_N = rng.choice(37, size=n, p=p_C / p_C.sum()).astype(np.int32)
-  mask_Nx3 = np.stack([rng.random(n) >= 0.38, rng.random(n) >= 0.10, rng.random(n) >= 0.15], 1)
-  mask_Nx3[~mask_Nx3.any(1), manifest_lib.LABS] = True
-  images_N = np.where(mask_Nx3[:, manifest_lib.IMAGES], rng.integers(1, 5, n), 0).astype(np.int32)
-  split_N = np.array(manifest_lib.SPLITS)[rng.choice(3, size=n, p=[0.8, 0.1, 0.1])]
-  ids_N = np.array([f"r-{hashlib.sha256(f'{seed}/{i}'.encode()).hexdigest()[:16]}"
-                    for i in range(n)])
-  return manifest_lib.Manifest(
-      record_ids=ids_N, labels=labels_N, modality_mask=mask_Nx3, num_images=images_N,
-      cost=manifest_lib.expected_cost(mask_Nx3, images_N), split=split_N,
-      image_files=[[] for _ in range(n)], class_names=[f"class-{k}" for k in range(37)])
-
-
 @pytest.fixture(scope="module")
 def setup():
-  m = make_manifest(6000, seed=5)
+  m = cohorts.random_manifest(6000, seed=5)
   p = placement_lib.place(m, HOSTS, seed=2)
   plan = partition_lib.plan_epoch(m, p, seed=9, epoch=0, num_partitions=5, host_batch_size=8)
   return m, p, plan
@@ -185,7 +167,7 @@ def test_partition_steps_shape_and_subset_order(setup):
 
 
 def test_paper_scale_plan_is_fast_and_tight():
-  m = make_manifest(53_420, seed=7)
+  m = cohorts.random_manifest(53_420, seed=7)
   p = placement_lib.place(m, [f"host-{i}" for i in range(16)], seed=3)
   start = time.perf_counter()
   plan = partition_lib.plan_epoch(m, p, seed=0, epoch=3, num_partitions=8, host_batch_size=16)
@@ -213,4 +195,4 @@ def test_errors_name_the_problem(setup):
   with pytest.raises(ValueError, match="nothing left"):
     partition_lib.plan_epoch(m, p, num_partitions=1, rows=np.array([], np.int64), **kw)
   with pytest.raises(ValueError, match="manifest has 10"):
-    partition_lib.plan_epoch(make_manifest(10), p, num_partitions=1, **kw)
+    partition_lib.plan_epoch(cohorts.random_manifest(10), p, num_partitions=1, **kw)

@@ -28,6 +28,7 @@ import time
 
 import numpy as np
 
+from medjax import secretfile
 from medjax.data import dicom
 from medjax.data import manifest as manifest_lib
 from medjax.data import tables
@@ -53,18 +54,10 @@ def load_or_create_salt(path: str) -> bytes:
 
   Reusing it keeps record ids, and so caches and checkpoints' lineage, stable across runs.
   """
-  if os.path.exists(path):
-    with open(path, "rb") as f:
-      salt = f.read()
-    if len(salt) < 16:
-      raise ValueError(f"{path}: salt file holds {len(salt)} bytes, expected at least 16; "
-                       "delete it to make a new one (record ids will change)")
-    return salt
-  os.makedirs(os.path.dirname(path), exist_ok=True)
-  salt = secrets.token_bytes(32)
-  fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-  with os.fdopen(fd, "wb") as f:
-    f.write(salt)
+  salt = secretfile.read_or_create(path, lambda: secrets.token_bytes(32))
+  if len(salt) < 16:
+    raise ValueError(f"{path}: salt file holds {len(salt)} bytes, expected at least 16; "
+                     "delete it to make a new one (record ids will change)")
   return salt
 
 

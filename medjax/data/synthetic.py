@@ -423,6 +423,24 @@ def posterior(cohort: Cohort, modality_mask_Nx3=None) -> np.ndarray:
   return np.exp(log_posterior(cohort, modality_mask_Nx3))
 
 
+def manifest_without_pixels(num_patients: int, seed: int = 0, split=(0.7, 0.1, 0.2)):
+  """A manifest of a sampled cohort (nothing written): for placement and planning at scale."""
+  from medjax.data import ingest  # pylint: disable=import-outside-toplevel
+  from medjax.data import manifest  # pylint: disable=import-outside-toplevel
+  cfg = get_config()
+  cfg.num_patients, cfg.seed = num_patients, seed
+  cohort = sample_cohort(cfg)
+  salt = f"manifest-without-pixels/{seed}".encode().ljust(16, b".")
+  ids = np.array([ingest.pseudonym(p, salt) for p in cohort.patient_ids])
+  mask = cohort.modality_mask
+  num_images = cohort.num_images.astype(np.int32)
+  return manifest.Manifest(
+      record_ids=ids, labels=cohort.labels.astype(np.int32), modality_mask=mask,
+      num_images=num_images, cost=manifest.expected_cost(mask, num_images),
+      split=ingest.stratified_split(cohort.labels, ids, tuple(split), seed),
+      image_files=[[] for _ in ids], class_names=list(cohort.model.class_names))
+
+
 def canonical_image(u_E: np.ndarray, image_size: int) -> np.ndarray:
   """The image every written DICOM variant of latent `u_E` decodes to, float32 [H, W] in [0, 1]."""
   return synthetic_dicom.canonical_image(u_E, image_size)

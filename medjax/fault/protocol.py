@@ -29,6 +29,8 @@ from typing import Callable
 
 import grpc
 
+from medjax import secretfile
+
 SERVICE = "medjax.Coordinator"
 METHODS = ("RegisterAgent", "AgentHeartbeat", "ReportExit", "WorkerHeartbeat", "Commit",
            "Status")
@@ -54,14 +56,7 @@ def load_token(token_file: str = "") -> str:
 
 def create_token_file(path: str) -> str:
   """A new random token in an owner-only file (reused if it exists)."""
-  if os.path.exists(path):
-    return load_token(path)
-  os.makedirs(os.path.dirname(path), exist_ok=True)
-  token = secrets.token_urlsafe(32)
-  fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-  with os.fdopen(fd, "w") as f:
-    f.write(token)
-  return token
+  return secretfile.read_or_create(path, lambda: secrets.token_urlsafe(32).encode()).decode().strip()
 
 
 def is_loopback(host: str) -> bool:

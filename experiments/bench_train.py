@@ -1,0 +1,261 @@
+"""Training-step benchmark, measured side by side in one run; writes experiments/results/bench_train.json.
+
+  python experiments/bench_train.py [--patients 1500] [--batch-sizes 32,128,512] [--rounds 5]
+
+1. Achieved FLOP/s of the quickstart training step (FLOPs from the compiled step's XLA cost
+   analysis, time from chained donated steps) over the FLOP/s of a large jitted f32 matmul on the
+   same CPU (target: >= 0.3). The quickstart and default configs share the model and the global
+   batch (32); larger batches show how the fraction scales.
+2. Step time fed by the real input pipeline (BatchReader on a filled cache, a Grain prefetch
+   iterator per partition and `to_global`, exactly as `loop.train_and_evaluate` does) over the
+   same steps fed from batches already on device (target: within 5%, i.e. ratio <= 1.05).
+
+Both comparisons interleave their two sides in rounds and report medians, so that load from other
+processes on the machine hits both sides alike.
+"""
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from configs import quickstart  # pylint: disable=wrong-import-position
+from medjax.data import loader  # pylint: disable=wrong-import-position
+from medjax.data import partition  # pylint: disable=wrong-import-position
+from medjax.data import pipeline  # pylint: disable=wrong-import-position
+from medjax.train import optim  # pylint: disable=wrong-import-position
+from medjax.train import state as state_lib  # pylint: disable=wrong-import-position
+from medjax.train import step as step_lib  # pylint: disable=wrong-import-position
+
+
+def log(msg: str) -> None:
+  print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def cost_flops(compiled) -> float:
+  """'flops' from a compiled computation's cost analysis (a dict, or a list of one per module)."""
+  cost = compiled.cost_analysis()
+  if isinstance(cost, (list, tuple)):
+    return float(sum(c.get("flops", 0.0) for c in cost if c))
+  return float(cost.get("flops", 0.0)) if cost else 0.0
+
+
+# -- side 1: matmul peak ------------------------------------------------------------------------
+
+class Matmul:
+  """A jitted n x n f32 matmul; `run(k)` times k chained products (seconds per product)."""
+
+  def __init__(self, n: int):
+    self.n = n
+    keys = jax.random.split(jax.random.key(0), 2)
+    self.a = jax.random.normal(keys[0], (n, n), jnp.float32)
+    self.b = jax.random.normal(keys[1], (n, n), jnp.float32) / np.sqrt(n)  # keeps values bounded
+    self.fn = jax.jit(jnp.dot)
+    compiled = self.fn.lower(self.a, self.b).compile()
+    self.flops = cost_flops(compiled) or 2.0 * n ** 3
+    self.run(2)  # warm up
+
+  def run(self, k: int) -> float:
+    x = self.a
+    t0 = time.perf_counter()
+    for _ in range(k):
+      x = self.fn(x, self.b)
+    x.block_until_ready()
+    return (time.perf_counter() - t0) / k
+
+
+# -- side 2: the training step ------------------------------------------------------------------
+
+class Trainer:
+  """The quickstart model, optimizer, sharded state and jitted step for one global batch size."""
+
+  def __init__(self, config, prepared, batch_size: int):
+    self.config, self.batch_size = config, batch_size
+    self.mesh = state_lib.make_mesh(config.mesh)
+    self.sharding = state_lib.batch_sharding(self.mesh)
+    tx, _ = optim.make(config.optim, total_steps=10_000)
+    self.state, built = state_lib.build(config.model, tx, self.mesh,
+                                        num_classes=len(prepared.manifest.class_names),
+                                        shapes=prepared.shapes, seed=config.seed)
+    self.params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(self.state["params"]))
+    self.step = step_lib.make_train_step(built.graphdef, tx, built, self.mesh, seed=config.seed)
+    self.compiled = None
+
+  def compile(self, batch) -> float:
+    t0 = time.perf_counter()
+    self.compiled = self.step.lower(self.state, batch).compile()
+    self.flops = cost_flops(self.compiled)
+    return time.perf_counter() - t0
+
+  def run_on_device(self, batches) -> float:
+    """Seconds per step over batches already on device, fetching metrics each step like the loop."""
+    t0 = time.perf_counter()
+    for batch in batches:
+      self.state, metrics = self.step(self.state, batch)
+      jax.device_get(metrics)
+    return (time.perf_counter() - t0) / len(batches)
+
+  def run_pipeline(self, reader, partitions) -> float:
+    """Seconds per step reading each partition's steps through the real input pipeline."""
+    n = 0
+    t0 = time.perf_counter()
+    for steps in partitions:
+      for _, local in loader.prefetched(reader, steps):
+        batch = loader.to_global(local, self.sharding, self.batch_size)
+        self.state, metrics = self.step(self.state, batch)
+        jax.device_get(metrics)
+        n += 1
+    return (time.perf_counter() - t0) / n
+
+
+def prepare_data(config, workdir: str):
+  """Synthesises and ingests the quickstart cohort and fills the one host's decoded cache."""
+  t0 = time.perf_counter()
+  prepared = pipeline.prepare(config, workdir, ["host-0"])
+  cache = pipeline.open_cache(config, workdir, prepared, "host-0")
+  pipeline.fill_cache(cache, prepared.placement.rows_of("host-0"), "decoding host-0")
+  reader = loader.BatchReader(cache, prepared.manifest, prepared.ingested.tables)
+  log(f"data: {len(prepared.manifest)} records ingested and cached in "
+      f"{time.perf_counter() - t0:.0f} s")
+  return prepared, reader
+
+
+def plan_partitions(config, prepared, batch_size: int) -> list[np.ndarray]:
+  plan = partition.plan_epoch(prepared.manifest, prepared.placement, seed=config.seed, epoch=0,
+                              num_partitions=config.data.num_partitions,
+                              host_batch_size=batch_size)
+  return list(plan.steps)
+
+
+def device_batches(reader, sharding, batch_size, partitions) -> list[dict]:
+  out = []
+  for steps in partitions:
+    for step_Wxb in steps:
+      local = reader.read(reader.local_rows(step_Wxb))
+      out.append(jax.block_until_ready(loader.to_global(local, sharding, batch_size)))
+  return out
+
+
+def bench_flops(config, prepared, reader, batch_sizes, rounds: int, matmul: Matmul,
+                min_s: float) -> list[dict]:
+  out = []
+  for bs in batch_sizes:
+    trainer = Trainer(config, prepared, bs)
+    steps = plan_partitions(config, prepared, bs)[0]
+    batches = device_batches(reader, trainer.sharding, bs, [steps[:1]])
+    compile_s = trainer.compile(batches[0])
+    trainer.run_on_device(batches * 3)  # warm up
+    # Enough steps per round for ~min_s of work, and as many matmuls.
+    t = trainer.run_on_device(batches * 3)
+    k_step = max(3, int(min_s / t))
+    k_mm = max(3, int(min_s / matmul.run(2)))
+    step_s, mm_s = [], []
+    for r in range(rounds):
+      pair = [lambda: step_s.append(trainer.run_on_device(batches * k_step)),
+              lambda: mm_s.append(matmul.run(k_mm))]
+      for fn in (pair if r % 2 == 0 else pair[::-1]):
+        fn()
+    step_fps = [trainer.flops / s for s in step_s]
+    mm_fps = [matmul.flops / s for s in mm_s]
+    ratios = [a / b for a, b in zip(step_fps, mm_fps)]
+    entry = {"global_batch": bs, "parameters": trainer.params, "compile_s": round(compile_s, 2),
+             "step_flops": trainer.flops, "steps_per_round": k_step,
+             "step_ms_median": round(1e3 * float(np.median(step_s)), 3),
+             "examples_per_s": round(bs / float(np.median(step_s)), 1),
+             "step_gflops_per_s": round(float(np.median(step_fps)) / 1e9, 3),
+             "matmul_gflops_per_s": round(float(np.median(mm_fps)) / 1e9, 3),
+             "fraction_of_matmul": round(float(np.median(ratios)), 4),
+             "fraction_per_round": [round(x, 4) for x in ratios], "target_fraction": 0.3}
+    log(f"flops: batch {bs}: step {entry['step_ms_median']} ms, "
+        f"{entry['step_flops'] / 1e9:.3f} GFLOP/step -> {entry['step_gflops_per_s']} GFLOP/s vs "
+        f"matmul {entry['matmul_gflops_per_s']} GFLOP/s: {entry['fraction_of_matmul']:.3f}")
+    out.append(entry)
+  return out
+
+
+def bench_pipeline(config, prepared, reader, batch_size: int, rounds: int) -> dict:
+  trainer = Trainer(config, prepared, batch_size)
+  partitions = plan_partitions(config, prepared, batch_size)
+  batches = device_batches(reader, trainer.sharding, batch_size, partitions)
+  trainer.compile(batches[0])
+  trainer.run_on_device(batches[:3])  # warm up (and the reader's TensorStore threads)
+  trainer.run_pipeline(reader, [partitions[0][:3]])
+  pipe_s, mem_s = [], []
+  for r in range(rounds):
+    pair = [lambda: pipe_s.append(trainer.run_pipeline(reader, partitions)),
+            lambda: mem_s.append(trainer.run_on_device(batches))]
+    for fn in (pair if r % 2 == 0 else pair[::-1]):
+      fn()
+  # Reading alone (no step), to show how much there is to hide behind the step.
+  t0 = time.perf_counter()
+  for steps in partitions:
+    for step_Wxb in steps:
+      loader.to_global(reader.read(reader.local_rows(step_Wxb)), trainer.sharding, batch_size)
+  read_s = (time.perf_counter() - t0) / len(batches)
+  ratios = [p / m for p, m in zip(pipe_s, mem_s)]
+  result = {"global_batch": batch_size, "steps_per_epoch": len(batches),
+            "partitions": len(partitions), "rounds": rounds,
+            "pipeline_step_ms_median": round(1e3 * float(np.median(pipe_s)), 3),
+            "in_memory_step_ms_median": round(1e3 * float(np.median(mem_s)), 3),
+            "read_only_ms_per_batch": round(1e3 * read_s, 3),
+            "pipeline_over_in_memory": round(float(np.median(ratios)), 4),
+            "ratio_per_round": [round(x, 4) for x in ratios], "target_ratio": 1.05}
+  log(f"pipeline: batch {batch_size}: {result['pipeline_step_ms_median']} ms/step with the input "
+      f"pipeline vs {result['in_memory_step_ms_median']} ms in memory: "
+      f"{result['pipeline_over_in_memory']:.3f}x (reading alone "
+      f"{result['read_only_ms_per_batch']} ms/batch)")
+  return result
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--patients", type=int, default=0, help="0: the quickstart's 1500")
+  parser.add_argument("--batch-sizes", default="32,128,512",
+                      help="global batches for the FLOP/s comparison (the first is the config's)")
+  parser.add_argument("--matmul", type=int, default=2048, help="matmul side")
+  parser.add_argument("--rounds", type=int, default=5)
+  parser.add_argument("--min-s", type=float, default=2.0, help="seconds of work per round and side")
+  parser.add_argument("--workdir", default="", help="default: a temporary directory")
+  parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                    "results", "bench_train.json"))
+  args = parser.parse_args()
+  config = quickstart.get_config()
+  if args.patients:
+    config.data.synthetic.num_patients = args.patients
+  batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
+  t_start = time.perf_counter()
+  with tempfile.TemporaryDirectory() as tmp:
+    workdir = args.workdir or tmp
+    prepared, reader = prepare_data(config, workdir)
+    matmul = Matmul(args.matmul)
+    flops = bench_flops(config, prepared, reader, batch_sizes, args.rounds, matmul, args.min_s)
+    pipe = bench_pipeline(config, prepared, reader, config.data.batch_size, args.rounds)
+  result = {
+      "device": str(jax.devices()[0]), "cpu_count": os.cpu_count(),
+      "load_average_at_end": list(os.getloadavg()),
+      "config": "configs/quickstart.py", "patients": int(config.data.synthetic.num_patients),
+      "matmul": {"n": args.matmul, "dtype": "float32", "flops": matmul.flops},
+      "step_vs_matmul_flops": flops, "pipeline_vs_in_memory": pipe,
+      "wall_seconds": round(time.perf_counter() - t_start, 1)}
+  os.makedirs(os.path.dirname(args.out), exist_ok=True)
+  with open(args.out, "w") as f:
+    json.dump(result, f, indent=2)
+  for e in flops:
+    print(f"step FLOP/s / {args.matmul}^2 matmul FLOP/s at batch {e['global_batch']}: "
+          f"{e['fraction_of_matmul']:.3f} ({e['step_gflops_per_s']} vs "
+          f"{e['matmul_gflops_per_s']} GFLOP/s; target >= 0.3)")
+  print(f"step time with the input pipeline / in memory at batch {pipe['global_batch']}: "
+        f"{pipe['pipeline_over_in_memory']:.3f} (target <= 1.05)")
+  print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+  main()
