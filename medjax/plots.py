@@ -1,25 +1,27 @@
-"""Figures people look at (matplotlib, no display needed): each returns a Figure."""
+"""Figures people look at: each returns a matplotlib Figure.
+
+Figures are made without pyplot, so no backend is chosen here: scripts and workers need no
+display, and a notebook keeps its own inline backend.
+"""
 
 from __future__ import annotations
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # pylint: disable=wrong-import-position
-import numpy as np  # pylint: disable=wrong-import-position
+import numpy as np
+from matplotlib.figure import Figure
 
 SUBSETS = ("ILV", "IL", "IV", "LV", "I", "L", "V")
 
 
 def close(figures: dict) -> None:
-  for fig in figures.values():
-    plt.close(fig)
+  """Drops the figures' canvases (nothing to do without pyplot; kept for callers)."""
+  figures.clear()
 
 
 def loss_curve(rows: list[dict], events: list[dict]):
   """Training loss per step; failures (red) and recoveries (green) marked, as in Fig. 3."""
   train = [r for r in rows if r.get("kind") == "train" and r.get("loss") is not None]
-  fig, ax = plt.subplots(figsize=(8, 4))
+  fig = Figure(figsize=(8, 4))
+  ax = fig.subplots()
   steps = np.array([r["step"] for r in train])
   loss = np.array([r["loss"] for r in train])
   ax.plot(steps, loss, lw=0.6, alpha=0.4, color="tab:blue", label="loss")
@@ -44,7 +46,8 @@ def loss_curve(rows: list[dict], events: list[dict]):
 def per_class_f1(test: dict, ceiling: dict | None, class_names: list[str]):
   f1 = np.array([np.nan if v is None else v for v in test["per_class_f1"]])
   order = np.argsort(-np.nan_to_num(f1, nan=-1))
-  fig, ax = plt.subplots(figsize=(max(8, 0.28 * len(class_names)), 4))
+  fig = Figure(figsize=(max(8, 0.28 * len(class_names)), 4))
+  ax = fig.subplots()
   x = np.arange(len(order))
   ax.bar(x, f1[order], color="tab:blue", label="model")
   if ceiling is not None:
@@ -62,7 +65,8 @@ def confusion(cm, class_names: list[str]):
   cm = np.asarray(cm, np.float64)
   norm = cm / np.maximum(cm.sum(1, keepdims=True), 1)
   side = max(6, 0.22 * len(class_names))
-  fig, ax = plt.subplots(figsize=(side, side))
+  fig = Figure(figsize=(side, side))
+  ax = fig.subplots()
   im = ax.imshow(norm, cmap="Blues", vmin=0, vmax=1)
   ax.set_xticks(range(len(class_names)), class_names, rotation=90, fontsize=6)
   ax.set_yticks(range(len(class_names)), class_names, fontsize=6)
@@ -77,7 +81,8 @@ def by_subset(test: dict, ceiling: dict | None):
   """Accuracy per available-modality subset, model beside the Bayes ceiling, with counts."""
   subsets = [s for s in SUBSETS if test["by_subset"][s]["count"] > 0]
   x = np.arange(len(subsets))
-  fig, ax = plt.subplots(figsize=(8, 4))
+  fig = Figure(figsize=(8, 4))
+  ax = fig.subplots()
   ax.bar(x - 0.2, [test["by_subset"][s]["accuracy"] for s in subsets], 0.4, label="model")
   if ceiling is not None:
     ax.bar(x + 0.2, [ceiling["by_subset"][s]["accuracy"] for s in subsets], 0.4,
