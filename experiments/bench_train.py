@@ -9,9 +9,12 @@
 2. Step time fed by the real input pipeline (BatchReader on a filled cache, a Grain prefetch
    iterator per partition and `to_global`, exactly as `loop.train_and_evaluate` does) over the
    same steps fed from batches already on device (target: within 5%, i.e. ratio <= 1.05).
+3. Diagnostic for 1: each strided conv of the image encoder alone (forward, input gradient,
+   kernel gradient) at the smallest and largest batch, in GFLOP/s (best of 15 calls).
 
-Both comparisons interleave their two sides in rounds and report medians, so that load from other
-processes on the machine hits both sides alike.
+Both comparisons interleave their two sides in short rounds (the pipeline one partition at a time)
+and report the median ratio over rounds with its interquartile range, so that load from other
+processes on the machine hits both sides alike; the ratio of each side's best round is given too.
 """
 
 import argparse
@@ -144,8 +147,16 @@ def device_batches(reader, sharding, batch_size, partitions) -> list[dict]:
   return out
 
 
+def spread(values) -> dict:
+  """Median and interquartile range (the machine may be shared: load varies between rounds)."""
+  q = np.percentile(np.asarray(values, np.float64), [25, 50, 75])
+  return {"median": round(float(q[1]), 4), "p25": round(float(q[0]), 4),
+          "p75": round(float(q[2]), 4)}
+
+
 def bench_flops(config, prepared, reader, batch_sizes, rounds: int, matmul: Matmul,
-                min_s: float) -> list[dict]:
+                chunk_s: float) -> list[dict]:
+  """Per batch size: rounds of (~chunk_s of steps, ~chunk_s of matmuls), order alternating."""
   out = []
   for bs in batch_sizes:
     trainer = Trainer(config, prepared, bs)
@@ -153,66 +164,122 @@ def bench_flops(config, prepared, reader, batch_sizes, rounds: int, matmul: Matm
     batches = device_batches(reader, trainer.sharding, bs, [steps[:1]])
     compile_s = trainer.compile(batches[0])
     trainer.run_on_device(batches * 3)  # warm up
-    # Enough steps per round for ~min_s of work, and as many matmuls.
-    t = trainer.run_on_device(batches * 3)
-    k_step = max(3, int(min_s / t))
-    k_mm = max(3, int(min_s / matmul.run(2)))
+    k_step = max(1, int(chunk_s / trainer.run_on_device(batches * 3)))
+    k_mm = max(1, int(chunk_s / matmul.run(3)))
     step_s, mm_s = [], []
     for r in range(rounds):
       pair = [lambda: step_s.append(trainer.run_on_device(batches * k_step)),
               lambda: mm_s.append(matmul.run(k_mm))]
       for fn in (pair if r % 2 == 0 else pair[::-1]):
         fn()
-    step_fps = [trainer.flops / s for s in step_s]
-    mm_fps = [matmul.flops / s for s in mm_s]
-    ratios = [a / b for a, b in zip(step_fps, mm_fps)]
+    ratios = [(trainer.flops / a) / (matmul.flops / b) for a, b in zip(step_s, mm_s)]
+    best = (trainer.flops / min(step_s)) / (matmul.flops / min(mm_s))
     entry = {"global_batch": bs, "parameters": trainer.params, "compile_s": round(compile_s, 2),
              "step_flops": trainer.flops, "steps_per_round": k_step,
+             "matmuls_per_round": k_mm, "rounds": rounds,
              "step_ms_median": round(1e3 * float(np.median(step_s)), 3),
              "examples_per_s": round(bs / float(np.median(step_s)), 1),
-             "step_gflops_per_s": round(float(np.median(step_fps)) / 1e9, 3),
-             "matmul_gflops_per_s": round(float(np.median(mm_fps)) / 1e9, 3),
-             "fraction_of_matmul": round(float(np.median(ratios)), 4),
-             "fraction_per_round": [round(x, 4) for x in ratios], "target_fraction": 0.3}
+             "step_gflops_per_s": round(trainer.flops / float(np.median(step_s)) / 1e9, 3),
+             "matmul_gflops_per_s": round(matmul.flops / float(np.median(mm_s)) / 1e9, 3),
+             "fraction_of_matmul": spread(ratios),
+             "fraction_best_round_each_side": round(best, 4), "target_fraction": 0.3}
     log(f"flops: batch {bs}: step {entry['step_ms_median']} ms, "
         f"{entry['step_flops'] / 1e9:.3f} GFLOP/step -> {entry['step_gflops_per_s']} GFLOP/s vs "
-        f"matmul {entry['matmul_gflops_per_s']} GFLOP/s: {entry['fraction_of_matmul']:.3f}")
+        f"matmul {entry['matmul_gflops_per_s']} GFLOP/s: "
+        f"{entry['fraction_of_matmul']['median']:.3f} (IQR {entry['fraction_of_matmul']['p25']:.3f}"
+        f"-{entry['fraction_of_matmul']['p75']:.3f}; best rounds {best:.3f})")
     out.append(entry)
   return out
 
 
 def bench_pipeline(config, prepared, reader, batch_size: int, rounds: int) -> dict:
+  """Rounds of one epoch; each partition is run through the pipeline and from memory in turn."""
   trainer = Trainer(config, prepared, batch_size)
   partitions = plan_partitions(config, prepared, batch_size)
   batches = device_batches(reader, trainer.sharding, batch_size, partitions)
+  per_partition, start = [], 0
+  for steps in partitions:
+    per_partition.append(batches[start:start + len(steps)])
+    start += len(steps)
   trainer.compile(batches[0])
   trainer.run_on_device(batches[:3])  # warm up (and the reader's TensorStore threads)
   trainer.run_pipeline(reader, [partitions[0][:3]])
-  pipe_s, mem_s = [], []
+  pipe_s, mem_s, ratios = [], [], []
   for r in range(rounds):
-    pair = [lambda: pipe_s.append(trainer.run_pipeline(reader, partitions)),
-            lambda: mem_s.append(trainer.run_on_device(batches))]
-    for fn in (pair if r % 2 == 0 else pair[::-1]):
-      fn()
+    pipe_t = mem_t = 0.0
+    for p, steps in enumerate(partitions):
+      n = len(steps)
+      pair = [lambda: trainer.run_pipeline(reader, [steps]) * n,
+              lambda: trainer.run_on_device(per_partition[p]) * n]
+      if (r + p) % 2:
+        mem, pipe = pair[1](), pair[0]()
+      else:
+        pipe, mem = pair[0](), pair[1]()
+      pipe_t, mem_t = pipe_t + pipe, mem_t + mem
+    pipe_s.append(pipe_t / len(batches))
+    mem_s.append(mem_t / len(batches))
+    ratios.append(pipe_t / mem_t)
   # Reading alone (no step), to show how much there is to hide behind the step.
   t0 = time.perf_counter()
   for steps in partitions:
     for step_Wxb in steps:
       loader.to_global(reader.read(reader.local_rows(step_Wxb)), trainer.sharding, batch_size)
   read_s = (time.perf_counter() - t0) / len(batches)
-  ratios = [p / m for p, m in zip(pipe_s, mem_s)]
   result = {"global_batch": batch_size, "steps_per_epoch": len(batches),
             "partitions": len(partitions), "rounds": rounds,
             "pipeline_step_ms_median": round(1e3 * float(np.median(pipe_s)), 3),
             "in_memory_step_ms_median": round(1e3 * float(np.median(mem_s)), 3),
             "read_only_ms_per_batch": round(1e3 * read_s, 3),
-            "pipeline_over_in_memory": round(float(np.median(ratios)), 4),
+            "pipeline_over_in_memory": spread(ratios),
+            "pipeline_over_in_memory_best_rounds": round(min(pipe_s) / min(mem_s), 4),
             "ratio_per_round": [round(x, 4) for x in ratios], "target_ratio": 1.05}
+  q = result["pipeline_over_in_memory"]
   log(f"pipeline: batch {batch_size}: {result['pipeline_step_ms_median']} ms/step with the input "
-      f"pipeline vs {result['in_memory_step_ms_median']} ms in memory: "
-      f"{result['pipeline_over_in_memory']:.3f}x (reading alone "
+      f"pipeline vs {result['in_memory_step_ms_median']} ms in memory: {q['median']:.3f}x "
+      f"(IQR {q['p25']:.3f}-{q['p75']:.3f}; best rounds "
+      f"{result['pipeline_over_in_memory_best_rounds']:.3f}; reading alone "
       f"{result['read_only_ms_per_batch']} ms/batch)")
   return result
+
+
+def bench_convs(config, batch_sizes, repeats: int) -> list[dict]:
+  """Diagnostic: the image encoder's strided convs alone, forward and both gradients.
+
+  The step's FLOPs are mostly these convs. Their gradients lower to convolutions with base
+  (input) or window (kernel) dilation, which XLA:CPU does not run on its fast convolution path.
+  """
+  out = []
+  dims = ("NHWC", "HWIO", "NHWC")
+  conv = lambda x, w: jax.lax.conv_general_dilated(x, w, (2, 2), "SAME", dimension_numbers=dims)
+  fwd = jax.jit(conv)
+  dx = jax.jit(lambda x, w, g: jax.vjp(lambda x: conv(x, w), x)[1](g)[0])
+  dw = jax.jit(lambda x, w, g: jax.vjp(lambda w: conv(x, w), w)[1](g)[0])
+  for bs in batch_sizes:
+    images = bs * config.data.max_images
+    side, c_in = config.data.image_size, 1
+    for c_out in config.model.image_channels:
+      x = jax.random.uniform(jax.random.key(0), (images, side, side, c_in))
+      w = jax.random.normal(jax.random.key(1), (3, 3, c_in, c_out))
+      g = jnp.ones_like(fwd(x, w))
+      entry = {"global_batch": bs, "images": images, "input": [side, side, c_in],
+               "out_channels": c_out}
+      for name, fn, fn_args in (("fwd", fwd, (x, w)), ("dx", dx, (x, w, g)),
+                                ("dw", dw, (x, w, g))):
+        flops = cost_flops(fn.lower(*fn_args).compile())
+        jax.block_until_ready(fn(*fn_args))
+        times = []
+        for _ in range(repeats):
+          t0 = time.perf_counter()
+          jax.block_until_ready(fn(*fn_args))
+          times.append(time.perf_counter() - t0)
+        t = min(times)  # best of the repeats: the least disturbed by other processes
+        entry[name] = {"ms": round(1e3 * t, 3), "gflops_per_s": round(flops / t / 1e9, 2)}
+      log(f"conv {side}x{side}x{c_in}->{c_out} at batch {bs}: " + ", ".join(
+          f"{k} {entry[k]['ms']} ms ({entry[k]['gflops_per_s']} GFLOP/s)"
+          for k in ("fwd", "dx", "dw")))
+      out.append(entry)
+      side, c_in = -(-side // 2), c_out
+  return out
 
 
 def main():
@@ -221,8 +288,10 @@ def main():
   parser.add_argument("--batch-sizes", default="32,128,512",
                       help="global batches for the FLOP/s comparison (the first is the config's)")
   parser.add_argument("--matmul", type=int, default=2048, help="matmul side")
-  parser.add_argument("--rounds", type=int, default=5)
-  parser.add_argument("--min-s", type=float, default=2.0, help="seconds of work per round and side")
+  parser.add_argument("--rounds", type=int, default=15,
+                      help="interleaved rounds per comparison (pipeline: one epoch per round)")
+  parser.add_argument("--chunk-s", type=float, default=0.5,
+                      help="FLOP/s comparison: seconds of work per round and side")
   parser.add_argument("--workdir", default="", help="default: a temporary directory")
   parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                                     "results", "bench_train.json"))
@@ -236,24 +305,26 @@ def main():
     workdir = args.workdir or tmp
     prepared, reader = prepare_data(config, workdir)
     matmul = Matmul(args.matmul)
-    flops = bench_flops(config, prepared, reader, batch_sizes, args.rounds, matmul, args.min_s)
+    flops = bench_flops(config, prepared, reader, batch_sizes, args.rounds, matmul,
+                        args.chunk_s)
     pipe = bench_pipeline(config, prepared, reader, config.data.batch_size, args.rounds)
+    convs = bench_convs(config, [batch_sizes[0], batch_sizes[-1]], repeats=15)
   result = {
       "device": str(jax.devices()[0]), "cpu_count": os.cpu_count(),
       "load_average_at_end": list(os.getloadavg()),
       "config": "configs/quickstart.py", "patients": int(config.data.synthetic.num_patients),
       "matmul": {"n": args.matmul, "dtype": "float32", "flops": matmul.flops},
-      "step_vs_matmul_flops": flops, "pipeline_vs_in_memory": pipe,
+      "step_vs_matmul_flops": flops, "pipeline_vs_in_memory": pipe, "conv_breakdown": convs,
       "wall_seconds": round(time.perf_counter() - t_start, 1)}
   os.makedirs(os.path.dirname(args.out), exist_ok=True)
   with open(args.out, "w") as f:
     json.dump(result, f, indent=2)
   for e in flops:
     print(f"step FLOP/s / {args.matmul}^2 matmul FLOP/s at batch {e['global_batch']}: "
-          f"{e['fraction_of_matmul']:.3f} ({e['step_gflops_per_s']} vs "
+          f"{e['fraction_of_matmul']['median']:.3f} ({e['step_gflops_per_s']} vs "
           f"{e['matmul_gflops_per_s']} GFLOP/s; target >= 0.3)")
   print(f"step time with the input pipeline / in memory at batch {pipe['global_batch']}: "
-        f"{pipe['pipeline_over_in_memory']:.3f} (target <= 1.05)")
+        f"{pipe['pipeline_over_in_memory']['median']:.3f} (target <= 1.05)")
   print(f"wrote {args.out}")
 
 

@@ -206,8 +206,9 @@ def train_and_evaluate(config, workdir: str, topology: Topology = Topology(), ct
     lineage = _segment(0, 0, config.seed, prepared.placement, no_records)
     if config.model.missing != "learned":
       image_mean, labs_zero, vitals_zero = fill_values(reader, train_rows, tables)
-      model = nnx.merge(built.graphdef, jax.device_get(state["params"]),
-                        jax.device_get(state["fill"]))
+      # Writable host copies: set_fill_values assigns into the fill variables.
+      host = lambda tree: jax.tree.map(np.array, jax.device_get(tree))
+      model = nnx.merge(built.graphdef, host(state["params"]), host(state["fill"]))
       model.set_fill_values(image_mean, labs_zero, vitals_zero)
       state = dict(state, fill=jax.device_put(nnx.state(model, fusion.FillValue),
                                               built.shardings["fill"]))
