@@ -80,10 +80,12 @@ def test_damaged_chunk_is_decoded_again_alone(tmp_path, ingested):
     f.seek(20)
     f.write(b"\xff" * 64)
   reopened = _open(tmp_path, config, result, root)
-  reads_before = reopened.counters["pfs_reads"]
+  before = dict(reopened.counters)
   batch = reopened.read(rows)
-  assert reopened.counters["damaged"] == 1
-  assert reopened.counters["pfs_reads"] - reads_before == len(result.manifest.image_files[victim])
+  assert reopened.counters["damaged"] - before["damaged"] == 1
+  assert reopened.counters["pfs_reads"] - before["pfs_reads"] == 1   # that record, and only it
+  assert (reopened.counters["pfs_files"] - before["pfs_files"]
+          == len(result.manifest.image_files[victim]))
   rec, _, _ = records.decode(result.manifest, victim, result.tables, root, reopened.shapes)
   np.testing.assert_allclose(batch["images"][victim], rec["images"], atol=1e-3)
   assert _open(tmp_path, config, result, root).read(rows) is not None

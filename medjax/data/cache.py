@@ -8,6 +8,13 @@ Nothing on disk is trusted blindly. On open, the cache checks its shapes against
 each entry's fingerprint (manifest row + table values) against the manifest; stale entries are
 dropped. On read, each record's bytes are checked against its crc32; a damaged or unreadable record
 is decoded again from shared storage, and only that record.
+
+A host's first process writes its cache; its other processes open it read-only. The cache is
+thread-safe: the background recacher (`medjax.data.recache`) and the training reader share it, and
+a record wanted by both is decoded once (the second waits for the first). A read-only process
+that misses a record the writer has promised (`expect`) waits for the writer instead of decoding it
+again. Counters (`COUNTERS`) are cumulative over the cache's life on this node, per process, and
+kept in `counters.<process>.json` beside the cache.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import json
 import logging
 import os
 import shutil
+import threading
 import time
 import zlib
 
@@ -26,6 +34,11 @@ import tensorstore as ts
 from medjax.data import records
 
 FORMAT_VERSION = 1
+# Per process, cumulative. pfs_reads: records read from shared storage (one record = its files);
+# moved_reads: those of records moved to this host by a membership change; recache_s: seconds
+# decoding those; wait_s: seconds reads waited for another thread or the writer process.
+COUNTERS = ("hits", "misses", "damaged", "pfs_reads", "pfs_files", "pfs_bytes", "records_written",
+            "decode_s", "dropped_stale", "moved_reads", "records_moved_in", "recache_s", "wait_s")
 _COMPRESSOR = {"id": "blosc", "cname": "lz4", "clevel": 1, "shuffle": 2}
 
 
@@ -47,20 +60,63 @@ class Cache:
     shapes: record shapes (`records.shapes_for`).
     data_root: the shared-storage cohort root that manifest image paths are relative to.
     read_only: never write (a process that is not the host's cache writer).
+    process: this process's index among its host's processes (names its counters file).
+    run: the run the counters belong to; counters left by another run start again from zero.
+    wait_limit_s: how long a read-only process waits for a record the writer has promised
+      before decoding it itself.
   """
 
   def __init__(self, path, manifest, tables, shapes: records.Shapes, data_root: str, *,
-               read_only: bool = False):
+               read_only: bool = False, process: int = 0, run: str = "",
+               wait_limit_s: float = 300.0):
     self.path, self.manifest, self.tables, self.shapes = path, manifest, tables, shapes
     self.data_root, self.read_only = data_root, read_only
-    self.counters = {"hits": 0, "misses": 0, "damaged": 0, "pfs_reads": 0, "pfs_bytes": 0,
-                     "records_written": 0, "decode_s": 0.0, "dropped_stale": 0}
+    self.wait_limit_s = wait_limit_s
     self.rejected: dict[str, dict] = {}
     self._row_of = {rid: i for i, rid in enumerate(manifest.record_ids)}
     self._shapes = shapes.record_shapes()
     self._tab_sizes = [int(np.prod(self._shapes[k])) for k in records.KEYS if k != "images"]
+    n = len(manifest)
+    self._no_cache_N = np.zeros(n, bool)   # read from shared storage every time (redirect)
+    self._moved_N = np.zeros(n, bool)      # moved here by the latest membership change
+    self._expect_N = np.zeros(n, bool)     # the writer process will cache these (read-only)
+    self._cond = threading.Condition()
+    self._inflight: set[int] = set()
+    self._index_mtime = None
     os.makedirs(path, exist_ok=True)
+    self._counters_path = os.path.join(path, f"counters.{process}.json")
+    self.counters = {**dict.fromkeys(COUNTERS, 0), "run": run}
+    if os.path.exists(self._counters_path):
+      with open(self._counters_path) as f:
+        saved = json.load(f)
+      if saved.get("run", "") == run:
+        self.counters.update(saved)
     self._open()
+
+  def note_membership(self, change: int, moved_in: int) -> None:
+    """Counts `moved_in` records for membership change `change` (once, however many restarts)."""
+    with self._cond:
+      if self.counters.get("membership", 0) < change:
+        self.counters["membership"] = change
+        self.counters["records_moved_in"] += moved_in
+
+  def configure(self, *, no_cache=(), moved=(), expect=()) -> None:
+    """Sets which rows are never cached, moved here (counted apart), or promised by the writer."""
+    with self._cond:
+      for mask, rows in ((self._no_cache_N, no_cache), (self._moved_N, moved),
+                         (self._expect_N, expect)):
+        mask[:] = False
+        mask[np.asarray(rows, np.int64)] = True
+
+  def save_counters(self) -> dict:
+    """Writes this process's counters beside the cache; returns a copy."""
+    with self._cond:
+      counters = dict(self.counters)
+    tmp = self._counters_path + ".tmp"
+    with open(tmp, "w") as f:
+      json.dump(counters, f)
+    os.replace(tmp, self._counters_path)
+    return counters
 
   # -- opening and validation ------------------------------------------------------------------
 
@@ -91,6 +147,7 @@ class Cache:
     self.index: dict[str, list] = {}
     index_path = os.path.join(self.path, "index.json")
     if os.path.exists(index_path):
+      self._index_mtime = os.stat(index_path).st_mtime_ns
       with open(index_path) as f:
         self.index = json.load(f)
     capacity = max([s for s, _, _ in self.index.values()], default=-1) + 1
@@ -138,13 +195,23 @@ class Cache:
       json.dump(self.index, f)
     os.replace(tmp, os.path.join(self.path, "index.json"))
 
-  def refresh(self) -> None:
-    """Re-reads the index (for readers while the host's writer adds records)."""
-    with open(os.path.join(self.path, "index.json")) as f:
-      self.index = json.load(f)
-    self._images = self._array("images", ts.float16, list(self._images.shape))
-    self._tab = self._array("tab", ts.float32, list(self._tab.shape))
-    self._validate()
+  def _follow_writer(self) -> None:
+    """Read-only: picks up what the writer process added since (index and grown arrays)."""
+    index_path = os.path.join(self.path, "index.json")
+    try:
+      mtime = os.stat(index_path).st_mtime_ns
+    except FileNotFoundError:
+      return
+    if mtime == self._index_mtime:
+      return
+    with open(index_path) as f:
+      index = json.load(f)
+    self._index_mtime = mtime
+    capacity = max([slot for slot, _, _ in index.values()], default=-1) + 1
+    if capacity > self._images.shape[0]:
+      self._images = self._array("images", ts.float16, list(self._images.shape))
+      self._tab = self._array("tab", ts.float32, list(self._tab.shape))
+    self.index = {rid: e for rid, e in index.items() if e[0] < self._images.shape[0]}
 
   # -- packing ---------------------------------------------------------------------------------
 
@@ -173,18 +240,26 @@ class Cache:
     return np.array([self.manifest.record_ids[r] in self.index for r in rows], bool)
 
   def _decode(self, row: int) -> dict[str, np.ndarray]:
+    """Reads one record from shared storage (called without the lock held)."""
     t0 = time.perf_counter()
     rec, rejected, nbytes = records.decode(self.manifest, row, self.tables, self.data_root,
                                            self.shapes)
-    self.counters["decode_s"] += time.perf_counter() - t0
-    self.counters["pfs_reads"] += len(self.manifest.image_files[row])
-    self.counters["pfs_bytes"] += nbytes
-    for entry in rejected:
-      if entry["path"] not in self.rejected:
-        self.rejected[entry["path"]] = entry
-        if not self.read_only:
-          with open(os.path.join(self.path, "decode_quarantine.jsonl"), "a") as f:
-            f.write(json.dumps(entry) + "\n")
+    seconds = time.perf_counter() - t0
+    with self._cond:
+      c = self.counters
+      c["decode_s"] += seconds
+      c["pfs_reads"] += 1
+      c["pfs_files"] += len(self.manifest.image_files[row])
+      c["pfs_bytes"] += nbytes
+      if self._moved_N[row]:
+        c["moved_reads"] += 1
+        c["recache_s"] += seconds
+      for entry in rejected:
+        if entry["path"] not in self.rejected:
+          self.rejected[entry["path"]] = entry
+          if not self.read_only:
+            with open(os.path.join(self.path, "decode_quarantine.jsonl"), "a") as f:
+              f.write(json.dumps(entry) + "\n")
     return rec
 
   def _free_slots(self, n: int) -> list[int]:
@@ -201,8 +276,11 @@ class Cache:
     return free
 
   def _write(self, rows: list[int], recs: list[dict[str, np.ndarray]]) -> None:
-    if self.read_only or not rows:
+    """Stores decoded records (lock held)."""
+    keep = [(r, rec) for r, rec in zip(rows, recs) if not self._no_cache_N[r]]
+    if self.read_only or not keep:
       return
+    rows, recs = [r for r, _ in keep], [rec for _, rec in keep]
     slots = self._free_slots(len(rows))
     packed = [self._pack(r) for r in recs]
     images = np.stack([p[0] for p in packed])
@@ -218,16 +296,46 @@ class Cache:
       self.index[rid] = [slot, fingerprint(self.manifest, row, self.tables), self._crc(im, tb)]
     self.counters["records_written"] += len(rows)
     self._save_index()
+    self._index_mtime = os.stat(os.path.join(self.path, "index.json")).st_mtime_ns
+    tmp = self._counters_path + ".tmp"
+    with open(tmp, "w") as f:
+      json.dump(self.counters, f)
+    os.replace(tmp, self._counters_path)
 
-  def ensure(self, rows, *, batch: int = 64, progress=None) -> int:
-    """Decodes and caches the rows that are not cached yet; returns how many were decoded."""
-    todo = [int(r) for r in rows if self.manifest.record_ids[r] not in self.index]
+  def _claim(self, rows) -> list[int]:
+    """Rows to decode now: not cached, not being decoded by another thread (lock held)."""
+    ids = self.manifest.record_ids
+    mine = [r for r in dict.fromkeys(rows) if ids[r] not in self.index and r not in self._inflight]
+    self._inflight.update(mine)
+    return mine
+
+  def _release(self, rows: list[int]) -> None:
+    self._inflight.difference_update(rows)
+    self._cond.notify_all()
+
+  def ensure(self, rows, *, batch: int = 64, progress=None, stop=None) -> int:
+    """Decodes and caches the rows that are not cached yet; returns how many this call decoded.
+
+    Rows another thread is decoding are left to it; `stop` (a threading.Event) ends early.
+    """
+    todo = [int(r) for r in rows if not self._no_cache_N[r]]
+    done = 0
     for start in range(0, len(todo), batch):
-      chunk = todo[start:start + batch]
-      self._write(chunk, [self._decode(r) for r in chunk])
+      if stop is not None and stop.is_set():
+        break
+      with self._cond:
+        chunk = self._claim(todo[start:start + batch])
+      try:
+        decoded = [self._decode(r) for r in chunk]
+        with self._cond:
+          self._write(chunk, decoded)
+      finally:
+        with self._cond:
+          self._release(chunk)
+      done += len(chunk)
       if progress is not None:
-        progress(len(chunk))
-    return len(todo)
+        progress(len(todo[start:start + batch]))
+    return done
 
   # -- reading ---------------------------------------------------------------------------------
 
@@ -240,34 +348,79 @@ class Cache:
     return images, tab
 
   def read(self, rows) -> dict[str, np.ndarray]:
-    """A batch for manifest rows (-1 = padding, all-missing), decoding any miss or damage."""
+    """A batch for manifest rows (-1 = padding, all-missing), decoding any miss or damage.
+
+    A miss that another thread (or, read-only, the writer process) is about to fill is waited for
+    rather than decoded twice.
+    """
     rows = [int(r) for r in rows]
     out = records.empty(self.shapes, len(rows))
-    ids = self.manifest.record_ids
-    hits = [(i, r) for i, r in enumerate(rows) if r >= 0 and ids[r] in self.index]
-    redo = [(i, r) for i, r in enumerate(rows) if r >= 0 and ids[r] not in self.index]
-    self.counters["misses"] += len(redo)
-    if hits:
-      slots = [self.index[ids[r]][0] for _, r in hits]
-      together = self._read_slots(slots)
-      for j, (i, r) in enumerate(hits):
-        if together is not None:
-          one = together[0][j], together[1][j]
-        else:  # Some chunk is unreadable: read one by one to find which.
-          alone = self._read_slots([slots[j]])
-          one = None if alone is None else (alone[0][0], alone[1][0])
-        if one is None or self._crc(*one) != self.index[ids[r]][2]:
-          self.counters["damaged"] += 1
-          del self.index[ids[r]]
-          redo.append((i, r))
-          continue
-        self.counters["hits"] += 1
-        for k, v in self._unpack(*one).items():
+    todo = [(i, r) for i, r in enumerate(rows) if r >= 0]
+    counted: set[int] = set()
+    damaged: set[int] = set()   # read-only: damaged here, so decoded here, not waited for
+    waited_since = None
+    while todo:
+      with self._cond:
+        if self.read_only:
+          self._follow_writer()
+        missing = self._read_hits(todo, out, damaged)
+        fresh = [r for _, r in missing if r not in counted]
+        self.counters["misses"] += len(fresh)
+        counted.update(fresh)
+        expired = (waited_since is not None
+                   and time.perf_counter() - waited_since > self.wait_limit_s)
+        wait = [(i, r) for i, r in missing if r in self._inflight
+                or (self.read_only and self._expect_N[r] and r not in damaged and not expired)]
+        mine = [(i, r) for i, r in missing if (i, r) not in wait]
+        claimed = self._claim([r for _, r in mine])
+        if expired and wait:
+          logging.warning("cache %s: the writer process did not cache %d records in %.0f s; "
+                          "decoding them here", self.path, len(wait), self.wait_limit_s)
+      try:
+        decoded = {r: self._decode(r) for r in dict.fromkeys(r for _, r in mine)}
+        with self._cond:
+          self._write([r for r in claimed], [decoded[r] for r in claimed])
+      finally:
+        with self._cond:
+          self._release(claimed)
+      for i, r in mine:
+        for k, v in decoded[r].items():
           out[k][i] = v
-    if redo:
-      decoded = [self._decode(r) for _, r in redo]
-      self._write([r for _, r in redo], decoded)
-      for (i, _), rec in zip(redo, decoded):
-        for k, v in rec.items():
-          out[k][i] = v
+      todo = wait
+      if todo:
+        t0 = time.perf_counter()
+        waited_since = waited_since or t0
+        with self._cond:
+          self._cond.wait(timeout=0.05)
+          self.counters["wait_s"] += time.perf_counter() - t0
     return out
+
+  def _read_hits(self, todo: list[tuple[int, int]], out: dict,
+                 damaged: set[int]) -> list[tuple[int, int]]:
+    """Fills `out` with the cached ones of (batch index, row) pairs; returns the rest (lock held).
+
+    Rows whose bytes fail their check are added to `damaged` and returned with the misses.
+    """
+    ids = self.manifest.record_ids
+    hits = [(i, r) for i, r in todo if ids[r] in self.index]
+    missing = [(i, r) for i, r in todo if ids[r] not in self.index]
+    if not hits:
+      return missing
+    slots = [self.index[ids[r]][0] for _, r in hits]
+    together = self._read_slots(slots)
+    for j, (i, r) in enumerate(hits):
+      if together is not None:
+        one = together[0][j], together[1][j]
+      else:  # Some chunk is unreadable: read one by one to find which.
+        alone = self._read_slots([slots[j]])
+        one = None if alone is None else (alone[0][0], alone[1][0])
+      if one is None or self._crc(*one) != self.index[ids[r]][2]:
+        self.counters["damaged"] += 1
+        del self.index[ids[r]]
+        damaged.add(r)
+        missing.append((i, r))
+        continue
+      self.counters["hits"] += 1
+      for k, v in self._unpack(*one).items():
+        out[k][i] = v
+    return missing

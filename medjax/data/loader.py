@@ -8,8 +8,6 @@ Grain prefetch thread so that it overlaps the training step.
 
 from __future__ import annotations
 
-import threading
-
 import grain
 import jax
 import numpy as np
@@ -40,7 +38,6 @@ class BatchReader:
     self.class_weight = (np.ones(k, np.float32) if class_weight_K is None
                          else np.asarray(class_weight_K, np.float32))
     self.complete_only = complete_only
-    self._lock = threading.Lock()  # the cache's counters and miss path are not thread-safe
 
   def local_rows(self, step_Wxb: np.ndarray) -> np.ndarray:
     b = step_Wxb.shape[1]
@@ -51,8 +48,7 @@ class BatchReader:
     return step_Wxb[self.host_index, self.local_index * per:(self.local_index + 1) * per]
 
   def read(self, rows: np.ndarray) -> dict[str, np.ndarray]:
-    with self._lock:
-      batch = records.normalize(self.cache.read(rows), self.tables)
+    batch = records.normalize(self.cache.read(rows), self.tables)
     valid = rows >= 0
     safe = np.where(valid, rows, 0)
     labels = np.where(valid, self.manifest.labels[safe], 0).astype(np.int32)

@@ -7,6 +7,7 @@ earlier run left in the workdir when it still matches, and says so.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import os
@@ -19,6 +20,7 @@ from medjax.data import ingest
 from medjax.data import manifest as manifest_lib
 from medjax.data import partition
 from medjax.data import placement as placement_lib
+from medjax.data import recache
 from medjax.data import records
 from medjax.data import synthetic
 
@@ -83,10 +85,11 @@ def cache_dir(config, workdir: str, host: str) -> str:
 
 
 def open_cache(config, workdir: str, prepared: Prepared, host: str, *,
-               read_only: bool = False) -> cache_lib.Cache:
+               read_only: bool = False, process: int = 0) -> cache_lib.Cache:
+  run = hashlib.blake2b(os.path.abspath(workdir).encode(), digest_size=8).hexdigest()
   return cache_lib.Cache(cache_dir(config, workdir, host), prepared.manifest,
                          prepared.ingested.tables, prepared.shapes, prepared.root,
-                         read_only=read_only)
+                         read_only=read_only, process=process, run=run)
 
 
 def fill_cache(cache: cache_lib.Cache, rows: np.ndarray, desc: str, on_progress=None) -> int:
@@ -133,7 +136,8 @@ def run_ingest(config, workdir: str) -> dict:
   cache_counts = {}
   for host in hosts:
     cache = open_cache(config, workdir, prepared, host)
-    fill_cache(cache, prepared.placement.rows_of(host), f"decoding {host}")
+    rows = recache.host_rows(config.data, prepared.manifest, [hosts], host, seed=config.seed)
+    fill_cache(cache, rows.prefill, f"decoding {host}")
     cache_counts[host] = {**cache.counters, "rejected_at_decode": len(cache.rejected)}
   report = {
       "ingest": prepared.ingested.summary,
@@ -149,7 +153,7 @@ def run_ingest(config, workdir: str) -> dict:
         f"{stats['cost_max_over_mean']:.4f}; epoch 0: {len(plan.partitions)} "
         f"partitions, {plan.num_steps} steps, padding {report['plan']['padding_fraction']:.2%}")
   for host, c in cache_counts.items():
-    print(f"cache {host}: {c['records_written']} records decoded, {c['pfs_reads']} files read, "
+    print(f"cache {host}: {c['records_written']} records decoded, {c['pfs_files']} files read, "
           f"{c['rejected_at_decode']} rejected at decode")
   return report
 

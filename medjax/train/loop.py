@@ -27,6 +27,7 @@ from medjax.data import ingest
 from medjax.data import loader
 from medjax.data import partition
 from medjax.data import pipeline
+from medjax.data import recache
 from medjax.fault import context
 from medjax.fault import inject
 from medjax.fault import ledger as ledger_lib
@@ -35,6 +36,15 @@ from medjax.train import optim
 from medjax.train import state as state_lib
 from medjax.train import step as step_lib
 from medjax.train import writers
+
+
+# Cache counters in metrics.jsonl and summary.json (`cache.hosts.<host>.<counter>`, `cache.total`).
+SUMMARY_COUNTERS = ("pfs_reads", "pfs_bytes", "hits", "misses", "records_moved_in", "recache_s",
+                    "moved_reads", "pfs_files", "wait_s", "damaged")
+
+
+def _pick(counters: dict) -> dict:
+  return {k: counters[k] for k in SUMMARY_COUNTERS}
 
 
 class TrainingError(RuntimeError):
@@ -142,19 +152,41 @@ def train_and_evaluate(config, workdir: str, topology: Topology = Topology(), ct
   host_batch = global_batch // len(topology.hosts)
 
   # Data: cohort, ingest, placement for this generation's hosts, this host's cache.
-  prepared = pipeline.prepare(config, workdir, list(topology.hosts), host_history=host_history)
+  history = host_history or [list(topology.hosts)]
+  prepared = pipeline.prepare(config, workdir, list(topology.hosts), host_history=history)
   check_shapes(config, prepared)
   manifest, tables = prepared.manifest, prepared.ingested.tables
-  # The host's first process fills its cache; the others open it once that is done.
+  host_rows = recache.host_rows(config.data, manifest, history, topology.host, seed=config.seed)
+  # The host's first process fills its cache (what is new since the last membership change
+  # follows in the background); the others open it read-only once the fill is done.
   writer_process = topology.local_index == 0
   if writer_process:
     cache = pipeline.open_cache(config, workdir, prepared, topology.host)
-    pipeline.fill_cache(cache, prepared.placement.rows_of(topology.host),
-                        f"decoding {topology.host}", on_progress=lambda n: ctx.alive())
+    cache.configure(no_cache=host_rows.no_cache, moved=host_rows.moved_in)
+    cache.note_membership(host_rows.membership, len(host_rows.moved_in))
+    pipeline.fill_cache(cache, host_rows.prefill, f"decoding {topology.host}",
+                        on_progress=lambda n: ctx.alive())
   if jax.process_count() > 1:
     multihost_utils.sync_global_devices("cache filled")
   if not writer_process:
-    cache = pipeline.open_cache(config, workdir, prepared, topology.host, read_only=True)
+    cache = pipeline.open_cache(config, workdir, prepared, topology.host, read_only=True,
+                                process=topology.local_index)
+    cache.configure(no_cache=host_rows.no_cache, moved=host_rows.moved_in,
+                    expect=host_rows.background)
+
+  def cache_counters(epoch_end: int | None = None, step: int = 0) -> None:
+    """Publishes this process's counters; at an epoch end the chief logs every host's."""
+    recache.publish(workdir, topology.host, topology.local_index, cache.save_counters())
+    if epoch_end is None:
+      return
+    if jax.process_count() > 1:
+      multihost_utils.sync_global_devices(f"cache counters {epoch_end}")
+    if is_chief:
+      counts = recache.gathered(workdir)
+      writer.write(step, {"epoch": epoch_end, "time": time.time(),
+                          **{f"{host}/{k}": v for host, c in
+                             [("total", counts["total"]), *counts["hosts"].items()]
+                             for k, v in c.items() if k in SUMMARY_COUNTERS}}, kind="cache")
   reader = loader.BatchReader(
       cache, manifest, tables, host_index=topology.host_index,
       local_index=topology.local_index, local_count=topology.local_count,
@@ -215,6 +247,13 @@ def train_and_evaluate(config, workdir: str, topology: Topology = Topology(), ct
   writer = writers.MetricWriter(workdir, enabled=is_chief)
   ledger = ledger_lib.Writer(workdir, ctx.generation, jax.process_index(),
                              enabled=config.fault.ledger)
+  # Newly owned records are decoded in the background, those the plan reads first first.
+  next_plan = plan(lineage["epoch"],
+                   lineage_lib.unpack_bitmap(lineage["segment"]["base"], len(manifest)))
+  upcoming = np.concatenate([np.zeros(0, int)] + [
+      steps[:, topology.host_index].ravel() for steps in next_plan.steps[lineage["partition"]:]])
+  recacher = recache.Recacher(cache, recache.plan_order(upcoming, host_rows.background)
+                              if writer_process else np.zeros(0, int)).start()
 
   def commit_finalized():
     for step, saved in ckpt.finalized():
@@ -304,6 +343,8 @@ def train_and_evaluate(config, workdir: str, topology: Topology = Topology(), ct
         if config.ckpt.partition_boundaries or lineage["epoch"] == config.optim.epochs:
           save(lineage)
         last_good = saved_step[0]
+        cache_counters(epoch if p + 1 == epoch_plan.num_partitions else None,
+                       lineage["global_step"])
     ckpt.wait()
     commit_finalized()
     ctx.flush()
@@ -330,13 +371,21 @@ def train_and_evaluate(config, workdir: str, topology: Topology = Topology(), ct
       results["ceiling"] = evaluate_lib.ceiling_metrics(manifest, rows, ceiling,
                                                         bootstrap=config.evals.bootstrap,
                                                         seed=config.seed)
+  recacher.close()
+  cache_counters()
+  if jax.process_count() > 1:
+    multihost_utils.sync_global_devices("cache counters final")
+  counts = recache.gathered(workdir)
   summary = {**results,
              "train": {"steps_executed_this_process": executed,
                        "global_step": lineage["global_step"], "epochs": config.optim.epochs,
                        "seconds": round(train_seconds, 2), "parameters": num_params,
                        "devices": mesh.size, "processes": jax.process_count(),
                        "checkpoint_blocked_s": round(ckpt.blocked_s, 3)},
-             "cache": {topology.host: cache.counters}}
+             "cache": {"policy": config.data.cache_policy, "replicas": config.data.replicas,
+                       "placement": config.data.placement_method,
+                       "hosts": {h: _pick(c) for h, c in counts["hosts"].items()},
+                       "total": _pick(counts["total"])}}
   writer.close()
   if is_chief:
     with open(os.path.join(workdir, "summary.json"), "w") as f:
