@@ -15,6 +15,7 @@ import pytest
 
 from medjax import checkpoint
 from medjax.data import ingest
+from medjax.data import placement
 from medjax.fault import inject
 from medjax.fault import protocol
 from tests import runs
@@ -186,6 +187,13 @@ def test_elastic_shrink_from_two_hosts_to_one_keeps_exactly_once(shared):
   gens = [e for e in runs.events(workdir) if e["event"] == "generation_start"]
   assert gens[0]["hosts"] == ["host-0", "host-1"] and gens[-1]["hosts"] == ["host-0"]
   _assert_exactly_once(workdir, epochs=2)
+  # The survivor kept its cache across its worker's restart and decoded each moved record once.
+  manifest = ingest.load(workdir).manifest
+  departed = placement.place(manifest, ["host-0", "host-1"], seed=0).rows_of("host-1")
+  host0 = runs.summary(workdir)["cache"]["hosts"]["host-0"]
+  assert host0["records_moved_in"] == len(departed)
+  assert host0["moved_reads"] == len(departed)
+  assert host0["pfs_reads"] == len(manifest)   # its own records once, host-1's once, no more
 
 
 def test_unauthenticated_call_is_rejected(shared, tmp_path):

@@ -9,11 +9,14 @@ until the coordinator takes them, so a coordinator outage loses nothing.
 from __future__ import annotations
 
 import collections
+import itertools
 import logging
 import threading
 import time
 
 import grpc
+import jax
+from jax._src import distributed as jax_distributed  # the client jax's own checkpoint barriers use
 
 from medjax import lineage as lineage_lib
 
@@ -22,6 +25,22 @@ EXIT_ERROR, EXIT_STOPPED, EXIT_PREEMPTED, EXIT_OOM = 1, 10, 11, 12
 
 PHASES = ("starting", "preparing", "compiling", "restoring", "training", "checkpointing",
           "evaluating", "done")
+
+
+_barriers = itertools.count()
+
+
+def barrier(name: str, timeout_s: float) -> None:
+  """Waits until every process of the generation gets here (a no-op with one process).
+
+  A key-value-store barrier in jax.distributed's coordination service. Unlike
+  multihost_utils.sync_global_devices, a collective whose first use gives up after 30 s while
+  gloo connects, it waits up to `timeout_s`, e.g. while one host fills a large cache.
+  """
+  if jax.process_count() == 1:
+    return
+  jax_distributed.global_state.client.wait_at_barrier(f"medjax/{name}/{next(_barriers)}",
+                                                      int(timeout_s * 1000))
 
 
 class Local:

@@ -4,8 +4,9 @@ config.fault.inject is a ';'-separated list of KIND@WHEN:process=P, e.g.
   "kill@step=30:process=1; sigstop@step=60:process=0; sigterm@partition=2:process=1"
 Kinds: kill (SIGKILL itself), sigstop (SIGSTOP itself: a hang with no heartbeats), hang (the
 training thread blocks forever while heartbeats go on: a live hang), oom (raises an out-of-memory
-error), sigterm (SIGTERM itself: a preemption). WHEN is step=N (after global step N) or
-partition=N (when partition N of an epoch starts). Each fault fires once per run: a marker in
+error), sigterm (SIGTERM itself: a preemption), host (SIGKILL its host's agent and every worker
+of the host: a lost machine; supervised runs only). WHEN is step=N (after global step N),
+partition=N (when partition N of an epoch starts) or epoch=N (when epoch N starts). Each fault fires once per run: a marker in
 <workdir>/faults/ keeps a restarted generation from firing it again, and records when it fired.
 """
 
@@ -18,7 +19,9 @@ import signal
 import threading
 import time
 
-KINDS = ("kill", "sigstop", "hang", "oom", "sigterm")
+import psutil
+
+KINDS = ("kill", "sigstop", "hang", "oom", "sigterm", "host")
 
 
 class InjectedOutOfMemory(MemoryError):
@@ -28,15 +31,14 @@ class InjectedOutOfMemory(MemoryError):
 @dataclasses.dataclass(frozen=True)
 class Fault:
   kind: str
-  step: int | None
-  partition: int | None
+  when: str    # 'step', 'partition' or 'epoch'
+  at: int
   process: int
   index: int
 
   @property
   def name(self) -> str:
-    when = f"step={self.step}" if self.step is not None else f"partition={self.partition}"
-    return f"{self.index}-{self.kind}@{when}:process={self.process}"
+    return f"{self.index}-{self.kind}@{self.when}={self.at}:process={self.process}"
 
 
 def parse(text: str) -> list[Fault]:
@@ -49,20 +51,21 @@ def parse(text: str) -> list[Fault]:
       when, proc = rest.split(":", 1)
       key, value = when.split("=")
       pkey, pvalue = proc.split("=")
-      assert kind in KINDS and key in ("step", "partition") and pkey == "process"
-      faults.append(Fault(kind, int(value) if key == "step" else None,
-                          int(value) if key == "partition" else None, int(pvalue), i))
+      assert kind in KINDS and key in ("step", "partition", "epoch") and pkey == "process"
+      faults.append(Fault(kind, key, int(value), int(pvalue), i))
     except (ValueError, AssertionError) as e:
-      raise ValueError(f"config.fault.inject: cannot read {item!r}; write KIND@step=N:process=P "
-                       f"or KIND@partition=N:process=P with KIND in {KINDS}") from e
+      raise ValueError(f"config.fault.inject: cannot read {item!r}; write KIND@step=N:process=P, "
+                       f"KIND@partition=N:process=P or KIND@epoch=N:process=P with KIND in "
+                       f"{KINDS}") from e
   return faults
 
 
 class Injector:
   """Fires this process's faults when training reaches them."""
 
-  def __init__(self, text: str, process_id: int, workdir: str):
+  def __init__(self, text: str, process_id: int, workdir: str, host: str | None = None):
     self.faults = [f for f in parse(text) if f.process == process_id]
+    self.host = host
     self.dir = os.path.join(workdir, "faults")
     os.makedirs(self.dir, exist_ok=True)
 
@@ -74,7 +77,8 @@ class Injector:
       return  # fired in an earlier generation
     with os.fdopen(fd, "w") as f:
       json.dump({"kind": fault.kind, "process": fault.process, "step": global_step,
-                 "time": time.time(), "pid": os.getpid()}, f)
+                 "time": time.time(), "pid": os.getpid(),
+                 **({"host": self.host} if fault.kind == "host" else {})}, f)
     if fault.kind == "kill":
       os.kill(os.getpid(), signal.SIGKILL)
     elif fault.kind == "sigstop":
@@ -83,18 +87,34 @@ class Injector:
       os.kill(os.getpid(), signal.SIGTERM)
     elif fault.kind == "hang":
       threading.Event().wait()
+    elif fault.kind == "host":
+      _kill_host()
     elif fault.kind == "oom":
       raise InjectedOutOfMemory(f"RESOURCE_EXHAUSTED: injected out of memory at step {global_step}")
 
   def after_step(self, global_step: int) -> None:
     for f in self.faults:
-      if f.step == global_step:
+      if f.when == "step" and f.at == global_step:
         self._fire(f, global_step)
 
-  def at_partition(self, partition: int, global_step: int) -> None:
+  def at_partition(self, partition: int, global_step: int, epoch: int = 0) -> None:
     for f in self.faults:
-      if f.partition == partition:
+      if ((f.when == "partition" and f.at == partition)
+          or (f.when == "epoch" and f.at == epoch and partition == 0)):
         self._fire(f, global_step)
+
+
+def _kill_host() -> None:
+  """SIGKILLs this worker's agent, the agent's other workers, then itself."""
+  agent = psutil.Process(os.getppid())
+  if "--role=agent" not in agent.cmdline():
+    raise RuntimeError("config.fault.inject: a 'host' fault needs a supervised run (a worker "
+                       "started by an agent); set config.fault.supervised=True")
+  for proc in agent.children(recursive=True):
+    if proc.pid != os.getpid():
+      proc.kill()
+  agent.kill()
+  os.kill(os.getpid(), signal.SIGKILL)
 
 
 def record_external(workdir: str, kind: str, *, process=None, host=None, pid=None) -> None:

@@ -17,7 +17,6 @@ import time
 import jax
 import numpy as np
 from flax import nnx
-from jax.experimental import multihost_utils
 
 from medjax import checkpoint as checkpoint_lib
 from medjax import evaluate as evaluate_lib
@@ -138,7 +137,8 @@ def train_and_evaluate(config, workdir: str, topology: Topology = Topology(), ct
   store = lineage_lib.LineageStore(config.ckpt.lineage_store
                                    or os.path.join(workdir, "lineage"))
   ctx = ctx or context.Local(store)
-  injector = inject.Injector(config.fault.inject, jax.process_index(), workdir)
+  injector = inject.Injector(config.fault.inject, jax.process_index(), workdir,
+                             host=topology.host)
   sigterm = _sigterm_flag()
   ctx.set_phase("preparing")
 
@@ -166,8 +166,7 @@ def train_and_evaluate(config, workdir: str, topology: Topology = Topology(), ct
     cache.note_membership(host_rows.membership, len(host_rows.moved_in))
     pipeline.fill_cache(cache, host_rows.prefill, f"decoding {topology.host}",
                         on_progress=lambda n: ctx.alive())
-  if jax.process_count() > 1:
-    multihost_utils.sync_global_devices("cache filled")
+  context.barrier("cache filled", config.fault.timeout_start_s)
   if not writer_process:
     cache = pipeline.open_cache(config, workdir, prepared, topology.host, read_only=True,
                                 process=topology.local_index)
@@ -179,14 +178,13 @@ def train_and_evaluate(config, workdir: str, topology: Topology = Topology(), ct
     recache.publish(workdir, topology.host, topology.local_index, cache.save_counters())
     if epoch_end is None:
       return
-    if jax.process_count() > 1:
-      multihost_utils.sync_global_devices(f"cache counters {epoch_end}")
+    context.barrier(f"cache counters {epoch_end}", config.fault.timeout_compile_s)
     if is_chief:
       counts = recache.gathered(workdir)
-      writer.write(step, {"epoch": epoch_end, "time": time.time(),
-                          **{f"{host}/{k}": v for host, c in
-                             [("total", counts["total"]), *counts["hosts"].items()]
-                             for k, v in c.items() if k in SUMMARY_COUNTERS}}, kind="cache")
+      per_host = [("total", counts["total"]), *counts["hosts"].items()]
+      writer.write(step, {"epoch": epoch_end, "time": time.time(), "generation": ctx.generation,
+                          **{f"{host}/{k}": c[k] for host, c in per_host
+                             for k in SUMMARY_COUNTERS}}, kind="cache")
   reader = loader.BatchReader(
       cache, manifest, tables, host_index=topology.host_index,
       local_index=topology.local_index, local_count=topology.local_count,
@@ -220,8 +218,7 @@ def train_and_evaluate(config, workdir: str, topology: Topology = Topology(), ct
     dropped = checkpoint_lib.discard_uncommitted(ckpt_dir, store.committed_steps())
     if dropped:
       logging.info("checkpoints %s were never committed; deleted", dropped)
-  if jax.process_count() > 1:
-    multihost_utils.sync_global_devices("uncommitted checkpoints discarded")
+  context.barrier("uncommitted checkpoints discarded", config.fault.timeout_compile_s)
   ckpt = checkpoint_lib.Checkpointer(ckpt_dir, async_save=config.ckpt.async_save)
   restored = checkpoint_lib.restore_committed(ckpt_dir, store, built.abstract, ckpt)
   if restored is not None:
@@ -287,7 +284,7 @@ def train_and_evaluate(config, workdir: str, topology: Topology = Topology(), ct
       processed = lineage_lib.unpack_bitmap(lineage["processed"], len(manifest))
       epoch_plan = plan(epoch, base)
       for p in range(lineage["partition"], epoch_plan.num_partitions):
-        injector.at_partition(p, lineage["global_step"])
+        injector.at_partition(p, lineage["global_step"], epoch)
         steps = epoch_plan.steps[p]
         for s, local in loader.prefetched(reader, steps, start=lineage["offset"]):
           if ctx.stop_requested():
@@ -373,8 +370,7 @@ def train_and_evaluate(config, workdir: str, topology: Topology = Topology(), ct
                                                         seed=config.seed)
   recacher.close()
   cache_counters()
-  if jax.process_count() > 1:
-    multihost_utils.sync_global_devices("cache counters final")
+  context.barrier("cache counters final", config.fault.timeout_start_s)
   counts = recache.gathered(workdir)
   summary = {**results,
              "train": {"steps_executed_this_process": executed,
