@@ -1,11 +1,12 @@
 """Training-step benchmark, measured side by side in one run; writes experiments/results/bench_train.json.
 
-  python experiments/bench_train.py [--patients 1500] [--batch-sizes 32,128,512] [--rounds 5]
+  python experiments/bench_train.py [--config quickstart] [--patients 1500]
+      [--batch-sizes 32,128,512] [--rounds 5]
 
-1. Achieved FLOP/s of the quickstart training step (FLOPs from the compiled step's XLA cost
+1. Achieved FLOP/s of a config's training step (FLOPs from the compiled step's XLA cost
    analysis, time from chained donated steps) over the FLOP/s of a large jitted f32 matmul on the
-   same CPU (target: >= 0.3). The quickstart and default configs share the model and the global
-   batch (32); larger batches show how the fraction scales.
+   same CPU (target: >= 0.3). The first batch size should be the config's global batch (32 for
+   quickstart and default, 512 for paper); other batch sizes show how the fraction scales.
 2. Step time fed by the real input pipeline (BatchReader on a filled cache, a Grain prefetch
    iterator per partition and `to_global`, exactly as `loop.train_and_evaluate` does) over the
    same steps fed from batches already on device (target: within 5%, i.e. ratio <= 1.05).
@@ -30,7 +31,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from configs import quickstart  # pylint: disable=wrong-import-position
+import importlib  # pylint: disable=wrong-import-position,wrong-import-order
 from medjax.data import loader  # pylint: disable=wrong-import-position
 from medjax.data import partition  # pylint: disable=wrong-import-position
 from medjax.data import pipeline  # pylint: disable=wrong-import-position
@@ -78,7 +79,7 @@ class Matmul:
 # -- side 2: the training step ------------------------------------------------------------------
 
 class Trainer:
-  """The quickstart model, optimizer, sharded state and jitted step for one global batch size."""
+  """The config's model, optimizer, sharded state and jitted step for one global batch size."""
 
   def __init__(self, config, prepared, batch_size: int):
     self.config, self.batch_size = config, batch_size
@@ -111,8 +112,8 @@ class Trainer:
     n = 0
     t0 = time.perf_counter()
     for steps in partitions:
-      for _, local in loader.prefetched(reader, steps):
-        batch = loader.to_global(local, self.sharding, self.batch_size)
+      for _, _, batch in loader.prefetched(reader, steps, sharding=self.sharding,
+                                           global_batch=self.batch_size):
         self.state, metrics = self.step(self.state, batch)
         jax.device_get(metrics)
         n += 1
@@ -120,7 +121,7 @@ class Trainer:
 
 
 def prepare_data(config, workdir: str):
-  """Synthesises and ingests the quickstart cohort and fills the one host's decoded cache."""
+  """Synthesises and ingests the config's cohort and fills the one host's decoded cache."""
   t0 = time.perf_counter()
   prepared = pipeline.prepare(config, workdir, ["host-0"])
   cache = pipeline.open_cache(config, workdir, prepared, "host-0")
@@ -284,7 +285,9 @@ def bench_convs(config, batch_sizes, repeats: int) -> list[dict]:
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--patients", type=int, default=0, help="0: the quickstart's 1500")
+  parser.add_argument("--config", default="quickstart",
+                      help="a module in configs/: quickstart, default or paper")
+  parser.add_argument("--patients", type=int, default=1500, help="cohort size (0: the config's)")
   parser.add_argument("--batch-sizes", default="32,128,512",
                       help="global batches for the FLOP/s comparison (the first is the config's)")
   parser.add_argument("--matmul", type=int, default=2048, help="matmul side")
@@ -296,7 +299,7 @@ def main():
   parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                                     "results", "bench_train.json"))
   args = parser.parse_args()
-  config = quickstart.get_config()
+  config = importlib.import_module(f"configs.{args.config}").get_config()
   if args.patients:
     config.data.synthetic.num_patients = args.patients
   batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
@@ -312,7 +315,8 @@ def main():
   result = {
       "device": str(jax.devices()[0]), "cpu_count": os.cpu_count(),
       "load_average_at_end": list(os.getloadavg()),
-      "config": "configs/quickstart.py", "patients": int(config.data.synthetic.num_patients),
+      "config": f"configs/{args.config}.py",
+      "patients": int(config.data.synthetic.num_patients),
       "matmul": {"n": args.matmul, "dtype": "float32", "flops": matmul.flops},
       "step_vs_matmul_flops": flops, "pipeline_vs_in_memory": pipe, "conv_breakdown": convs,
       "wall_seconds": round(time.perf_counter() - t_start, 1)}

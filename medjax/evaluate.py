@@ -34,9 +34,9 @@ def predict(predict_fn, state, reader: loader.BatchReader, placement, rows: np.n
   steps = partition.partition_steps(rows, placement, host_batch_size=host_batch, seed=seed)
   flat = steps.reshape(len(steps), -1)
   probs = {}
-  for s, local in loader.prefetched(reader, steps):
-    out = np.asarray(jax.device_get(predict_fn(state, loader.to_global(local, sharding,
-                                                                        global_batch))))
+  for s, _, batch in loader.prefetched(reader, steps, sharding=sharding,
+                                      global_batch=global_batch):
+    out = np.asarray(jax.device_get(predict_fn(state, batch)))
     for r, p in zip(flat[s], out):
       if r >= 0:
         probs[int(r)] = p

@@ -7,6 +7,8 @@ import subprocess
 import sys
 import time
 
+from medjax import jsonl
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAUNCH = os.path.join(ROOT, "launch.py")
 
@@ -39,11 +41,7 @@ def run(workdir: str, *overrides: str, timeout: float = 600, **kw) -> int:
 
 
 def events(workdir: str) -> list[dict]:
-  path = os.path.join(workdir, "events.jsonl")
-  if not os.path.exists(path):
-    return []
-  with open(path) as f:
-    return [json.loads(line) for line in f if line.strip()]
+  return jsonl.read(os.path.join(workdir, "events.jsonl"))
 
 
 def wait_for(predicate, timeout: float, what: str, poll: float = 0.2):

@@ -14,6 +14,7 @@ import psutil
 import pytest
 
 from medjax import checkpoint
+from medjax import jsonl
 from medjax.data import ingest
 from medjax.data import placement
 from medjax.fault import inject
@@ -41,11 +42,7 @@ def _ledger_counts(workdir, final_step):
   by_step = collections.defaultdict(dict)
   for path in glob.glob(os.path.join(workdir, "ledger", "*.jsonl")):
     gen = int(os.path.basename(path).split("-")[1])
-    for line in open(path):
-      try:
-        e = json.loads(line)
-      except json.JSONDecodeError:
-        continue
+    for e in jsonl.read(path):
       by_step[e["step"]].setdefault(gen, []).append(e)
   counts = collections.Counter()
   for step in range(1, final_step + 1):

@@ -62,13 +62,14 @@ class Cache:
     read_only: never write (a process that is not the host's cache writer).
     process: this process's index among its host's processes (names its counters file).
     run: the run the counters belong to; counters left by another run start again from zero.
+    memory_mb: memory for recently read records, on top of the on-disk cache.
     wait_limit_s: how long a read-only process waits for a record the writer has promised
       before decoding it itself.
   """
 
   def __init__(self, path, manifest, tables, shapes: records.Shapes, data_root: str, *,
                read_only: bool = False, process: int = 0, run: str = "",
-               wait_limit_s: float = 300.0):
+               memory_mb: int = 256, wait_limit_s: float = 300.0):
     self.path, self.manifest, self.tables, self.shapes = path, manifest, tables, shapes
     self.data_root, self.read_only = data_root, read_only
     self.wait_limit_s = wait_limit_s
@@ -83,6 +84,9 @@ class Cache:
     self._cond = threading.Condition()
     self._inflight: set[int] = set()
     self._index_mtime = None
+    # Decoded chunks stay in memory (TensorStore's cache pool), revalidated against the file.
+    self._memory = {"context": {"cache_pool": {"total_bytes_limit": int(memory_mb) << 20}},
+                    "recheck_cached_data": True}
     os.makedirs(path, exist_ok=True)
     self._counters_path = os.path.join(path, f"counters.{process}.json")
     self.counters = {**dict.fromkeys(COUNTERS, 0), "run": run}
@@ -161,13 +165,15 @@ class Cache:
     """Opens the array as it is on disk (it may have grown), or creates it with `shape`."""
     kvstore = {"driver": "file", "path": os.path.join(self.path, name)}
     if os.path.exists(os.path.join(self.path, name, ".zarray")):
-      array = ts.open({"driver": "zarr", "kvstore": kvstore}, open=True, dtype=dtype).result()
+      array = ts.open({"driver": "zarr", "kvstore": kvstore, **self._memory}, open=True,
+                      dtype=dtype).result()
       if list(array.shape[1:]) == list(shape[1:]):
         return array
     if self.read_only:
       raise RuntimeError(f"cache {self.path}: no usable {name!r} array and this process may not "
                          "create it; the host's first process fills the cache")
-    return ts.open({"driver": "zarr", "kvstore": kvstore, "metadata": {"compressor": _COMPRESSOR}},
+    return ts.open({"driver": "zarr", "kvstore": kvstore, "metadata": {"compressor": _COMPRESSOR},
+                    **self._memory},
                    create=True, delete_existing=True, dtype=dtype, shape=shape,
                    chunk_layout=ts.ChunkLayout(read_chunk_shape=[1, *shape[1:]])).result()
 
@@ -221,10 +227,12 @@ class Cache:
     return rec["images"].astype(np.float16), tab
 
   def _unpack(self, images: np.ndarray, tab: np.ndarray) -> dict[str, np.ndarray]:
+    """One record's arrays from its packed form, or a batch's (leading batch axis on both)."""
+    lead = tab.shape[:-1]
     out = {"images": images.astype(np.float32)}
     offset = 0
     for k, size in zip([k for k in records.KEYS if k != "images"], self._tab_sizes):
-      value = tab[offset:offset + size].reshape(self._shapes[k])
+      value = tab[..., offset:offset + size].reshape(*lead, *self._shapes[k])
       out[k] = value > 0.5 if k.endswith("mask") else value
       offset += size
     return out
@@ -408,19 +416,26 @@ class Cache:
       return missing
     slots = [self.index[ids[r]][0] for _, r in hits]
     together = self._read_slots(slots)
+    if together is None:   # Some chunk is unreadable: read one by one to find which.
+      alone = [self._read_slots([slot]) for slot in slots]
+      together = [None if a is None else (a[0][0], a[1][0]) for a in alone]
+    else:
+      together = list(zip(*together))
+    good = []
     for j, (i, r) in enumerate(hits):
-      if together is not None:
-        one = together[0][j], together[1][j]
-      else:  # Some chunk is unreadable: read one by one to find which.
-        alone = self._read_slots([slots[j]])
-        one = None if alone is None else (alone[0][0], alone[1][0])
+      one = together[j]
       if one is None or self._crc(*one) != self.index[ids[r]][2]:
         self.counters["damaged"] += 1
         del self.index[ids[r]]
         damaged.add(r)
         missing.append((i, r))
-        continue
-      self.counters["hits"] += 1
-      for k, v in self._unpack(*one).items():
-        out[k][i] = v
+      else:
+        good.append(j)
+    self.counters["hits"] += len(good)
+    if good:
+      batch = self._unpack(np.stack([together[j][0] for j in good]),
+                           np.stack([together[j][1] for j in good]))
+      at = [hits[j][0] for j in good]
+      for k, v in batch.items():
+        out[k][at] = v
     return missing

@@ -28,6 +28,7 @@ import time
 
 import numpy as np
 
+from medjax import jsonl
 from medjax import secretfile
 from medjax.data import dicom
 from medjax.data import manifest as manifest_lib
@@ -255,8 +256,7 @@ def load(workdir: str) -> Ingested:
   if not np.array_equal(table_arrays["record_ids"], manifest.record_ids):
     raise RuntimeError(f"{out}: tables.npz and manifest.jsonl disagree on record ids; run the "
                        "ingest again (--config.mode=ingest)")
-  with open(os.path.join(out, "quarantine.jsonl")) as f:
-    quarantine = [json.loads(line) for line in f if line.strip()]
+  quarantine = jsonl.read(os.path.join(out, "quarantine.jsonl"))
   with open(os.path.join(out, "summary.json")) as f:
     summary = json.load(f)
   return Ingested(manifest, table_arrays, quarantine, summary)

@@ -60,11 +60,19 @@ class BatchReader:
 
 
 def prefetched(reader: BatchReader, steps_SxWxb: np.ndarray, *, start: int = 0,
-               buffer: int = 4):
-  """Yields (step index, host-local batch) for steps[start:], read ahead on a thread."""
+               buffer: int = 4, sharding=None, global_batch: int = 0):
+  """Yields (step index, host-local batch, global batch) for steps[start:], read ahead.
+
+  Reading, and with a `sharding` also assembling the global jax arrays (`to_global`), runs on a
+  prefetch thread, so the training loop's thread only dispatches steps. Without a sharding the
+  global batch is None.
+  """
+  def load(s):
+    local = reader.read(reader.local_rows(steps_SxWxb[s]))
+    return s, local, (to_global(local, sharding, global_batch) if sharding is not None else None)
+
   indices = list(range(start, len(steps_SxWxb)))
-  dataset = grain.MapDataset.source(indices).map(
-      lambda s: (s, reader.read(reader.local_rows(steps_SxWxb[s]))))
+  dataset = grain.MapDataset.source(indices).map(load)
   return iter(dataset.to_iter_dataset(grain.ReadOptions(num_threads=1,
                                                         prefetch_buffer_size=buffer)))
 

@@ -24,6 +24,7 @@ import threading
 import time
 
 from medjax import checkpoint as checkpoint_lib
+from medjax import jsonl
 from medjax import lineage as lineage_lib
 from medjax.fault import context
 from medjax.fault import inject
@@ -50,11 +51,7 @@ class EventLog:
 
 
 def read_events(workdir: str) -> list[dict]:
-  path = os.path.join(workdir, "events.jsonl")
-  if not os.path.exists(path):
-    return []
-  with open(path) as f:
-    return [json.loads(line) for line in f if line.strip()]
+  return jsonl.read(os.path.join(workdir, "events.jsonl"))
 
 
 class Coordinator:

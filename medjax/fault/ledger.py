@@ -14,6 +14,8 @@ import os
 
 import numpy as np
 
+from medjax import jsonl
+
 
 class Writer:
   """Appends {step, epoch, rows} lines to <workdir>/ledger/gen-G-proc-P.jsonl."""
@@ -41,14 +43,9 @@ def last_executions(workdir: str, final_step: int) -> dict[int, tuple[int, list[
   by_step: dict[int, dict[int, tuple[int, list[int]]]] = collections.defaultdict(dict)
   for path in sorted(glob.glob(os.path.join(workdir, "ledger", "gen-*-proc-*.jsonl"))):
     generation = int(os.path.basename(path).split("-")[1])
-    with open(path) as f:
-      for line in f:
-        try:
-          entry = json.loads(line)
-        except json.JSONDecodeError:
-          continue  # a line cut by a SIGKILL
-        gen_rows = by_step[entry["step"]].setdefault(generation, (entry["epoch"], []))
-        gen_rows[1].extend(entry["rows"])
+    for entry in jsonl.read(path):
+      gen_rows = by_step[entry["step"]].setdefault(generation, (entry["epoch"], []))
+      gen_rows[1].extend(entry["rows"])
   out = {}
   for step in range(1, final_step + 1):
     if step in by_step:

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 
+from medjax import jsonl
 from medjax.data import pipeline
 from medjax.fault import agent as agent_lib
 from medjax.fault import protocol
@@ -80,11 +81,7 @@ def run(config, workdir: str) -> dict:
 
 
 def _error(workdir: str) -> str:
-  path = os.path.join(workdir, "events.jsonl")
-  if os.path.exists(path):
-    with open(path) as f:
-      for line in reversed(f.readlines()):
-        event = json.loads(line)
-        if event["event"] == "gave_up":
-          return event["error"]
+  for event in reversed(jsonl.read(os.path.join(workdir, "events.jsonl"))):
+    if event["event"] == "gave_up":
+      return event["error"]
   return f"the coordinator gave up; see {workdir}/events.jsonl and {workdir}/logs"

@@ -286,12 +286,13 @@ def train_and_evaluate(config, workdir: str, topology: Topology = Topology(), ct
       for p in range(lineage["partition"], epoch_plan.num_partitions):
         injector.at_partition(p, lineage["global_step"], epoch)
         steps = epoch_plan.steps[p]
-        for s, local in loader.prefetched(reader, steps, start=lineage["offset"]):
+        for s, local, batch in loader.prefetched(reader, steps, start=lineage["offset"],
+                                                 sharding=batch_sharding,
+                                                 global_batch=global_batch):
           if ctx.stop_requested():
             raise Stopped(f"stop requested at step {lineage['global_step']}")
           t0 = time.perf_counter()
-          state, step_metrics = train_step(state, loader.to_global(local, batch_sharding,
-                                                                   global_batch))
+          state, step_metrics = train_step(state, batch)
           step_metrics = jax.device_get(step_metrics)
           executed += 1
           global_step = lineage["global_step"] + 1

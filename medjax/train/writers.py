@@ -8,6 +8,8 @@ import os
 
 from tensorboardX import SummaryWriter
 
+from medjax import jsonl
+
 
 class MetricWriter:
   """Appends scalars to <workdir>/metrics.jsonl and <workdir>/tensorboard/ (process 0 only)."""
@@ -37,8 +39,4 @@ class MetricWriter:
 
 
 def read_metrics(workdir: str) -> list[dict]:
-  path = os.path.join(workdir, "metrics.jsonl")
-  if not os.path.exists(path):
-    return []
-  with open(path) as f:
-    return [json.loads(line) for line in f if line.strip()]
+  return jsonl.read(os.path.join(workdir, "metrics.jsonl"))
