@@ -88,6 +88,19 @@ def _number(text: str) -> float | None:
   return value if math.isfinite(value) else None
 
 
+def _cell(row: dict[str, str], column: str, problems: Problems, source: str, lineno: int,
+          absent: str) -> float | None:
+  """A numeric cell's value; None when it is empty or (reported as `absent`) not a number."""
+  text = row.get(column, "")
+  if not text:
+    return None
+  number = _number(text)
+  if number is None:
+    problems.report(source, lineno, f"column {column!r}: value {text!r} is not a number; it is "
+                    f"treated as {absent}")
+  return number
+
+
 def read_labels(path: str, problems: Problems) -> tuple[dict[str, str], dict[str, int]]:
   """labels.csv: (patient -> class name, patient -> line) (columns `patient_id`, `diagnosis`)."""
   source = os.path.basename(path)
@@ -151,14 +164,8 @@ def read_labs(path: str, analytes: Sequence[str], rename: dict[str, str],
       continue
     v = np.full(len(analytes), np.nan, np.float32)
     for column, j in col_index.items():
-      text = row.get(column, "")
-      if not text:
-        continue
-      number = _number(text)
-      if number is None:
-        problems.report(source, lineno, f"column {column!r}: value {text!r} is not a number; "
-                        "it is treated as not measured")
-      else:
+      number = _cell(row, column, problems, source, lineno, "not measured")
+      if number is not None:
         v[j] = number
     values[pid] = v
   return list(analytes), values
@@ -266,13 +273,8 @@ def read_vitals(path: str, channels: Sequence[str], steps: int, hours_per_step: 
       sums[pid] = np.zeros((steps, len(channels)), np.float64)
       counts[pid] = np.zeros((steps, len(channels)), np.int32)
     for c, channel in enumerate(channels):
-      cell = row.get(channel, "")
-      if not cell:
-        continue
-      number = _number(cell)
+      number = _cell(row, channel, problems, source, lineno, "not observed")
       if number is None:
-        problems.report(source, lineno, f"column {channel!r}: value {cell!r} is not a number; it "
-                        "is treated as not observed")
         continue
       sums[pid][step, c] += number
       counts[pid][step, c] += 1
