@@ -36,6 +36,8 @@ _ADVERTISE = flags.DEFINE_string("advertise", "127.0.0.1", "Agent: this host's a
                                  "other hosts reach it (for jax.distributed).")
 _GENERATION = flags.DEFINE_integer("generation", 0, "Worker: generation.")
 _PROCESS_ID = flags.DEFINE_integer("process_id", 0, "Worker: jax process id.")
+_STANDBY = flags.DEFINE_bool("standby", False, "Worker: import everything, then wait for the "
+                             "generation, process id, host and coordinator on stdin (JSON).")
 
 
 def _workdir() -> str:
@@ -79,10 +81,17 @@ def main(argv):
   workdir = _workdir()
   os.makedirs(workdir, exist_ok=True)
   if role == "worker":
-    _setup_logging(workdir, f"worker-{_GENERATION.value:03d}-{_PROCESS_ID.value:03d}")
     from medjax.fault import worker  # pylint: disable=import-outside-toplevel
-    return worker.run(workdir, _GENERATION.value, _PROCESS_ID.value, _HOST_NAME.value,
-                      _COORDINATOR.value)
+    if _STANDBY.value:
+      job = worker.wait_for_assignment(workdir)
+      if job is None:
+        return 0  # the agent went away before assigning this standby
+    else:
+      job = {"generation": _GENERATION.value, "process_id": _PROCESS_ID.value,
+             "host_name": _HOST_NAME.value, "coordinator": _COORDINATOR.value}
+    _setup_logging(workdir, f"worker-{job['generation']:03d}-{job['process_id']:03d}")
+    return worker.run(workdir, job["generation"], job["process_id"], job["host_name"],
+                      job["coordinator"])
   config = _config(workdir)
   if role == "agent":
     host = _HOST_NAME.value or socket.gethostname()

@@ -102,6 +102,7 @@ def get_config(arg=None):
   fault.local_hosts = 1       # hosts (agents) started on this machine by the local launcher
   fault.hosts = 0             # hosts a generation needs (0: local_hosts)
   fault.workers_per_host = 2  # worker processes per host
+  fault.standby_workers = True  # agents keep workers with everything imported, for fast restarts
   fault.devices_per_worker = 1
   fault.elastic = False       # after a host is lost, go on with fewer hosts (>= min_hosts)
   fault.min_hosts = 1

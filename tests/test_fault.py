@@ -167,14 +167,16 @@ def test_elastic_shrink_from_two_hosts_to_one_keeps_exactly_once(shared):
   try:
     runs.wait_for(lambda: any(e["event"] == "commit" and e["step"] >= 6
                               for e in runs.events(workdir)), 300, "a commit at step 6")
-    # Lose host-1: its agent and its worker, as when a machine goes away.
-    victims = [p.pid for p in psutil.process_iter(["cmdline"])
-               if f"--workdir={workdir}" in (p.info["cmdline"] or [])
-               and "--host_name=host-1" in (p.info["cmdline"] or [])]
-    assert len(victims) == 2, f"expected host-1's agent and worker, found {victims}"
+    # Lose host-1: its agent and every process under it, as when a machine goes away.
+    agents = [p for p in psutil.process_iter(["cmdline"])
+              if f"--workdir={workdir}" in (p.info["cmdline"] or [])
+              and "--role=agent" in p.info["cmdline"] and "--host_name=host-1" in p.info["cmdline"]]
+    assert len(agents) == 1, f"expected host-1's agent, found {agents}"
+    victims = [agents[0], *agents[0].children(recursive=True)]
+    assert len(victims) >= 2, f"host-1's agent has no worker: {victims}"
     inject.record_external(workdir, "host_lost", host="host-1")
-    for pid in victims:
-      os.kill(pid, signal.SIGKILL)
+    for p in victims:
+      p.kill()
     assert proc.wait(timeout=400) == 0, runs.tail(workdir)
   finally:
     if proc.poll() is None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import weakref
 from typing import Any, Iterable, Sequence
 
 import numpy as np
@@ -88,9 +89,24 @@ def stable_hash64(keys: Iterable[str]) -> np.ndarray:
   return np.frombuffer(digests, dtype="<u8").astype(np.uint64)
 
 
+# record_positions per (record id array, seed): hashing every id is most of a replace_hosts call,
+# and replica_owners makes one per host.
+_POSITIONS: dict[tuple[int, int], tuple[weakref.ref, np.ndarray]] = {}
+
+
 def record_positions(manifest: manifest_lib.Manifest, seed: int) -> np.ndarray:
-  """(N,) uint64 ring position of each record, from (seed, record_id)."""
-  return stable_hash64(f"{seed}/{rid}" for rid in manifest.record_ids)
+  """(N,) uint64 ring position of each record, from (seed, record_id) (read-only, memoised)."""
+  ids = manifest.record_ids
+  key = (id(ids), int(seed))
+  hit = _POSITIONS.get(key)
+  if hit is not None and hit[0]() is ids:
+    return hit[1]
+  pos_N = stable_hash64(f"{seed}/{rid}" for rid in ids)
+  pos_N.flags.writeable = False
+  for stale in [k for k, (ref, _) in _POSITIONS.items() if ref() is None]:
+    del _POSITIONS[stale]
+  _POSITIONS[key] = (weakref.ref(ids), pos_N)
+  return pos_N
 
 
 def ring(hosts: Sequence[str], *, seed: int, vnodes: int) -> tuple[np.ndarray, np.ndarray]:

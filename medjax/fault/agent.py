@@ -6,11 +6,17 @@ ids and count come from the coordinator), reports any worker exit at once, and s
 told: asked at a step boundary first (the coordinator's reply to their heartbeats), then SIGTERM,
 then SIGKILL. If the coordinator is unreachable, workers keep running and the agent keeps trying;
 a restarted coordinator hears from it again and learns what it runs.
+
+So that a restart does not wait for Python to import JAX and the rest (seconds), the agent keeps
+`fault.workers_per_host` standby worker processes that have imported everything and wait for an
+assignment on stdin; a new generation's workers are standbys given their process ids. Used
+standbys are replaced once the generation trains, so replacing them does not slow recovery.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import signal
@@ -31,7 +37,6 @@ LAUNCH = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.ab
 class Worker:
   process_id: int
   proc: subprocess.Popen
-  log: object
   reported: bool = False
   term_sent: float = 0.0
 
@@ -48,6 +53,7 @@ class Agent:
     self.workers: list[Worker] = []
     self.stopping_since = 0.0
     self.registered = False
+    self.standby: list[subprocess.Popen] = []
 
   def _worker_status(self) -> list[dict]:
     return [{"process_id": w.process_id, "pid": w.proc.pid, "running": w.proc.poll() is None,
@@ -60,26 +66,59 @@ class Agent:
         "workers": self._worker_status()})
     self.registered = True
 
+  def _env(self, devices: int) -> dict:
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    env.setdefault("JAX_PLATFORMS", "cpu")
+    return env
+
+  def _replenish(self) -> None:
+    """Starts standby workers until `workers_per_host` are ready (or getting ready)."""
+    if not self.f.standby_workers:
+      return
+    self.standby = [p for p in self.standby if p.poll() is None]
+    os.makedirs(os.path.join(self.workdir, "logs"), exist_ok=True)
+    while len(self.standby) < self.f.workers_per_host:
+      with open(os.path.join(self.workdir, "logs", f"standby-{self.host}.log"), "a") as log:
+        self.standby.append(subprocess.Popen(
+            [sys.executable, LAUNCH, "--role=worker", "--standby", f"--workdir={self.workdir}"],
+            env=self._env(self.f.devices_per_worker), stdin=subprocess.PIPE, stdout=log,
+            stderr=subprocess.STDOUT, start_new_session=True))
+
   def _start(self, spec: dict) -> None:
     self.generation = spec["generation"]
     host_index = spec["hosts"].index(self.host)
     os.makedirs(os.path.join(self.workdir, "logs"), exist_ok=True)
+    ready = [p for p in self.standby if p.poll() is None]
+    if spec["devices_per_worker"] != self.f.devices_per_worker:
+      ready = []
+    used = 0
     for local in range(spec["workers_per_host"]):
       pid = host_index * spec["workers_per_host"] + local
-      env = dict(os.environ)
-      env["XLA_FLAGS"] = (f"--xla_force_host_platform_device_count="
-                          f"{spec['devices_per_worker']}")
-      env.setdefault("JAX_PLATFORMS", "cpu")
-      log = open(os.path.join(self.workdir, "logs",
-                              f"gen-{self.generation:03d}-proc-{pid:03d}.log"), "a")
-      proc = subprocess.Popen(
-          [sys.executable, LAUNCH, "--role=worker", f"--workdir={self.workdir}",
-           f"--generation={self.generation}", f"--process_id={pid}", f"--host_name={self.host}",
-           f"--coordinator={self.client.address}"],
-          env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-      self.workers.append(Worker(pid, proc, log))
-    logging.info("agent %s: started generation %d (%d workers)", self.host, self.generation,
-                 len(self.workers))
+      assignment = {"generation": self.generation, "process_id": pid, "host_name": self.host,
+                    "coordinator": self.client.address}
+      proc = ready.pop(0) if ready else None
+      if proc is not None:
+        try:
+          proc.stdin.write((json.dumps(assignment) + "\n").encode())
+          proc.stdin.close()
+          self.standby.remove(proc)
+          used += 1
+        except (BrokenPipeError, OSError):
+          proc = None
+      if proc is None:
+        log_path = os.path.join(self.workdir, "logs",
+                                f"gen-{self.generation:03d}-proc-{pid:03d}.log")
+        with open(log_path, "a") as log:
+          proc = subprocess.Popen(
+              [sys.executable, LAUNCH, "--role=worker", f"--workdir={self.workdir}",
+               f"--generation={self.generation}", f"--process_id={pid}",
+               f"--host_name={self.host}", f"--coordinator={self.client.address}"],
+              env=self._env(spec["devices_per_worker"]), stdout=log, stderr=subprocess.STDOUT,
+              start_new_session=True)
+      self.workers.append(Worker(pid, proc))
+    logging.info("agent %s: started generation %d (%d workers, %d of them standbys)", self.host,
+                 self.generation, len(self.workers), used)
 
   def _stop_workers(self, now: float) -> bool:
     """Escalates SIGTERM -> SIGKILL on live workers; True once none is running."""
@@ -111,6 +150,14 @@ class Agent:
 
   def run(self) -> int:
     """Runs until the coordinator says the run is over."""
+    self._replenish()
+    try:
+      return self._loop()
+    finally:
+      for proc in self.standby:
+        proc.kill()
+
+  def _loop(self) -> int:
     unreachable_since = None
     while True:
       now = time.time()
@@ -143,6 +190,8 @@ class Agent:
           if self._stop_workers(now):
             self.workers, self.stopping_since = [], 0.0
             self._start(reply["spec"])
+        elif reply.get("training"):
+          self._replenish()
       elif action in ("stop", "exit"):
         if self._stop_workers(now):
           self.workers, self.stopping_since = [], 0.0

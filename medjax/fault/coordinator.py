@@ -124,7 +124,9 @@ class Coordinator:
         return {"action": "exit"}
       spec = self.spec
       if spec and self.status == "running" and host in spec["hosts"]:
-        return {"action": "run", "generation": spec["generation"], "spec": spec}
+        training = "first_step" in self.gen_stats.get(str(spec["generation"]), {})
+        return {"action": "run", "generation": spec["generation"], "spec": spec,
+                "training": training}
       if self.status in ("stopping", "waiting", "backoff") or (spec and host not in spec["hosts"]):
         return {"action": "stop", "generation": self.generation}
       return {"action": "idle"}

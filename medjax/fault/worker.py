@@ -25,6 +25,27 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
     return ml_collections.ConfigDict(json.load(f))
 
 
+def wait_for_assignment(workdir: str) -> dict | None:
+  """A standby worker: imports the trainer, then reads its assignment from stdin.
+
+  Returns {generation, process_id, host_name, coordinator}, or None when stdin closes first. From
+  then on stdout and stderr go to the generation's log, like a worker started for it.
+  """
+  from medjax.train import loop  # pylint: disable=import-outside-toplevel,unused-import
+  line = sys.stdin.readline()
+  if not line.strip():
+    return None
+  job = json.loads(line)
+  sys.stdout.flush()
+  sys.stderr.flush()
+  path = os.path.join(workdir, "logs",
+                      f"gen-{job['generation']:03d}-proc-{job['process_id']:03d}.log")
+  with open(path, "a") as log:
+    os.dup2(log.fileno(), 1)
+    os.dup2(log.fileno(), 2)
+  return job
+
+
 def run(workdir: str, generation: int, process_id: int, host: str, coordinator: str) -> int:
   """Trains as process `process_id` of `generation`; returns the process exit code."""
   from medjax.train import loop  # pylint: disable=import-outside-toplevel
