@@ -15,15 +15,26 @@ from __future__ import annotations
 import copy
 import logging
 import os
+import queue
 import shutil
+import threading
 import time
 
 import jax
+import jax.numpy as jnp
 import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
 
 
 class Checkpointer:
   """Saves and restores the training state (a pytree) with its lineage.
+
+  With `async_save`, `save` only snapshots the state on its devices (a copy the next, donating,
+  training step cannot touch) and hands it to a saver thread, which makes the Orbax calls
+  (their cross-process barriers, the device-to-host copy, the writes, the finalization) in order;
+  training goes on meanwhile. Every process saves the same steps in the same order, so the
+  barriers meet. The preemption sync point is asked by the training thread only
+  (`reached_preemption`): jax.distributed's protocol needs each process's steps in order.
 
   Args:
     directory: where step directories go (shared storage in multi-host runs).
@@ -32,33 +43,83 @@ class Checkpointer:
 
   def __init__(self, directory: str, *, async_save: bool = True):
     self.directory = os.path.abspath(directory)
-    # Orbax keeps everything; `prune` applies retention to committed steps only.
+    # Orbax keeps everything; `prune` applies retention to committed steps only. Orbax saves
+    # synchronously, on our saver thread when async.
     self._manager = ocp.CheckpointManager(
         self.directory,
         options=ocp.CheckpointManagerOptions(max_to_keep=None, create=True,
-                                             enable_async_checkpointing=async_save),
+                                             enable_async_checkpointing=False),
         item_handlers={"state": ocp.StandardCheckpointHandler()})
-    self._pending: list[tuple[int, dict]] = []
+    # Orbax's save asks for the preemption sync point of the step it saves; from the saver thread
+    # that would interleave older steps with the training thread's and break jax.distributed's
+    # protocol. Preemption is the training loop's business (`reached_preemption`).
+    self._manager.reached_preemption = lambda step: False
+    self._pending: list[tuple[int, dict]] = []   # finalized, not yet reported
+    self._lock = threading.Lock()
+    self._queue: queue.Queue | None = None
+    self._error: BaseException | None = None
+    if async_save:
+      # At most two snapshots wait: a saver that falls behind slows training, not memory.
+      self._queue = queue.Queue(maxsize=2)
+      self._saver = threading.Thread(target=self._save_loop, name="checkpoint-saver",
+                                     daemon=True)
+      self._saver.start()
     self.blocked_s = 0.0
 
   def save(self, step: int, state, lineage: dict) -> None:
-    """Starts saving `state` at `step`; returns once the state is copied off the devices."""
+    """Starts saving `state` at `step`; returns at once (async) or once it is written."""
     t0 = time.perf_counter()
-    self._manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state)),
-                       custom_metadata=copy.deepcopy(lineage), force=True)
-    self._pending.append((step, copy.deepcopy(lineage)))
+    self._raise_saver_error()
+    lineage = copy.deepcopy(lineage)
+    if self._queue is None:
+      self._save_now(step, state, lineage)
+    else:
+      self._queue.put((step, jax.tree.map(jnp.copy, state), lineage))
     self.blocked_s += time.perf_counter() - t0
+
+  def _save_now(self, step: int, state, lineage: dict) -> None:
+    """Writes and finalizes one step (every process), then reports it to `finalized`."""
+    self._manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state)),
+                       custom_metadata=lineage, force=True)
+    with self._lock:
+      self._pending.append((step, lineage))
+
+  def _save_loop(self) -> None:
+    while True:
+      item = self._queue.get()
+      try:
+        if item is None:
+          return
+        if self._error is None:
+          self._save_now(*item)
+      except BaseException as e:  # pylint: disable=broad-except  (re-raised on the main thread)
+        logging.exception("checkpoint: saving step %d failed", item[0])
+        self._error = e
+      finally:
+        self._queue.task_done()
+
+  def _raise_saver_error(self) -> None:
+    if self._error is not None:
+      raise RuntimeError(f"checkpoint saving failed in the background: {self._error!r}; see the "
+                         "log above for the step and the cause") from self._error
 
   def finalized(self) -> list[tuple[int, dict]]:
     """(step, lineage) of saves that Orbax has finalized on every process since the last call."""
-    if not self._pending or self._manager.is_saving_in_progress():
-      return []
-    done, self._pending = self._pending, []
+    self._raise_saver_error()
+    with self._lock:
+      done, self._pending = self._pending, []
     return done
 
-  def reached_preemption(self, step: int) -> bool:
-    """True on every process at the same step once any process got SIGTERM (jax.distributed)."""
-    return self._manager.reached_preemption(step)
+  @staticmethod
+  def reached_preemption(step: int) -> bool:
+    """True on every process at the same step once any process got SIGTERM (jax.distributed).
+
+    Call it at every step, from one thread, with increasing steps.
+    """
+    try:
+      return multihost_utils.reached_preemption_sync_point(step)
+    except RuntimeError:  # no preemption service (single process)
+      return False
 
   def steps(self) -> list[int]:
     self._manager.reload()
@@ -78,11 +139,20 @@ class Checkpointer:
     return restored["state"]
 
   def wait(self) -> None:
+    """Blocks until every save so far is written and finalized."""
     t0 = time.perf_counter()
+    if self._queue is not None:
+      self._queue.join()
+    self._raise_saver_error()
     self._manager.wait_until_finished()
     self.blocked_s += time.perf_counter() - t0
 
   def close(self) -> None:
+    if self._queue is not None:
+      self._queue.join()
+      self._queue.put(None)
+      self._saver.join()
+      self._queue = None
     self._manager.wait_until_finished()
     self._manager.close()
 

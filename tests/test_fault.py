@@ -4,6 +4,7 @@ import collections
 import glob
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -103,6 +104,10 @@ def test_signals_recovery_exactly_once_and_same_parameters(shared, clean_run):
   events = [e["event"] for e in runs.events(faulty)]
   assert events.count("failure") == 3 and events.count("recovered") == 3
   assert os.path.exists(os.path.join(faulty, "loss_curve.png"))
+  # Restarts took standby workers that had imported everything already.
+  agent_log = runs.tail(faulty, os.path.join("logs", "agent-host-0.txt"), n=1000)
+  assert re.search(r"started generation [2-9] \(2 workers, 2 of them standbys\)", agent_log), \
+      agent_log
 
 
 def test_restore_onto_another_process_and_device_count(shared, clean_run, tmp_path):
