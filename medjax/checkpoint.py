@@ -3,6 +3,12 @@
 An Orbax CheckpointManager with async saves. Each step's custom metadata is a deep copy of its
 lineage (which records the saved state has trained on), so a checkpoint says what it contains.
 
+Orbax's cost is per array (about 1.3 ms each on CPU: a 138-leaf state took 200 ms a save, one
+array of the same size 20 ms), so replicated leaves are raveled and packed into one vector per
+dtype; sharded (fsdp) leaves are saved as they are. The packing (`layout`, saved beside the state)
+records each leaf's path, place, shape and dtype; restore unpacks onto the target's shardings,
+whatever the device and process count.
+
 A step is committed when Orbax has finalized it on every process and its lineage record is in the
 lineage store (`medjax.lineage`). Restore takes the newest committed step whose Orbax metadata
 agrees with the store, skipping (with a warning) any step that is damaged or incomplete.
@@ -13,6 +19,9 @@ committed one out.
 from __future__ import annotations
 
 import copy
+import dataclasses
+import functools
+import json
 import logging
 import os
 import queue
@@ -22,6 +31,7 @@ import time
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
@@ -49,7 +59,8 @@ class Checkpointer:
         self.directory,
         options=ocp.CheckpointManagerOptions(max_to_keep=None, create=True,
                                              enable_async_checkpointing=False),
-        item_handlers={"state": ocp.StandardCheckpointHandler()})
+        item_handlers={"state": ocp.StandardCheckpointHandler(),
+                       "layout": ocp.JsonCheckpointHandler()})
     # Orbax's save asks for the preemption sync point of the step it saves; from the saver thread
     # that would interleave older steps with the training thread's and break jax.distributed's
     # protocol. Preemption is the training loop's business (`reached_preemption`).
@@ -71,15 +82,19 @@ class Checkpointer:
     t0 = time.perf_counter()
     self._raise_saver_error()
     lineage = copy.deepcopy(lineage)
+    layout = _layout(state)
+    # Packing copies: the next (donating) training step cannot touch what is being saved.
+    packed = _packer(json.dumps(layout))(jax.tree.leaves(state))
     if self._queue is None:
-      self._save_now(step, state, lineage)
+      self._save_now(step, packed, layout, lineage)
     else:
-      self._queue.put((step, jax.tree.map(jnp.copy, state), lineage))
+      self._queue.put((step, packed, layout, lineage))
     self.blocked_s += time.perf_counter() - t0
 
-  def _save_now(self, step: int, state, lineage: dict) -> None:
+  def _save_now(self, step: int, packed, layout: dict, lineage: dict) -> None:
     """Writes and finalizes one step (every process), then reports it to `finalized`."""
-    self._manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state)),
+    self._manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(packed),
+                                                     layout=ocp.args.JsonSave(layout)),
                        custom_metadata=lineage, force=True)
     with self._lock:
       self._pending.append((step, lineage))
@@ -132,11 +147,32 @@ class Checkpointer:
   def lineage(self, step: int) -> dict:
     return dict(self._manager.metadata(step).custom_metadata or {})
 
+  def layout(self, step: int) -> dict:
+    return self._manager.restore(step, args=ocp.args.Composite(
+        layout=ocp.args.JsonRestore()))["layout"]
+
   def restore(self, step: int, abstract_state):
     """The state at `step`, laid out as `abstract_state` says (any device count)."""
+    layout = self.layout(step)
+    paths_and_targets, treedef = jax.tree_util.tree_flatten_with_path(abstract_state)
+    targets = [t for _, t in paths_and_targets]
+    saved_paths = [e["path"] for e in layout["leaves"]]
+    wanted = [jax.tree_util.keystr(p) for p, _ in paths_and_targets]
+    if saved_paths != wanted:
+      missing = sorted(set(wanted) - set(saved_paths))[:5]
+      extra = sorted(set(saved_paths) - set(wanted))[:5]
+      raise ValueError(f"checkpoint {step} in {self.directory} holds another state structure "
+                       f"(not in it: {missing}; only in it: {extra}); was it saved with another "
+                       "model config?")
+    whole = _replicated_like(targets[0].sharding)
+    saved = {"packed": {g: jax.ShapeDtypeStruct((n,), jnp.dtype(g), sharding=whole)
+                        for g, n in layout["sizes"].items()},
+             "own": [t for e, t in zip(layout["leaves"], targets) if e["group"] is None]}
     restored = self._manager.restore(
-        step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state)))
-    return restored["state"]
+        step, args=ocp.args.Composite(state=ocp.args.StandardRestore(saved)))["state"]
+    leaves = _unpacker(json.dumps(layout), tuple(t.sharding for t in targets))(
+        restored["packed"], restored["own"])
+    return treedef.unflatten(leaves)
 
   def wait(self) -> None:
     """Blocks until every save so far is written and finalized."""
@@ -201,19 +237,94 @@ def restore_committed(directory: str, store, abstract_state, ckpt: "Checkpointer
       ckpt.close()
 
 
-def load_arrays(directory: str, step: int | None = None):
-  """The saved state as host numpy arrays, with no restore target (for inspection and tests)."""
+def load_arrays(directory: str, step: int | None = None) -> tuple[dict[str, np.ndarray], int]:
+  """The saved state as {leaf path: host array} (e.g. "['params']['head']..."), and its step.
+
+  Needs no restore target: for inspection and tests.
+  """
   ckpt = Checkpointer(directory, async_save=False)
   try:
     step = ckpt.latest() if step is None else step
-    metadata = ckpt._manager.item_metadata(step)["state"]  # pylint: disable=protected-access
+    layout = ckpt.layout(step)
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device),
-                          metadata)
-    state = ckpt.restore(step, target)
+    target = {e["path"]: jax.ShapeDtypeStruct(tuple(e["shape"]), jnp.dtype(e["dtype"]),
+                                              sharding=device) for e in layout["leaves"]}
+    # A flat dict's paths are "['<path>']"; restore through the layout's own order.
+    state = ckpt.restore(step, _Flat(target))
   finally:
     ckpt.close()
-  return jax.device_get(state), step
+  return {path: np.asarray(x) for path, x in zip(target, jax.tree.leaves(state))}, step
+
+
+def _layout(state) -> dict:
+  """Where each leaf goes: replicated leaves packed per dtype, the others saved as they are."""
+  leaves, sizes = [], {}
+  for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]:
+    entry = {"path": jax.tree_util.keystr(path), "shape": list(leaf.shape),
+             "dtype": str(leaf.dtype), "group": None, "offset": 0}
+    if leaf.sharding.is_fully_replicated:
+      entry["group"] = entry["dtype"]
+      entry["offset"] = sizes.get(entry["group"], 0)
+      sizes[entry["group"]] = entry["offset"] + int(np.prod(leaf.shape, dtype=np.int64))
+    leaves.append(entry)
+  return {"version": 1, "leaves": leaves, "sizes": sizes}
+
+
+@functools.lru_cache(maxsize=8)
+def _packer(layout_json: str):
+  entries = json.loads(layout_json)["leaves"]
+
+  @jax.jit
+  def pack(leaves):
+    groups: dict[str, list] = {}
+    for e, x in zip(entries, leaves):
+      if e["group"] is not None:
+        groups.setdefault(e["group"], []).append(x.ravel())
+    return {"packed": {g: jnp.concatenate(v) for g, v in groups.items()},
+            "own": [jnp.copy(x) for e, x in zip(entries, leaves) if e["group"] is None]}
+  return pack
+
+
+@functools.lru_cache(maxsize=8)
+def _unpacker(layout_json: str, shardings: tuple):
+  entries = json.loads(layout_json)["leaves"]
+
+  def unpack(packed, own):
+    own = iter(own)
+    out = []
+    for e in entries:
+      if e["group"] is None:
+        out.append(next(own))
+      else:
+        n = int(np.prod(e["shape"], dtype=np.int64))
+        out.append(jax.lax.dynamic_slice_in_dim(packed[e["group"]], e["offset"], n)
+                   .reshape(e["shape"]))
+    return out
+  return jax.jit(unpack, out_shardings=list(shardings))
+
+
+def _replicated_like(sharding):
+  """A sharding that puts a whole array on every device of `sharding`'s devices."""
+  if isinstance(sharding, jax.sharding.NamedSharding):
+    return jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec())
+  return sharding
+
+
+class _Flat(dict):
+  """A dict whose leaf paths are its keys as written (load_arrays's restore target)."""
+
+
+jax.tree_util.register_pytree_with_keys(
+    _Flat, lambda d: ([(_FlatKey(k), v) for k, v in d.items()], tuple(d)),
+    lambda keys, values: _Flat(zip(keys, values)))
+
+
+@dataclasses.dataclass(frozen=True)
+class _FlatKey:
+  key: str
+
+  def __str__(self) -> str:
+    return self.key
 
 
 def _comparable(lineage: dict) -> dict:

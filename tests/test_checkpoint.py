@@ -98,3 +98,36 @@ def test_lineage_store_bitmap_round_trip(tmp_path):
   assert store.committed_steps() == [7, 12] and store.latest()["x"] == 2
   store.put_state("coordinator", {"generation": 3})
   assert store.get_state("coordinator") == {"generation": 3}
+
+
+def test_packed_state_restores_onto_other_shardings(tmp_path):
+  mesh = jax.make_mesh((8,), ("fsdp",))
+  sharded = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("fsdp"))
+  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  state = {"w": jax.device_put(jnp.arange(16.0).reshape(8, 2), sharded),
+           "b": jax.device_put(jnp.arange(3.0), replicated),
+           "c": jax.device_put(jnp.full((8,), 7.0), replicated),
+           "step": jax.device_put(jnp.asarray(5, jnp.int32), replicated)}
+  directory = str(tmp_path / "ckpt")
+  ckpt = checkpoint.Checkpointer(directory)
+  ckpt.save(1, state, {"global_step": 1})
+  ckpt.wait()
+  layout = ckpt.layout(1)
+  ckpt.close()
+  # Replicated leaves share one vector per dtype; the sharded one is saved as it is.
+  assert layout["sizes"] == {"float32": 11, "int32": 1}
+  assert [e["group"] for e in layout["leaves"]] == ["float32", "float32", "int32", None]
+  # Each leaf comes back with another sharding than it was saved with.
+  target = {"w": jax.ShapeDtypeStruct((8, 2), jnp.float32, sharding=replicated),
+            "b": jax.ShapeDtypeStruct((3,), jnp.float32, sharding=replicated),
+            "c": jax.ShapeDtypeStruct((8,), jnp.float32, sharding=sharded),
+            "step": jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated)}
+  restored = checkpoint.Checkpointer(directory, async_save=False).restore(1, target)
+  for k in state:
+    np.testing.assert_array_equal(np.asarray(restored[k]), np.asarray(state[k]))
+    assert restored[k].sharding == target[k].sharding
+  arrays, step = checkpoint.load_arrays(directory)
+  assert step == 1 and sorted(arrays) == ["['b']", "['c']", "['step']", "['w']"]
+  np.testing.assert_array_equal(arrays["['w']"], np.arange(16.0).reshape(8, 2))
+  with pytest.raises(ValueError, match="another state structure"):
+    checkpoint.Checkpointer(directory, async_save=False).restore(1, {"w": target["w"]})

@@ -3,7 +3,6 @@
 import math
 import os
 
-import jax
 import numpy as np
 import pytest
 
@@ -35,8 +34,7 @@ def test_ablation_policies_train_and_evaluate(cohort, missing):
   assert summary["test"]["count"] > 0 and math.isfinite(summary["test"]["macro_f1"])
   arrays, step = checkpoint.load_arrays(os.path.join(workdir, "checkpoints"))
   assert step == summary["train"]["global_step"] > 0
-  fill = jax.tree.leaves(arrays["fill"])
   if missing == "mean":
     # The mean training image was written into the fill values before training.
-    assert any(np.abs(np.asarray(x)).sum() > 0 for x in fill)
-  assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(arrays["params"]))
+    assert np.abs(arrays["['fill']['image_fill'].value"]).sum() > 0
+  assert all(np.isfinite(x).all() for k, x in arrays.items() if k.startswith("['params']"))
