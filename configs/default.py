@@ -40,6 +40,8 @@ def get_config(arg=None):
   data.salt_file = ""         # pseudonymisation salt; default <workdir>/secrets/id_salt
   data.scan_workers = 0       # header-scan processes; 0: one per CPU core
   data.cache_dir = ""         # node-local decoded cache; default <workdir>/cache
+  data.cache_memory_mb = 1024  # also hold a host's cached records in memory when they fit
+  data.prefetch = "auto"      # read ahead: 'thread', 'inline' (training thread), 'auto' (CPU: inline)
   data.reingest = False       # ingest again even if <workdir>/ingest exists
   data.placement_method = "bounded"   # 'bounded' (medjax), 'ring' or 'modulo' (baselines)
   # After a host set change: 'recache' (new owners decode moved records once, in the background)

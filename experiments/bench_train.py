@@ -7,9 +7,9 @@
    analysis, time from chained donated steps) over the FLOP/s of a large jitted f32 matmul on the
    same CPU (target: >= 0.3). The first batch size should be the config's global batch (32 for
    quickstart and default, 512 for paper); other batch sizes show how the fraction scales.
-2. Step time fed by the real input pipeline (BatchReader on a filled cache, a Grain prefetch
-   iterator per partition and `to_global`, exactly as `loop.train_and_evaluate` does) over the
-   same steps fed from batches already on device (target: within 5%, i.e. ratio <= 1.05).
+2. Step time fed by the real input pipeline (BatchReader on a filled cache held in memory,
+   `loader.batches` per partition and `to_global`, exactly as `loop.train_and_evaluate` does)
+   over the same steps fed from batches already on device (target: within 5%, i.e. ratio <= 1.05).
 3. Diagnostic for 1: each strided conv of the image encoder alone (forward, input gradient,
    kernel gradient) at the smallest and largest batch, in GFLOP/s (best of 15 calls).
 
@@ -112,9 +112,11 @@ class Trainer:
     n = 0
     t0 = time.perf_counter()
     for steps in partitions:
-      for _, _, batch in loader.prefetched(reader, steps, sharding=self.sharding,
-                                           global_batch=self.batch_size):
+      step_batches = loader.batches(reader, steps, start=0, sharding=self.sharding,
+                                    global_batch=self.batch_size, how=self.config.data.prefetch)
+      for _, _, batch in step_batches:
         self.state, metrics = self.step(self.state, batch)
+        step_batches.read_ahead()
         jax.device_get(metrics)
         n += 1
     return (time.perf_counter() - t0) / n
@@ -126,6 +128,7 @@ def prepare_data(config, workdir: str):
   prepared = pipeline.prepare(config, workdir, ["host-0"])
   cache = pipeline.open_cache(config, workdir, prepared, "host-0")
   pipeline.fill_cache(cache, prepared.placement.rows_of("host-0"), "decoding host-0")
+  cache.hold_in_memory(prepared.placement.rows_of("host-0"), config.data.cache_memory_mb)
   reader = loader.BatchReader(cache, prepared.manifest, prepared.ingested.tables)
   log(f"data: {len(prepared.manifest)} records ingested and cached in "
       f"{time.perf_counter() - t0:.0f} s")

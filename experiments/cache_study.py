@@ -93,14 +93,16 @@ def analyse(workdir: str, summary: dict, method: str) -> dict:
 
 def write_markdown(results: dict, path: str, args) -> None:
   rows = ["| variant | moved / ideal | reads per moved record | per moved training record, by epoch | "
-          "shared-storage reads after loss | epoch seconds after loss | waited s |",
-          "|---|---|---|---|---|---|---|"]
+          "shared-storage reads after loss | of them re-replication | epoch seconds after loss "
+          "| waited s |",
+          "|---|---|---|---|---|---|---|---|"]
   for name, r in results.items():
     secs = ", ".join(f"{e['seconds']:.1f}" for e in r["epochs_after_loss"]
                      if e["seconds"] is not None)
     per = ", ".join(f"{x:g}" for x in r["reads_per_moved_train_record_per_epoch"])
     rows.append(f"| {name} | {r['moved_over_ideal']:.3f} | {r['reads_per_moved_record']} | "
-                f"{per} | {r['pfs_reads_after_loss']} | {secs} | {r['wait_s']:.2f} |")
+                f"{per} | {r['pfs_reads_after_loss']} | "
+                f"{r['pfs_reads_after_loss'] - r['moved_reads']} | {secs} | {r['wait_s']:.2f} |")
   with open(path, "w") as f:
     f.write(f"# Cache under host loss ({args.patients} patients, 3 hosts -> 2 when epoch "
             f"{args.lose_at_epoch} starts, {args.epochs} epochs)\n\n")
@@ -108,7 +110,9 @@ def write_markdown(results: dict, path: str, args) -> None:
     f.write("Reads per moved record count every shared-storage read of a record that moved to "
             "a new owner, over the rest of the run (training epochs and the final evaluation). "
             "Epochs after the loss are counted from the chief's last epoch-end line before it; "
-            "the first of them includes detection, recovery and any re-run steps.\n")
+            "the first of them includes detection, recovery and any re-run steps. With r = 2 "
+            "the survivors also restore a second copy of each record (re-replication, in the "
+            "background): reads of records that did not move.\n")
 
 
 def plot(results: dict, prefix: str) -> list[str]:

@@ -89,3 +89,19 @@ def test_damaged_chunk_is_decoded_again_alone(tmp_path, ingested):
   rec, _, _ = records.decode(result.manifest, victim, result.tables, root, reopened.shapes)
   np.testing.assert_allclose(batch["images"][victim], rec["images"], atol=1e-3)
   assert _open(tmp_path, config, result, root).read(rows) is not None
+
+
+def test_records_held_in_memory_read_the_same(tmp_path, ingested):
+  config, result, root = ingested
+  cache = _open(tmp_path, config, result, root)
+  rows = np.arange(len(result.manifest))
+  cache.ensure(rows[1:])
+  assert cache.hold_in_memory(rows, budget_mb=0.001) == 0   # over budget: nothing held
+  assert cache.hold_in_memory(rows, budget_mb=64) == len(rows) - 1   # only cached records
+  cache.ensure(rows[:1])   # cached later: read from disk, not memory
+  batch = np.concatenate([rows[::-1], [-1]])
+  held = cache.read(batch)
+  reference = _open(tmp_path, config, result, root).read(batch)
+  for k in held:
+    np.testing.assert_array_equal(held[k], reference[k])
+  assert cache.counters["hits"] == len(rows) and cache.counters["misses"] == 0

@@ -2,8 +2,13 @@
 
 A plan step is an int32 [W, b] array of manifest rows (host-major, -1 = padding). The global batch
 is its W*b rows in that order; process k of a host with n processes feeds rows [k*b/n, (k+1)*b/n)
-of its host's slice, so the global batch is the same whatever the process count. Reading runs on a
-Grain prefetch thread so that it overlaps the training step.
+of its host's slice, so the global batch is the same whatever the process count.
+
+Reading overlaps the training step in one of two ways (`batches`): on a Grain prefetch thread
+(accelerators: the host's cores are free while the device computes), or, when XLA computes on
+the same CPU cores, on the training thread between dispatching a step and waiting for it
+(`Ahead`): a second busy thread there slowed 3.5 ms quickstart steps by 1.7x on 2 cores, this by
+1.2x (experiments/bench_train.py).
 """
 
 from __future__ import annotations
@@ -75,6 +80,68 @@ def prefetched(reader: BatchReader, steps_SxWxb: np.ndarray, *, start: int = 0,
   dataset = grain.MapDataset.source(indices).map(load)
   return iter(dataset.to_iter_dataset(grain.ReadOptions(num_threads=1,
                                                         prefetch_buffer_size=buffer)))
+
+
+class Ahead:
+  """Yields (step index, host-local batch, global batch); `read_ahead()` prepares the next one.
+
+  Call `read_ahead()` right after dispatching a step (JAX dispatch is asynchronous) and before
+  waiting for its results, so that the next batch is read while the step runs.
+  """
+
+  def __init__(self, reader: BatchReader, steps_SxWxb: np.ndarray, *, start: int, sharding,
+               global_batch: int):
+    self.reader, self.steps, self.sharding, self.global_batch = (reader, steps_SxWxb, sharding,
+                                                                 global_batch)
+    self._next_s, self._ready = start, None
+
+  def _load(self, s: int):
+    local = self.reader.read(self.reader.local_rows(self.steps[s]))
+    return s, local, to_global(local, self.sharding, self.global_batch)
+
+  def read_ahead(self) -> None:
+    if self._ready is None and self._next_s < len(self.steps):
+      self._ready = self._load(self._next_s)
+
+  def __iter__(self):
+    return self
+
+  def __next__(self):
+    if self._next_s >= len(self.steps):
+      raise StopIteration
+    item, self._ready = self._ready or self._load(self._next_s), None
+    self._next_s += 1
+    return item
+
+
+class _Threaded:
+  """`prefetched` with the same interface as `Ahead` (read_ahead does nothing)."""
+
+  def __init__(self, iterator):
+    self._iterator = iterator
+
+  def read_ahead(self) -> None:
+    pass
+
+  def __iter__(self):
+    return self._iterator
+
+
+def batches(reader: BatchReader, steps_SxWxb: np.ndarray, *, start: int, sharding,
+          global_batch: int, how: str = "auto"):
+  """Training batches for steps[start:], read ahead by `how`.
+
+  `how`: 'thread' (a Grain prefetch thread), 'inline' (`Ahead`), or 'auto' (inline when XLA runs
+  on the CPU, else thread). Either way the caller calls `read_ahead()` after dispatching a step.
+  """
+  if how == "auto":
+    how = "inline" if jax.default_backend() == "cpu" else "thread"
+  if how == "inline":
+    return Ahead(reader, steps_SxWxb, start=start, sharding=sharding, global_batch=global_batch)
+  if how != "thread":
+    raise ValueError(f"config.data.prefetch={how!r}; use 'auto', 'inline' or 'thread'")
+  return _Threaded(prefetched(reader, steps_SxWxb, start=start, sharding=sharding,
+                              global_batch=global_batch))
 
 
 def to_global(local: dict[str, np.ndarray], sharding, global_batch: int) -> dict[str, jax.Array]:

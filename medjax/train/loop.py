@@ -172,6 +172,7 @@ def train_and_evaluate(config, workdir: str, topology: Topology = Topology(), ct
                                 process=topology.local_index)
     cache.configure(no_cache=host_rows.no_cache, moved=host_rows.moved_in,
                     expect=host_rows.background)
+  cache.hold_in_memory(host_rows.wanted, config.data.cache_memory_mb)
 
   def cache_counters(epoch_end: int | None = None, step: int = 0) -> None:
     """Publishes this process's counters; at an epoch end the chief logs every host's."""
@@ -286,13 +287,15 @@ def train_and_evaluate(config, workdir: str, topology: Topology = Topology(), ct
       for p in range(lineage["partition"], epoch_plan.num_partitions):
         injector.at_partition(p, lineage["global_step"], epoch)
         steps = epoch_plan.steps[p]
-        for s, local, batch in loader.prefetched(reader, steps, start=lineage["offset"],
-                                                 sharding=batch_sharding,
-                                                 global_batch=global_batch):
+        step_batches = loader.batches(reader, steps, start=lineage["offset"],
+                                      sharding=batch_sharding, global_batch=global_batch,
+                                      how=config.data.prefetch)
+        for s, local, batch in step_batches:
           if ctx.stop_requested():
             raise Stopped(f"stop requested at step {lineage['global_step']}")
           t0 = time.perf_counter()
           state, step_metrics = train_step(state, batch)
+          step_batches.read_ahead()   # while the step runs
           step_metrics = jax.device_get(step_metrics)
           executed += 1
           global_step = lineage["global_step"] + 1
