@@ -299,6 +299,8 @@ def main():
   parser.add_argument("--chunk-s", type=float, default=0.5,
                       help="FLOP/s comparison: seconds of work per round and side")
   parser.add_argument("--workdir", default="", help="default: a temporary directory")
+  parser.add_argument("--parts", default="flops,pipeline,convs",
+                      help="which of flops, pipeline, convs to run")
   parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                                     "results", "bench_train.json"))
   args = parser.parse_args()
@@ -311,10 +313,13 @@ def main():
     workdir = args.workdir or tmp
     prepared, reader = prepare_data(config, workdir)
     matmul = Matmul(args.matmul)
-    flops = bench_flops(config, prepared, reader, batch_sizes, args.rounds, matmul,
-                        args.chunk_s)
-    pipe = bench_pipeline(config, prepared, reader, config.data.batch_size, args.rounds)
-    convs = bench_convs(config, [batch_sizes[0], batch_sizes[-1]], repeats=15)
+    parts = args.parts.split(",")
+    flops = (bench_flops(config, prepared, reader, batch_sizes, args.rounds, matmul,
+                         args.chunk_s) if "flops" in parts else [])
+    pipe = (bench_pipeline(config, prepared, reader, config.data.batch_size, args.rounds)
+            if "pipeline" in parts else None)
+    convs = (bench_convs(config, [batch_sizes[0], batch_sizes[-1]], repeats=15)
+             if "convs" in parts else [])
   result = {
       "device": str(jax.devices()[0]), "cpu_count": os.cpu_count(),
       "load_average_at_end": list(os.getloadavg()),
@@ -330,8 +335,9 @@ def main():
     print(f"step FLOP/s / {args.matmul}^2 matmul FLOP/s at batch {e['global_batch']}: "
           f"{e['fraction_of_matmul']['median']:.3f} ({e['step_gflops_per_s']} vs "
           f"{e['matmul_gflops_per_s']} GFLOP/s; target >= 0.3)")
-  print(f"step time with the input pipeline / in memory at batch {pipe['global_batch']}: "
-        f"{pipe['pipeline_over_in_memory']['median']:.3f} (target <= 1.05)")
+  if pipe:
+    print(f"step time with the input pipeline / in memory at batch {pipe['global_batch']}: "
+          f"{pipe['pipeline_over_in_memory']['median']:.3f} (target <= 1.05)")
   print(f"wrote {args.out}")
 
 
