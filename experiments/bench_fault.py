@@ -49,6 +49,18 @@ def launch(workdir: str, overrides: list[str], config: str) -> dict:
   return summary
 
 
+def synthesized(prefix: str, config: str, overrides=()) -> tuple[str, list[str]]:
+  """A new temporary directory holding the config's synthetic cohort (written once), and the
+  overrides with which runs share it, one salt (so one split) and one compilation cache."""
+  base = tempfile.mkdtemp(prefix=prefix)
+  subprocess.run([sys.executable, os.path.join(ROOT, "launch.py"), f"--config={config}",
+                  f"--workdir={base}/synth", "--config.mode=synth", *overrides], cwd=ROOT,
+                 check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  os.rename(f"{base}/synth/cohort", f"{base}/cohort")
+  return base, [f"--config.mesh.compilation_cache_dir={base}/jax_cache",
+                f"--config.data.salt_file={base}/id_salt", f"--config.data.root={base}/cohort"]
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--config", default="configs/quickstart.py")
@@ -60,15 +72,8 @@ def main():
   parser.add_argument("--out", default=os.path.join(ROOT, "experiments", "results",
                                                     "bench_fault.json"))
   args = parser.parse_args()
-  base = tempfile.mkdtemp(prefix="bench_fault_")
-  common = [f"--config.mesh.compilation_cache_dir={base}/jax_cache",
-            f"--config.data.salt_file={base}/id_salt", f"--config.data.root={base}/cohort",
-            f"--config.data.cache_dir={base}/cache"]
-  # The cohort, once.
-  subprocess.run([sys.executable, os.path.join(ROOT, "launch.py"), f"--config={args.config}",
-                  f"--workdir={base}/synth", "--config.mode=synth"], cwd=ROOT, check=True,
-                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-  os.rename(f"{base}/synth/cohort", f"{base}/cohort")
+  base, common = synthesized("bench_fault_", args.config)
+  common.append(f"--config.data.cache_dir={base}/cache")
 
   result = {"workdirs": base}
   if "A" in args.parts:

@@ -33,7 +33,6 @@ Writes <out>/cache_sim.json (config, per-trial and summary numbers, wall time), 
 """
 
 import argparse
-import hashlib
 import json
 import os
 import sys
@@ -46,6 +45,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from medjax.data import manifest as manifest_lib  # pylint: disable=wrong-import-position
 from medjax.data import placement  # pylint: disable=wrong-import-position
+from medjax.data import synthetic  # pylint: disable=wrong-import-position
 
 # The cache paper's Fig. 6(b) as described in its text (the figure's exact values are not given).
 PAPER_RECEIVERS = {10: "about 3", 1000: "about 300", "plateau": "about 350"}
@@ -75,26 +75,8 @@ def files_manifest(num_records: int) -> manifest_lib.Manifest:
 
 
 def cohort_manifest(num_records: int, seed: int = 0) -> manifest_lib.Manifest:
-  """Records in medjax's cohort proportions (forked from tests/cohorts.random_manifest).
-
-  37 long-tailed classes, ~38% without images, ~10% without labs, ~15% without vitals, 1-4 images,
-  80/10/10 split; no image paths (placement does not read them).
-  """
-  rng = np.random.default_rng(seed)
-  p_C = 1.0 / np.arange(1, 38) ** 1.2
-  labels_N = rng.choice(37, size=num_records, p=p_C / p_C.sum()).astype(np.int32)
-  mask_Nx3 = np.stack([rng.random(num_records) >= 0.38, rng.random(num_records) >= 0.10,
-                       rng.random(num_records) >= 0.15], 1)
-  mask_Nx3[~mask_Nx3.any(1), manifest_lib.LABS] = True
-  images_N = np.where(mask_Nx3[:, manifest_lib.IMAGES], rng.integers(1, 5, num_records),
-                      0).astype(np.int32)
-  split_N = np.array(manifest_lib.SPLITS)[rng.choice(3, size=num_records, p=[0.8, 0.1, 0.1])]
-  ids_N = np.array([f"r-{hashlib.sha256(f'{seed}/{i}'.encode()).hexdigest()[:16]}"
-                    for i in range(num_records)])
-  return manifest_lib.Manifest(
-      record_ids=ids_N, labels=labels_N, modality_mask=mask_Nx3, num_images=images_N,
-      cost=manifest_lib.expected_cost(mask_Nx3, images_N), split=split_N,
-      image_files=[[] for _ in range(num_records)], class_names=[f"class-{k}" for k in range(37)])
+  """Records in medjax's cohort proportions, with no image paths (placement does not read them)."""
+  return synthetic.random_manifest(num_records, seed, image_files=False)
 
 
 def ring_expected_receivers(records_per_host: float, vnodes: int, num_hosts: int) -> float:

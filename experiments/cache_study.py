@@ -19,9 +19,7 @@ import argparse
 import collections
 import json
 import os
-import subprocess
 import sys
-import tempfile
 
 import numpy as np
 
@@ -150,19 +148,12 @@ def main():
   parser.add_argument("--out", default=os.path.join(ROOT, "experiments", "results",
                                                     "cache_study.json"))
   args = parser.parse_args()
-  base = tempfile.mkdtemp(prefix="cache_study_")
-  common = [f"--config.mesh.compilation_cache_dir={base}/jax_cache",
-            f"--config.data.salt_file={base}/id_salt", f"--config.data.root={base}/cohort",
-            f"--config.data.synthetic.num_patients={args.patients}",
-            f"--config.optim.epochs={args.epochs}", "--config.data.batch_size=36",
-            "--config.fault.local_hosts=3", "--config.fault.workers_per_host=1",
-            "--config.fault.elastic=True", "--config.fault.host_timeout_s=3",
-            "--config.evals.splits=('test',)", "--config.evals.bootstrap=50"]
-  subprocess.run([sys.executable, os.path.join(ROOT, "launch.py"), f"--config={args.config}",
-                  f"--workdir={base}/synth", "--config.mode=synth",
-                  f"--config.data.synthetic.num_patients={args.patients}"], cwd=ROOT,
-                 check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-  os.rename(f"{base}/synth/cohort", f"{base}/cohort")
+  size = f"--config.data.synthetic.num_patients={args.patients}"
+  base, common = bench_fault.synthesized("cache_study_", args.config, [size])
+  common += [size, f"--config.optim.epochs={args.epochs}", "--config.data.batch_size=36",
+             "--config.fault.local_hosts=3", "--config.fault.workers_per_host=1",
+             "--config.fault.elastic=True", "--config.fault.host_timeout_s=3",
+             "--config.evals.splits=('test',)", "--config.evals.bootstrap=50"]
   lose = f"--config.fault.inject=host@epoch={args.lose_at_epoch}:process=2"
   results = collections.OrderedDict()
   for name in args.variants.split(","):

@@ -1,14 +1,11 @@
 """Hand-made cohorts for tests, from real DICOM files shipped with pydicom."""
 
-import hashlib
 import os
 import pathlib
 import shutil
 
-import numpy as np
 import pydicom
 
-from medjax.data import manifest as manifest_lib
 from tests import testdata
 
 
@@ -51,22 +48,3 @@ def tiny_cohort(root: str) -> str:
       "patient_id,diagnosis\nMRN001,pneumonia\nMRN002,copd\nMRN003,pneumonia\nMRN004,copd\n"
       "MRN005,asthma\nMRN006,asthma\nMRN007,copd\n")
   return str(root)
-
-
-def random_manifest(n: int, seed: int = 0) -> manifest_lib.Manifest:
-  """Random rows in the paper cohort's proportions: 37 long-tailed classes, ~38% without images,
-  ~10% without labs, ~15% without vitals, 1-4 images, 80/10/10 split."""
-  rng = np.random.default_rng(seed)
-  p_C = 1.0 / np.arange(1, 38) ** 1.2
-  labels_N = rng.choice(37, size=n, p=p_C / p_C.sum()).astype(np.int32)
-  mask_Nx3 = np.stack([rng.random(n) >= 0.38, rng.random(n) >= 0.10, rng.random(n) >= 0.15], 1)
-  mask_Nx3[~mask_Nx3.any(1), manifest_lib.LABS] = True
-  images_N = np.where(mask_Nx3[:, manifest_lib.IMAGES], rng.integers(1, 5, n), 0).astype(np.int32)
-  split_N = np.array(manifest_lib.SPLITS)[rng.choice(3, size=n, p=[0.8, 0.1, 0.1])]
-  ids_N = np.array([f"r-{hashlib.sha256(f'{seed}/{i}'.encode()).hexdigest()[:16]}"
-                    for i in range(n)])
-  return manifest_lib.Manifest(
-      record_ids=ids_N, labels=labels_N, modality_mask=mask_Nx3, num_images=images_N,
-      cost=manifest_lib.expected_cost(mask_Nx3, images_N), split=split_N,
-      image_files=[[f"dicom/{ids_N[i]}/{k}.dcm" for k in range(images_N[i])] for i in range(n)],
-      class_names=[f"class-{k}" for k in range(37)])

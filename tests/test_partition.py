@@ -7,14 +7,14 @@ import pytest
 
 from medjax.data import partition as partition_lib
 from medjax.data import placement as placement_lib
-from tests import cohorts
+from medjax.data import synthetic
 
 HOSTS = ("host-0", "host-1", "host-2", "host-3")
 
 
 @pytest.fixture(scope="module")
 def setup():
-  m = cohorts.random_manifest(6000, seed=5)
+  m = synthetic.random_manifest(6000, seed=5)
   p = placement_lib.place(m, HOSTS, seed=2)
   plan = partition_lib.plan_epoch(m, p, seed=9, epoch=0, num_partitions=5, host_batch_size=8)
   return m, p, plan
@@ -167,7 +167,7 @@ def test_partition_steps_shape_and_subset_order(setup):
 
 
 def test_paper_scale_plan_is_fast_and_tight():
-  m = cohorts.random_manifest(53_420, seed=7)
+  m = synthetic.random_manifest(53_420, seed=7)
   p = placement_lib.place(m, [f"host-{i}" for i in range(16)], seed=3)
   start = time.perf_counter()
   plan = partition_lib.plan_epoch(m, p, seed=0, epoch=3, num_partitions=8, host_batch_size=16)
@@ -195,4 +195,4 @@ def test_errors_name_the_problem(setup):
   with pytest.raises(ValueError, match="nothing left"):
     partition_lib.plan_epoch(m, p, num_partitions=1, rows=np.array([], np.int64), **kw)
   with pytest.raises(ValueError, match="manifest has 10"):
-    partition_lib.plan_epoch(cohorts.random_manifest(10), p, num_partitions=1, **kw)
+    partition_lib.plan_epoch(synthetic.random_manifest(10), p, num_partitions=1, **kw)

@@ -9,7 +9,6 @@ import pytest
 from medjax.data import manifest as manifest_lib
 from medjax.data import placement as placement_lib
 from medjax.data import synthetic
-from tests import cohorts
 
 PAPER_RECORDS, PAPER_HOSTS = 53_420, 16
 
@@ -134,7 +133,7 @@ def test_baselines_move_more_or_balance_worse(paper_manifest, paper_placement):
 
 
 def test_history_is_a_pure_function_and_keeps_invariants():
-  m = cohorts.random_manifest(6000, seed=1)
+  m = synthetic.random_manifest(6000, seed=1)
   history = [hosts_of(8), hosts_of(8)[1:], hosts_of(8)[1:] + ["host-x", "host-y"],
              ["host-y", "host-x"] + hosts_of(8)[3:], ["host-y", "host-x"] + hosts_of(8)[3:]]
   p = placement_lib.place(m, history[0], seed=11)
@@ -158,7 +157,7 @@ def test_history_is_a_pure_function_and_keeps_invariants():
 
 
 def test_all_hosts_replaced_and_tiny_strata():
-  m = cohorts.random_manifest(40, seed=2)  # most strata hold fewer records than there are hosts
+  m = synthetic.random_manifest(40, seed=2)  # most strata hold fewer records than there are hosts
   p = placement_lib.place(m, hosts_of(16), seed=0)
   assert spread(per_host_table(p, placement_lib.strata(m))) <= 1
   q = placement_lib.replace_hosts(p, m, ["a", "b", "c"], seed=0)
@@ -183,7 +182,7 @@ def test_load_stats_consistent(paper_manifest, paper_placement):
 
 
 def test_errors_name_the_problem():
-  m = cohorts.random_manifest(50)
+  m = synthetic.random_manifest(50)
   with pytest.raises(ValueError, match="hosts is empty"):
     placement_lib.place(m, [], seed=0)
   with pytest.raises(ValueError, match="more than once"):
@@ -198,7 +197,7 @@ def test_errors_name_the_problem():
   with pytest.raises(ValueError, match="seed=0, vnodes=100; pass the same seed"):
     placement_lib.replace_hosts(p, m, ["a"], seed=1)
   with pytest.raises(ValueError, match="manifest has 60"):
-    placement_lib.replace_hosts(p, cohorts.random_manifest(60), ["a"], seed=0)
+    placement_lib.replace_hosts(p, synthetic.random_manifest(60), ["a"], seed=0)
   with pytest.raises(ValueError, match="'c' is not in placement"):
     p.rows_of("c")
   with pytest.raises(ValueError, match="non-empty sequence"):

@@ -27,6 +27,7 @@ both. The generator reads the `data.synthetic` config section (`get_config`).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import os
 import shutil
@@ -35,6 +36,7 @@ import time
 import ml_collections
 import numpy as np
 
+from medjax.data import manifest as manifest_lib
 from medjax.data import synthetic_dicom
 from medjax.data import synthetic_tables
 
@@ -496,3 +498,27 @@ def generate(cfg, root: str) -> dict:
   stats = write_cohort(cohort, root, cfg)
   stats["timings"]["sample_s"] = sample_s
   return stats
+
+
+def random_manifest(n: int, seed: int = 0, *, image_files: bool = True) -> manifest_lib.Manifest:
+  """A manifest of n random records in the paper cohort's proportions, with no files behind it.
+
+  37 long-tailed classes, ~38% without images, ~10% without labs, ~15% without vitals, 1-4
+  images, 80/10/10 split: for placement and partition studies and tests. `image_files`: give each
+  record made-up image paths (False: none; placement never reads them).
+  """
+  rng = np.random.default_rng(seed)
+  p_C = 1.0 / np.arange(1, 38) ** 1.2
+  labels_N = rng.choice(37, size=n, p=p_C / p_C.sum()).astype(np.int32)
+  mask_Nx3 = np.stack([rng.random(n) >= 0.38, rng.random(n) >= 0.10, rng.random(n) >= 0.15], 1)
+  mask_Nx3[~mask_Nx3.any(1), manifest_lib.LABS] = True
+  images_N = np.where(mask_Nx3[:, manifest_lib.IMAGES], rng.integers(1, 5, n), 0).astype(np.int32)
+  split_N = np.array(manifest_lib.SPLITS)[rng.choice(3, size=n, p=[0.8, 0.1, 0.1])]
+  ids_N = np.array([f"r-{hashlib.sha256(f'{seed}/{i}'.encode()).hexdigest()[:16]}"
+                    for i in range(n)])
+  files = [[f"dicom/{ids_N[i]}/{k}.dcm" for k in range(images_N[i])] if image_files else []
+           for i in range(n)]
+  return manifest_lib.Manifest(
+      record_ids=ids_N, labels=labels_N, modality_mask=mask_Nx3, num_images=images_N,
+      cost=manifest_lib.expected_cost(mask_Nx3, images_N), split=split_N, image_files=files,
+      class_names=[f"class-{k}" for k in range(37)])
