@@ -42,6 +42,13 @@ COUNTERS = ("hits", "misses", "damaged", "pfs_reads", "pfs_files", "pfs_bytes", 
 _COMPRESSOR = {"id": "blosc", "cname": "lz4", "clevel": 1, "shuffle": 2}
 
 
+def write_json(path: str, value) -> None:
+  """Writes `value` as JSON so that readers see the old file or the new one, never half of one."""
+  with open(path + ".tmp", "w") as f:
+    json.dump(value, f)
+  os.replace(path + ".tmp", path)
+
+
 def fingerprint(manifest, row: int, tables: dict[str, np.ndarray]) -> str:
   """Changes whenever what record `row` decodes to could change."""
   h = hashlib.blake2b(manifest.row_fingerprint(row).encode(), digest_size=12)
@@ -143,10 +150,7 @@ class Cache:
     """Writes this process's counters beside the cache; returns a copy."""
     with self._cond:
       counters = dict(self.counters)
-    tmp = self._counters_path + ".tmp"
-    with open(tmp, "w") as f:
-      json.dump(counters, f)
-    os.replace(tmp, self._counters_path)
+    write_json(self._counters_path, counters)
     return counters
 
   # -- opening and validation ------------------------------------------------------------------
@@ -223,10 +227,7 @@ class Cache:
   def _save_index(self) -> None:
     if self.read_only:
       return
-    tmp = os.path.join(self.path, "index.json.tmp")
-    with open(tmp, "w") as f:
-      json.dump(self.index, f)
-    os.replace(tmp, os.path.join(self.path, "index.json"))
+    write_json(os.path.join(self.path, "index.json"), self.index)
 
   def _follow_writer(self) -> None:
     """Read-only: picks up what the writer process added since (index and grown arrays)."""
@@ -332,10 +333,7 @@ class Cache:
     self.counters["records_written"] += len(rows)
     self._save_index()
     self._index_mtime = os.stat(os.path.join(self.path, "index.json")).st_mtime_ns
-    tmp = self._counters_path + ".tmp"
-    with open(tmp, "w") as f:
-      json.dump(self.counters, f)
-    os.replace(tmp, self._counters_path)
+    self.save_counters()   # with the index that they count (the lock is re-entrant)
 
   def _claim(self, rows) -> list[int]:
     """Rows to decode now: not cached, not being decoded by another thread (lock held)."""

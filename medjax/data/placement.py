@@ -370,25 +370,23 @@ def place_history(manifest: manifest_lib.Manifest, host_history: Sequence[Sequen
   return placement
 
 
-def replica_owners(manifest: manifest_lib.Manifest, host_history: Sequence[Sequence[str]], *,
-                   seed: int, vnodes: int = 100, method: str = "bounded") -> np.ndarray:
-  """(N,) int32 second owner of every row (index into the last host set's sorted hosts).
+def replica_owners(placement: Placement, manifest: manifest_lib.Manifest) -> np.ndarray:
+  """(N,) int32 second owner of every row (index into `placement.hosts`).
 
-  A row's second owner is where it would move if its owner left next: the owner under
-  `place_history(host_history + [hosts - {owner}])`. Placement is a pure function of the host
-  history, so when that host does leave, each of its rows moves to exactly its second owner, and
-  a second owner that caches its replicas has every moved record already (replication r = 2).
-  With one host there is no second owner (-1).
+  A row's second owner is where it would move if its owner left next: its owner under
+  `replace_hosts(placement, hosts - {owner})`. Placement is a pure function of the host history,
+  so when that host does leave, each of its rows moves to exactly its second owner, and a second
+  owner that caches its replicas has every moved record already (replication r = 2). With one
+  host there is no second owner (-1).
   """
-  current = place_history(manifest, host_history, seed=seed, vnodes=vnodes, method=method)
   second_N = np.full(len(manifest), -1, np.int32)
-  if current.num_hosts < 2:
+  if placement.num_hosts < 2:
     return second_N
-  for w, host in enumerate(current.hosts):
-    rows = current.owner_N == w
-    without = replace_hosts(current, manifest, [h for h in current.hosts if h != host],
-                            seed=seed, vnodes=vnodes)
-    remap = np.array([current.hosts.index(h) for h in without.hosts], np.int32)
+  for w, host in enumerate(placement.hosts):
+    rows = placement.owner_N == w
+    without = replace_hosts(placement, manifest, [h for h in placement.hosts if h != host],
+                            seed=placement.seed, vnodes=placement.vnodes)
+    remap = np.array([placement.hosts.index(h) for h in without.hosts], np.int32)
     second_N[rows] = remap[without.owner_N[rows]]
   return second_N
 

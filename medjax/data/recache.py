@@ -56,10 +56,9 @@ class HostRows:
     return np.setdiff1d(self.wanted, np.union1d(self.background, self.no_cache))
 
 
-def _owned(manifest, history: Sequence[Sequence[str]], host: str, *, seed: int, vnodes: int,
-           method: str, replicas: int) -> tuple[np.ndarray, np.ndarray]:
-  """(primary_N, wanted_N) bool masks of `host` after `history`."""
-  place = placement_lib.place_history(manifest, history, seed=seed, vnodes=vnodes, method=method)
+def _owned(manifest, place: placement_lib.Placement, host: str,
+           replicas: int) -> tuple[np.ndarray, np.ndarray]:
+  """(primary_N, wanted_N) bool masks of `host` under `place`."""
   n = len(manifest)
   if host not in place.hosts:
     return np.zeros(n, bool), np.zeros(n, bool)
@@ -67,8 +66,7 @@ def _owned(manifest, history: Sequence[Sequence[str]], host: str, *, seed: int, 
   primary_N = place.owner_N == w
   wanted_N = primary_N.copy()
   if replicas == 2:
-    wanted_N |= placement_lib.replica_owners(manifest, history, seed=seed, vnodes=vnodes,
-                                             method=method) == w
+    wanted_N |= placement_lib.replica_owners(place, manifest) == w
   return primary_N, wanted_N
 
 
@@ -83,18 +81,22 @@ def host_rows(data_config, manifest, host_history: Sequence[Sequence[str]], host
   if policy == "redirect" and replicas != 1:
     raise ValueError("config.data.cache_policy='redirect' never caches moved records, so "
                      "config.data.replicas must be 1")
-  kw = dict(seed=seed, vnodes=data_config.vnodes, method=data_config.placement_method,
-            replicas=replicas)
   history = [list(h) for h in host_history]
-  primary_N, wanted_N = _owned(manifest, history, host, **kw)
+  # One walk through the history gives the first, the previous and the current placement.
+  first = placement_lib.place(manifest, history[0], seed=seed, vnodes=data_config.vnodes,
+                              method=data_config.placement_method)
+  previous = current = first
+  for hosts in history[1:]:
+    previous, current = current, placement_lib.replace_hosts(current, manifest, hosts, seed=seed,
+                                                             vnodes=data_config.vnodes)
+  primary_N, wanted_N = _owned(manifest, current, host, replicas)
   empty = np.zeros(0, np.int64)
   if len(history) == 1:
     return HostRows(np.flatnonzero(wanted_N), empty, empty, empty, 0)
-  prev_primary_N, prev_wanted_N = _owned(manifest, history[:-1], host, **kw)
+  prev_primary_N, prev_wanted_N = _owned(manifest, previous, host, replicas)
   no_cache_N = np.zeros(len(manifest), bool)
   if policy == "redirect":
-    first_primary_N, _ = _owned(manifest, history[:1], host, **kw)
-    no_cache_N = primary_N & ~first_primary_N
+    no_cache_N = primary_N & ~_owned(manifest, first, host, 1)[0]
   return HostRows(wanted=np.flatnonzero(wanted_N & ~no_cache_N),
                   moved_in=np.flatnonzero(primary_N & ~prev_primary_N),
                   background=np.flatnonzero(wanted_N & ~prev_wanted_N & ~no_cache_N),
@@ -158,10 +160,7 @@ def publish(workdir: str, host: str, process: int, counters: dict) -> None:
   """Copies one process's cache counters to shared storage for the run's summary."""
   directory = os.path.join(workdir, "cache_stats")
   os.makedirs(directory, exist_ok=True)
-  path = os.path.join(directory, f"{host}.{process}.json")
-  with open(path + ".tmp", "w") as f:
-    json.dump(counters, f)
-  os.replace(path + ".tmp", path)
+  cache_lib.write_json(os.path.join(directory, f"{host}.{process}.json"), counters)
 
 
 def gathered(workdir: str) -> dict:
