@@ -141,11 +141,14 @@ class Coordinator:
       w = self.workers.setdefault(pid, {"process_id": pid})
       w["exit_code"] = code
       if self.status == "running":
-        if code == 0 and w.get("phase") == "done":
+        if code == 0:
+          # A worker exits 0 only after training and evaluation returned (worker.run); its last
+          # "done" heartbeat may not have reached a coordinator that restarted meanwhile.
+          w["phase"] = "done"
           if all(x.get("exit_code") == 0 for x in self.workers.values()) and \
               len(self.workers) == self.spec["num_processes"]:
             self._finish()
-        elif code != 0 or w.get("phase") != "done":
+        else:
           self._fail(EXIT_KINDS.get(code, f"exit {code}"), pid, msg.get("host"))
     return {"ok": True}
 
