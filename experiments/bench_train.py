@@ -13,9 +13,10 @@
 3. Diagnostic for 1: each strided conv of the image encoder alone (forward, input gradient,
    kernel gradient) at the smallest and largest batch, in GFLOP/s (best of 15 calls).
 
-Both comparisons interleave their two sides in short rounds (the pipeline one partition at a time)
-and report the median ratio over rounds with its interquartile range, so that load from other
-processes on the machine hits both sides alike; the ratio of each side's best round is given too.
+Both comparisons interleave their two sides (the FLOP/s one in short rounds, the pipeline one
+step by step) and report the median ratio over rounds with its interquartile range, so that load
+from other processes on the machine hits both sides alike; the ratio of each side's best round is
+given too.
 """
 
 import argparse
@@ -107,19 +108,14 @@ class Trainer:
       jax.device_get(metrics)
     return (time.perf_counter() - t0) / len(batches)
 
-  def run_pipeline(self, reader, partitions) -> float:
-    """Seconds per step reading each partition's steps through the real input pipeline."""
-    n = 0
+  def timed_step(self, batch, before_wait=None) -> float:
+    """Seconds for one step as the loop runs it: dispatch, `before_wait()`, fetch the metrics."""
     t0 = time.perf_counter()
-    for steps in partitions:
-      step_batches = loader.batches(reader, steps, start=0, sharding=self.sharding,
-                                    global_batch=self.batch_size, how=self.config.data.prefetch)
-      for _, _, batch in step_batches:
-        self.state, metrics = self.step(self.state, batch)
-        step_batches.read_ahead()
-        jax.device_get(metrics)
-        n += 1
-    return (time.perf_counter() - t0) / n
+    self.state, metrics = self.step(self.state, batch)
+    if before_wait is not None:
+      before_wait()
+    jax.device_get(metrics)
+    return time.perf_counter() - t0
 
 
 def prepare_data(config, workdir: str):
@@ -143,11 +139,13 @@ def plan_partitions(config, prepared, batch_size: int) -> list[np.ndarray]:
 
 
 def device_batches(reader, sharding, batch_size, partitions) -> list[dict]:
+  """Every step's global batch, already on device (one process: `to_global` may keep host
+  arrays, which the step would copy at dispatch)."""
   out = []
   for steps in partitions:
     for step_Wxb in steps:
-      local = reader.read(reader.local_rows(step_Wxb))
-      out.append(jax.block_until_ready(loader.to_global(local, sharding, batch_size)))
+      batch = loader.to_global(reader.read(reader.local_rows(step_Wxb)), sharding, batch_size)
+      out.append(jax.block_until_ready(jax.device_put(batch, sharding)))
   return out
 
 
@@ -197,32 +195,49 @@ def bench_flops(config, prepared, reader, batch_sizes, rounds: int, matmul: Matm
 
 
 def bench_pipeline(config, prepared, reader, batch_size: int, rounds: int) -> dict:
-  """Rounds of one epoch; each partition is run through the pipeline and from memory in turn."""
+  """Rounds of one epoch, alternating pipeline-fed and in-memory steps one step at a time.
+
+  A pipeline-fed step is timed from taking its batch from `loader.batches` (a new one per
+  partition, as the training loop makes them; the first batch of a partition is read then)
+  through dispatch, reading the next batch ahead, and fetching the step's metrics. The in-memory
+  step next to it runs the same plan step from a batch already on device.
+  """
   trainer = Trainer(config, prepared, batch_size)
   partitions = plan_partitions(config, prepared, batch_size)
   batches = device_batches(reader, trainer.sharding, batch_size, partitions)
-  per_partition, start = [], 0
-  for steps in partitions:
-    per_partition.append(batches[start:start + len(steps)])
-    start += len(steps)
   trainer.compile(batches[0])
-  trainer.run_on_device(batches[:3])  # warm up (and the reader's TensorStore threads)
-  trainer.run_pipeline(reader, [partitions[0][:3]])
-  pipe_s, mem_s, ratios = [], [], []
+  # Warm up both sides (a host-array batch may compile once more than device arrays do).
+  warm = loader.batches(reader, partitions[0][:3], start=0, sharding=trainer.sharding,
+                        global_batch=batch_size, how=config.data.prefetch)
+  for (_, _, piped), batch in zip(warm, batches):
+    trainer.timed_step(piped, warm.read_ahead)
+    trainer.timed_step(batch)
+  pipe_s, mem_s, ratios, step_ratios = [], [], [], []
   for r in range(rounds):
-    pipe_t = mem_t = 0.0
-    for p, steps in enumerate(partitions):
-      n = len(steps)
-      pair = [lambda: trainer.run_pipeline(reader, [steps]) * n,
-              lambda: trainer.run_on_device(per_partition[p]) * n]
-      if (r + p) % 2:
-        mem, pipe = pair[1](), pair[0]()
-      else:
-        pipe, mem = pair[0](), pair[1]()
-      pipe_t, mem_t = pipe_t + pipe, mem_t + mem
-    pipe_s.append(pipe_t / len(batches))
-    mem_s.append(mem_t / len(batches))
-    ratios.append(pipe_t / mem_t)
+    pipe_t, mem_t, at = [], [], 0
+    for steps in partitions:
+      step_batches = loader.batches(reader, steps, start=0, sharding=trainer.sharding,
+                                    global_batch=batch_size, how=config.data.prefetch)
+      it = iter(step_batches)
+      for s in range(len(steps)):
+        def piped():
+          t0 = time.perf_counter()
+          _, _, batch = next(it)
+          trainer.timed_step(batch, step_batches.read_ahead)
+          return time.perf_counter() - t0
+        def in_memory(s=s):
+          return trainer.timed_step(batches[at + s])
+        if (r + s) % 2:
+          mem_t.append(in_memory())
+          pipe_t.append(piped())
+        else:
+          pipe_t.append(piped())
+          mem_t.append(in_memory())
+      at += len(steps)
+    pipe_s.append(float(np.mean(pipe_t)))
+    mem_s.append(float(np.mean(mem_t)))
+    ratios.append(sum(pipe_t) / sum(mem_t))
+    step_ratios.extend(np.asarray(pipe_t) / np.asarray(mem_t))
   # Reading alone (no step), to show how much there is to hide behind the step.
   t0 = time.perf_counter()
   for steps in partitions:
@@ -235,12 +250,14 @@ def bench_pipeline(config, prepared, reader, batch_size: int, rounds: int) -> di
             "in_memory_step_ms_median": round(1e3 * float(np.median(mem_s)), 3),
             "read_only_ms_per_batch": round(1e3 * read_s, 3),
             "pipeline_over_in_memory": spread(ratios),
+            "pipeline_over_in_memory_per_step": spread(step_ratios),
             "pipeline_over_in_memory_best_rounds": round(min(pipe_s) / min(mem_s), 4),
             "ratio_per_round": [round(x, 4) for x in ratios], "target_ratio": 1.05}
   q = result["pipeline_over_in_memory"]
   log(f"pipeline: batch {batch_size}: {result['pipeline_step_ms_median']} ms/step with the input "
       f"pipeline vs {result['in_memory_step_ms_median']} ms in memory: {q['median']:.3f}x "
-      f"(IQR {q['p25']:.3f}-{q['p75']:.3f}; best rounds "
+      f"(IQR {q['p25']:.3f}-{q['p75']:.3f}; per step pair "
+      f"{result['pipeline_over_in_memory_per_step']['median']:.3f}; best rounds "
       f"{result['pipeline_over_in_memory_best_rounds']:.3f}; reading alone "
       f"{result['read_only_ms_per_batch']} ms/batch)")
   return result

@@ -105,3 +105,11 @@ def test_records_held_in_memory_read_the_same(tmp_path, ingested):
   for k in held:
     np.testing.assert_array_equal(held[k], reference[k])
   assert cache.counters["hits"] == len(rows) and cache.counters["misses"] == 0
+  # Only held records (one gather per field), and the same with padding (-1 must not wrap around
+  # to the last row, which is held).
+  for batch in (rows[:0:-1], np.concatenate([rows[:0:-1], [-1]])):
+    held, reference = cache.read(batch), _open(tmp_path, config, result, root).read(batch)
+    assert sorted(held) == sorted(reference)
+    for k in held:
+      np.testing.assert_array_equal(held[k], reference[k])
+  assert cache.counters["hits"] == 3 * len(rows) - 2

