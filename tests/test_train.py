@@ -36,5 +36,5 @@ def test_ablation_policies_train_and_evaluate(cohort, missing):
   assert step == summary["train"]["global_step"] > 0
   if missing == "mean":
     # The mean training image was written into the fill values before training.
-    assert np.abs(arrays["['fill']['image_fill'].value"]).sum() > 0
+    assert np.abs(arrays["['fill']['image_fill']"]).sum() > 0
   assert all(np.isfinite(x).all() for k, x in arrays.items() if k.startswith("['params']"))

@@ -240,8 +240,8 @@ def train_and_evaluate(config, workdir: str, topology: Topology = Topology(), ct
       host = lambda tree: jax.tree.map(np.array, jax.device_get(tree))
       model = nnx.merge(built.graphdef, host(state["params"]), host(state["fill"]))
       model.set_fill_values(image_mean, labs_zero, vitals_zero)
-      state = dict(state, fill=jax.device_put(nnx.state(model, fusion.FillValue),
-                                              built.shardings["fill"]))
+      state = dict(state, fill=jax.device_put(
+          nnx.to_pure_dict(nnx.state(model, fusion.FillValue)), built.shardings["fill"]))
   writer = writers.MetricWriter(workdir, enabled=is_chief)
   ledger = ledger_lib.Writer(workdir, ctx.generation, jax.process_index(),
                              enabled=config.fault.ledger)
