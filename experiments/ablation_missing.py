@@ -5,9 +5,8 @@ records (and optionally mean-fill), on one cohort and one train/val/test split, 
       [--patients 1500] [--epochs 20] [--workdir /tmp/ablation_missing]
 
 Every run trains the quickstart config single-process in a child process of its own, calling
-`loop.train_and_evaluate(config, workdir)` as `launch.py --config.fault.supervised=False` does
-(in-process so that it can work around a library bug: see `_fill_values_writable`). What is held
-fixed across runs, and how:
+`loop.train_and_evaluate(config, workdir)` as `launch.py --config.fault.supervised=False` does.
+What is held fixed across runs, and how:
   cohort  synthesised once into <workdir>/base/cohort and passed as config.data.root;
   salt    <workdir>/base/secrets/id_salt, passed as config.data.salt_file;
   split   ingested once (with --split-seed) into <workdir>/base/ingest and copied into each run's
@@ -92,31 +91,6 @@ def overrides(args, shared, policy: str, seed: int) -> dict:
   return flat
 
 
-def _fill_values_writable() -> None:
-  """Works around loop.py handing set_fill_values read-only arrays, if it still does.
-
-  loop.train_and_evaluate merges the model from `jax.device_get(state["fill"])` (read-only numpy
-  arrays), so the in-place `FillValue[...] = x` in `FusionModel.set_fill_values` raises
-  "assignment destination is read-only" for every policy but 'learned'. On that error the values
-  are swapped for writable copies and the library's own method runs again (same values).
-  """
-  from medjax.model import fusion  # pylint: disable=import-outside-toplevel
-  original = fusion.FusionModel.set_fill_values
-
-  def set_fill_values(self, *values):
-    try:
-      return original(self, *values)
-    except ValueError as e:
-      if "read-only" not in str(e):
-        raise
-      logging.warning("ablation: working around read-only fill values in loop.py (%s)", e)
-      for var in (self.image_fill, self.labs_fill, self.vitals_fill):
-        var.value = np.array(var.value)
-      return original(self, *values)
-
-  fusion.FusionModel.set_fill_values = set_fill_values
-
-
 def child(args) -> None:
   """One training run in this process (the driver starts one process per run)."""
   from medjax.train import loop  # pylint: disable=import-outside-toplevel
@@ -136,7 +110,6 @@ def child(args) -> None:
   logging.getLogger().addHandler(handler)
   logging.getLogger().setLevel(logging.INFO)
   logging.getLogger("absl").setLevel(logging.WARNING)
-  _fill_values_writable()
   loop.train_and_evaluate(config, workdir)
 
 
