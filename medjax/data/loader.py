@@ -7,8 +7,9 @@ of its host's slice, so the global batch is the same whatever the process count.
 Reading overlaps the training step in one of two ways (`batches`): on a Grain prefetch thread
 (accelerators: the host's cores are free while the device computes), or, when XLA computes on
 the same CPU cores, on the training thread between dispatching a step and waiting for it
-(`Ahead`): a second busy thread there slowed 3.5 ms quickstart steps by 1.7x on 2 cores, this by
-1.2x (experiments/bench_train.py).
+(`Ahead`), since a second busy thread competes with XLA for those cores. On 2 cores a quickstart
+step fed this way takes 1.02-1.05x the time of one fed from batches already on device
+(experiments/bench_train.py).
 """
 
 from __future__ import annotations
