@@ -1,4 +1,4 @@
-"""Training-step benchmark, measured side by side in one run; writes experiments/results/bench_train.json.
+"""Training-step benchmark, side by side in one run; writes experiments/results/bench_train.json.
 
   python experiments/bench_train.py [--config quickstart] [--patients 1500]
       [--batch-sizes 32,128,512] [--rounds 5]
@@ -194,6 +194,14 @@ def bench_flops(config, prepared, reader, batch_sizes, rounds: int, matmul: Matm
   return out
 
 
+def _piped_step(trainer, it, step_batches) -> float:
+  """Seconds to take the next batch from `loader.batches` and run its step, reading ahead."""
+  t0 = time.perf_counter()
+  _, _, batch = next(it)
+  trainer.timed_step(batch, step_batches.read_ahead)
+  return time.perf_counter() - t0
+
+
 def bench_pipeline(config, prepared, reader, batch_size: int, rounds: int) -> dict:
   """Rounds of one epoch, alternating pipeline-fed and in-memory steps one step at a time.
 
@@ -220,19 +228,12 @@ def bench_pipeline(config, prepared, reader, batch_size: int, rounds: int) -> di
                                     global_batch=batch_size, how=config.data.prefetch)
       it = iter(step_batches)
       for s in range(len(steps)):
-        def piped():
-          t0 = time.perf_counter()
-          _, _, batch = next(it)
-          trainer.timed_step(batch, step_batches.read_ahead)
-          return time.perf_counter() - t0
-        def in_memory(s=s):
-          return trainer.timed_step(batches[at + s])
         if (r + s) % 2:
-          mem_t.append(in_memory())
-          pipe_t.append(piped())
+          mem_t.append(trainer.timed_step(batches[at + s]))
+          pipe_t.append(_piped_step(trainer, it, step_batches))
         else:
-          pipe_t.append(piped())
-          mem_t.append(in_memory())
+          pipe_t.append(_piped_step(trainer, it, step_batches))
+          mem_t.append(trainer.timed_step(batches[at + s]))
       at += len(steps)
     pipe_s.append(float(np.mean(pipe_t)))
     mem_s.append(float(np.mean(mem_t)))

@@ -3,8 +3,10 @@
 The state is a pytree of plain containers and arrays: {'params': dict, 'fill': dict, 'opt': optax
 state, 'step': int32}, the model's variables as nested dicts (`nnx.to_pure_dict`), which
 `nnx.merge` takes back inside the step. Flattening it is C++ only: with nnx.State's Python
-flatten and unflatten, dispatching a quickstart step cost 0.5 ms more of the cores the step runs on. Parameters are replicated over the 'data' axis and, when config.mesh.fsdp > 1,
-sharded over the 'fsdp' axis along their largest dimension that divides evenly.
+flatten and unflatten, dispatching a quickstart step took 2.6 ms instead of 1.4 ms.
+
+Parameters are replicated over the 'data' axis and, when config.mesh.fsdp > 1, sharded over the
+'fsdp' axis along their largest dimension that divides evenly.
 """
 
 from __future__ import annotations
