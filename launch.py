@@ -50,9 +50,10 @@ def _workdir() -> str:
 
 
 def _setup_logging(workdir: str, name: str) -> None:
-  os.makedirs(os.path.join(workdir, "logs"), exist_ok=True)
-  path = (os.path.join(workdir, "log.txt") if name == "log"
-          else os.path.join(workdir, "logs", f"{name}.txt"))
+  from medjax import paths  # pylint: disable=import-outside-toplevel
+  run = paths.RunPaths(workdir)
+  os.makedirs(run.logs, exist_ok=True)
+  path = run.log if name == "log" else run.role_log(name)
   handler = logging.FileHandler(path)
   handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
   logging.getLogger().addHandler(handler)
@@ -63,12 +64,13 @@ def _setup_logging(workdir: str, name: str) -> None:
 
 def _config(workdir: str):
   """The flag's config (saved to the workdir), or the workdir's saved config."""
+  from medjax import paths  # pylint: disable=import-outside-toplevel
+  path = paths.RunPaths(workdir).config_json
   if _CONFIG.value is not None:
     config = _CONFIG.value
-    with open(os.path.join(workdir, "config.json"), "w") as f:
+    with open(path, "w") as f:
       f.write(config.to_json_best_effort(indent=2, sort_keys=True))
     return config
-  path = os.path.join(workdir, "config.json")
   if not os.path.exists(path):
     raise app.UsageError(f"no --config and no {path}; give --config")
   from medjax.fault import worker  # pylint: disable=import-outside-toplevel
@@ -93,6 +95,7 @@ def main(argv):
     return worker.run(workdir, job["generation"], job["process_id"], job["host_name"],
                       job["coordinator"])
   config = _config(workdir)
+  from medjax import paths  # pylint: disable=import-outside-toplevel
   if role == "agent":
     host = _HOST_NAME.value or socket.gethostname()
     _setup_logging(workdir, f"agent-{host}")
@@ -100,8 +103,7 @@ def main(argv):
     from medjax.fault import protocol  # pylint: disable=import-outside-toplevel
     if not _COORDINATOR.value:
       raise app.UsageError("--role=agent needs --coordinator=HOST:PORT")
-    token = protocol.load_token(config.fault.token_file
-                                or os.path.join(workdir, "secrets", "token"))
+    token = protocol.load_token(paths.RunPaths(workdir, config).token)
     return agent.Agent(_COORDINATOR.value, token, host=host, workdir=workdir,
                        fault_config=config.fault, advertise=_ADVERTISE.value,
                        tls_ca=config.fault.tls_ca).run()
@@ -111,8 +113,7 @@ def main(argv):
     from medjax.fault import coordinator  # pylint: disable=import-outside-toplevel
     from medjax.fault import protocol  # pylint: disable=import-outside-toplevel
     pipeline.ingested(config, workdir, pipeline.cohort_root(config, workdir))
-    token = protocol.load_token(config.fault.token_file
-                                or os.path.join(workdir, "secrets", "token"))
+    token = protocol.load_token(paths.RunPaths(workdir, config).token)
     return coordinator.Coordinator(config, workdir, token=token, host=_BIND.value,
                                    port=_PORT.value or config.fault.port).serve()
 

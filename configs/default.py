@@ -18,6 +18,8 @@ def get_config(arg=None):
   # 'train' (+ training and evaluation).
   config.mode = "train"
   config.seed = 0
+  # Training metrics are fetched from the device, checked and logged every this many steps.
+  config.log_every_steps = 10
 
   config.data = data = ml_collections.ConfigDict()
   # Cohort directory (dicom/, labs.csv, vitals.csv, labels.csv). None: synthesise one from

@@ -37,6 +37,7 @@ REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, REPO)
 
 from configs import quickstart  # pylint: disable=wrong-import-position
+from medjax import paths  # pylint: disable=wrong-import-position
 from medjax.data import ingest  # pylint: disable=wrong-import-position
 from medjax.data import pipeline  # pylint: disable=wrong-import-position
 from medjax.train import metrics as metrics_lib  # pylint: disable=wrong-import-position
@@ -133,7 +134,7 @@ def run_one(args, shared, policy: str, seed: int) -> dict:
     if os.path.exists(workdir):
       shutil.rmtree(workdir)  # an interrupted run: start it again (lineage resume is not the point)
     os.makedirs(workdir)
-    shutil.copytree(ingest.output_dir(shared["base"]), ingest.output_dir(workdir))
+    shutil.copytree(paths.RunPaths(shared["base"]).ingest, paths.RunPaths(workdir).ingest)
     cmd = [sys.executable, os.path.abspath(__file__), f"--child={workdir}",
            f"--variant={args.variant}",
            f"--child-overrides={json.dumps(overrides(args, shared, policy, seed))}"]

@@ -33,9 +33,9 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import importlib  # pylint: disable=wrong-import-position,wrong-import-order
+from medjax.data import host  # pylint: disable=wrong-import-position
 from medjax.data import loader  # pylint: disable=wrong-import-position
 from medjax.data import partition  # pylint: disable=wrong-import-position
-from medjax.data import pipeline  # pylint: disable=wrong-import-position
 from medjax.train import optim  # pylint: disable=wrong-import-position
 from medjax.train import state as state_lib  # pylint: disable=wrong-import-position
 from medjax.train import step as step_lib  # pylint: disable=wrong-import-position
@@ -101,7 +101,7 @@ class Trainer:
     return time.perf_counter() - t0
 
   def run_on_device(self, batches) -> float:
-    """Seconds per step over batches already on device, fetching metrics each step like the loop."""
+    """Seconds per step over batches already on device, fetching metrics each step."""
     t0 = time.perf_counter()
     for batch in batches:
       self.state, metrics = self.step(self.state, batch)
@@ -121,14 +121,10 @@ class Trainer:
 def prepare_data(config, workdir: str):
   """Synthesises and ingests the config's cohort and fills the one host's decoded cache."""
   t0 = time.perf_counter()
-  prepared = pipeline.prepare(config, workdir, ["host-0"])
-  cache = pipeline.open_cache(config, workdir, prepared, "host-0")
-  pipeline.fill_cache(cache, prepared.placement.rows_of("host-0"), "decoding host-0")
-  cache.hold_in_memory(prepared.placement.rows_of("host-0"), config.data.cache_memory_mb)
-  reader = loader.BatchReader(cache, prepared.manifest, prepared.ingested.tables)
-  log(f"data: {len(prepared.manifest)} records ingested and cached in "
+  data = host.setup(config, workdir)   # one host: every record, held in memory when it fits
+  log(f"data: {len(data.manifest)} records ingested and cached in "
       f"{time.perf_counter() - t0:.0f} s")
-  return prepared, reader
+  return data, data.reader()
 
 
 def plan_partitions(config, prepared, batch_size: int) -> list[np.ndarray]:

@@ -1,7 +1,8 @@
 """Checkpoints: the only module that imports Orbax.
 
-An Orbax CheckpointManager with async saves. Each step's custom metadata is a deep copy of its
-lineage (which records the saved state has trained on), so a checkpoint says what it contains.
+An Orbax CheckpointManager with async saves. Each step's custom metadata is its lineage
+(`medjax.lineage.Lineage`: which records the saved state has trained on), so a checkpoint says
+what it contains.
 
 Orbax's cost is per array (about 1.3 ms each on CPU: a 138-leaf state took 200 ms a save, one
 array of the same size 20 ms), so replicated leaves are raveled and packed into one vector per
@@ -12,13 +13,14 @@ whatever the device and process count.
 A step is committed when Orbax has finalized it on every process and its lineage record is in the
 lineage store (`medjax.lineage`). Restore takes the newest committed step whose Orbax metadata
 agrees with the store, skipping (with a warning) any step that is damaged or incomplete.
-Retention is applied to committed steps only, so an uncommitted newer step never pushes the last
-committed one out.
+Retention (`prune`) is applied to committed steps only, so an uncommitted newer step never
+pushes the last committed one out; whoever commits prunes (the coordinator in supervised runs).
+
+`Barrier` is here too: it is Orbax's public barrier in jax.distributed's coordination service.
 """
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import functools
 import json
@@ -33,7 +35,53 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
+from absl import flags
 from jax.experimental import multihost_utils
+
+from medjax import lineage as lineage_lib
+
+
+# Orbax's barriers between processes are device collectives by default (a jitted all-gather, run
+# by our saver thread while the training thread's steps are in flight). Queued in another order on
+# two processes than the steps' own collectives, they deadlock both. The coordination service's
+# key-value barrier, which this option selects, does not touch the devices.
+flags.FLAGS.experimental_orbax_use_distributed_barrier = True
+
+
+class _Manager(ocp.CheckpointManager):
+  """A CheckpointManager that leaves preemption to the training loop.
+
+  Orbax's `save` asks for jax.distributed's preemption sync point of the step it saves, and the
+  manager has no option to turn that off. Called from our saver thread, it would interleave older
+  steps with the training thread's calls and break the protocol, which needs each process's steps
+  in order; the training loop asks (`Checkpointer.reached_preemption`) instead.
+  """
+
+  def reached_preemption(self, step: int) -> bool:
+    del step
+    return False
+
+
+class Barrier:
+  """Waits until every process of the generation gets here (a no-op with one process).
+
+  A key-value barrier in jax.distributed's coordination service (Orbax's public barrier).
+  Unlike multihost_utils.sync_global_devices, a collective whose first use gives up after 30 s
+  while gloo connects, it waits up to `timeout_s`, e.g. while one host fills a large cache.
+  Every process must call it with the same names in the same order.
+  """
+
+  def __init__(self, timeout_s: float):
+    self.timeout_s = timeout_s
+    self._calls = 0
+
+  def __call__(self, name: str, timeout_s: float | None = None) -> None:
+    self._calls += 1
+    if jax.process_count() == 1:
+      return
+    sync = ocp.multihost.get_barrier_sync_fn()
+    sync(key=f"medjax/{name}/{self._calls}",
+         timeout_ms=int((timeout_s or self.timeout_s) * 1000))
 
 
 class Checkpointer:
@@ -55,17 +103,13 @@ class Checkpointer:
     self.directory = os.path.abspath(directory)
     # Orbax keeps everything; `prune` applies retention to committed steps only. Orbax saves
     # synchronously, on our saver thread when async.
-    self._manager = ocp.CheckpointManager(
+    self._manager = _Manager(
         self.directory,
         options=ocp.CheckpointManagerOptions(max_to_keep=None, create=True,
                                              enable_async_checkpointing=False),
         item_handlers={"state": ocp.StandardCheckpointHandler(),
                        "layout": ocp.JsonCheckpointHandler()})
-    # Orbax's save asks for the preemption sync point of the step it saves; from the saver thread
-    # that would interleave older steps with the training thread's and break jax.distributed's
-    # protocol. Preemption is the training loop's business (`reached_preemption`).
-    self._manager.reached_preemption = lambda step: False
-    self._pending: list[tuple[int, dict]] = []   # finalized, not yet reported
+    self._pending: list[lineage_lib.Lineage] = []   # finalized, not yet reported
     self._lock = threading.Lock()
     self._queue: queue.Queue | None = None
     self._error: BaseException | None = None
@@ -77,27 +121,27 @@ class Checkpointer:
       self._saver.start()
     self.blocked_s = 0.0
 
-  def save(self, step: int, state, lineage: dict) -> None:
-    """Starts saving `state` at `step`; returns at once (async) or once it is written."""
+  def save(self, state, lineage: lineage_lib.Lineage) -> None:
+    """Starts saving `state` at `lineage.global_step`; returns at once (async) or once written."""
     t0 = time.perf_counter()
     self._raise_saver_error()
-    lineage = copy.deepcopy(lineage)
     layout = _layout(state)
     # Packing copies: the next (donating) training step cannot touch what is being saved.
     packed = _packer(json.dumps(layout))(jax.tree.leaves(state))
     if self._queue is None:
-      self._save_now(step, packed, layout, lineage)
+      self._save_now(packed, layout, lineage)
     else:
-      self._queue.put((step, packed, layout, lineage))
+      self._queue.put((packed, layout, lineage))
     self.blocked_s += time.perf_counter() - t0
 
-  def _save_now(self, step: int, packed, layout: dict, lineage: dict) -> None:
+  def _save_now(self, packed, layout: dict, lineage: lineage_lib.Lineage) -> None:
     """Writes and finalizes one step (every process), then reports it to `finalized`."""
-    self._manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(packed),
-                                                     layout=ocp.args.JsonSave(layout)),
-                       custom_metadata=lineage, force=True)
+    self._manager.save(lineage.global_step,
+                       args=ocp.args.Composite(state=ocp.args.StandardSave(packed),
+                                               layout=ocp.args.JsonSave(layout)),
+                       custom_metadata=lineage.to_dict(), force=True)
     with self._lock:
-      self._pending.append((step, lineage))
+      self._pending.append(lineage)
 
   def _save_loop(self) -> None:
     while True:
@@ -108,7 +152,7 @@ class Checkpointer:
         if self._error is None:
           self._save_now(*item)
       except BaseException as e:  # pylint: disable=broad-except  (re-raised on the main thread)
-        logging.exception("checkpoint: saving step %d failed", item[0])
+        logging.exception("checkpoint: saving step %d failed", item[2].global_step)
         self._error = e
       finally:
         self._queue.task_done()
@@ -118,8 +162,8 @@ class Checkpointer:
       raise RuntimeError(f"checkpoint saving failed in the background: {self._error!r}; see the "
                          "log above for the step and the cause") from self._error
 
-  def finalized(self) -> list[tuple[int, dict]]:
-    """(step, lineage) of saves that Orbax has finalized on every process since the last call."""
+  def finalized(self) -> list[lineage_lib.Lineage]:
+    """Lineages of the saves Orbax has finalized on every process since the last call."""
     self._raise_saver_error()
     with self._lock:
       done, self._pending = self._pending, []
@@ -144,8 +188,9 @@ class Checkpointer:
     steps = self.steps()
     return steps[-1] if steps else None
 
-  def lineage(self, step: int) -> dict:
-    return dict(self._manager.metadata(step).custom_metadata or {})
+  def lineage(self, step: int) -> lineage_lib.Lineage:
+    """The lineage saved with `step` (raises LineageError if it is unreadable)."""
+    return lineage_lib.Lineage.from_dict(dict(self._manager.metadata(step).custom_metadata or {}))
 
   def layout(self, step: int) -> dict:
     return self._manager.restore(step, args=ocp.args.Composite(
@@ -193,7 +238,8 @@ class Checkpointer:
     self._manager.close()
 
 
-def restore_committed(directory: str, store, abstract_state, ckpt: "Checkpointer | None" = None):
+def restore_committed(directory: str, store: lineage_lib.LineageStore, abstract_state,
+                      ckpt: "Checkpointer | None" = None):
   """(state, lineage, step) from the newest good committed checkpoint, or None.
 
   A step counts only if its lineage record is in `store` and Orbax's copy of the lineage agrees;
@@ -212,14 +258,19 @@ def restore_committed(directory: str, store, abstract_state, ckpt: "Checkpointer
     for step in reversed(committed):
       if step not in on_disk:
         continue
-      record = store.record(step)
+      try:
+        record = store.record(step)
+      except lineage_lib.LineageError as e:
+        logging.warning("lineage store: the record of step %d is unreadable (%s); trying the "
+                        "previous committed one", step, e)
+        continue
       try:
         saved = ckpt.lineage(step)
       except Exception as e:  # pylint: disable=broad-except
         logging.warning("checkpoint %d is damaged or incomplete (metadata unreadable: %s); trying "
                         "the previous committed one", step, str(e)[:200])
         continue
-      if _comparable(saved) != _comparable(record):
+      if saved != record:
         logging.warning("checkpoint %d: Orbax lineage %s disagrees with the lineage store %s; "
                         "trying the previous one", step, saved, record)
         continue
@@ -325,10 +376,6 @@ class _FlatKey:
 
   def __str__(self) -> str:
     return self.key
-
-
-def _comparable(lineage: dict) -> dict:
-  return {k: v for k, v in lineage.items() if k != "committed_at"}
 
 
 def discard_uncommitted(directory: str, committed_steps: list[int]) -> list[int]:

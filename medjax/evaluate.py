@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 
 import jax
 import ml_collections
 import numpy as np
 
+from medjax import paths
 from medjax import plots
 from medjax.data import ingest
 from medjax.data import loader
@@ -41,6 +41,39 @@ def predict(predict_fn, state, reader: loader.BatchReader, placement, rows: np.n
       if r >= 0:
         probs[int(r)] = p
   return np.stack([probs[int(r)] for r in rows]) if len(rows) else np.zeros((0, 0))
+
+
+def evaluate_splits(splits, predict_fn, state, reader: loader.BatchReader, data, *, sharding,
+                    global_batch: int, bootstrap: int, seed: int) -> tuple[dict, dict]:
+  """Metrics of every split in `splits`, and of the Bayes ceiling on 'test' (synthetic cohorts).
+
+  Returns:
+    ({split: metrics, 'ceiling': metrics}, {split: class probabilities in manifest-index order}).
+
+  Args:
+    splits: split names (config.evals.splits).
+    predict_fn: the jitted prediction step (`train.step.make_predict_step`).
+    state: the training state.
+    reader: this process's batch reader.
+    data: this host's `data.host.HostData` (manifest, placement, host batch, run paths).
+    sharding: the batch sharding.
+    global_batch: the global batch size.
+    bootstrap: resamples for the 95% intervals.
+    seed: bootstrap and step-cutting seed.
+  """
+  manifest = data.manifest
+  ceiling = ingest.load_ceiling(data.run.workdir)
+  results, probs_by_split = {}, {}
+  for split in splits:
+    rows = manifest.indices(split)
+    probs = probs_by_split[split] = predict(
+        predict_fn, state, reader, data.placement, rows, host_batch=data.host_batch,
+        sharding=sharding, global_batch=global_batch, seed=seed)
+    results[split] = split_metrics(manifest, rows, probs, bootstrap=bootstrap, seed=seed)
+    if split == "test" and ceiling is not None:
+      results["ceiling"] = ceiling_metrics(manifest, rows, ceiling, bootstrap=bootstrap,
+                                           seed=seed)
+  return results, probs_by_split
 
 
 def _subsets(manifest, rows) -> np.ndarray:
@@ -91,13 +124,13 @@ def format_summary(summary: dict) -> str:
 def write_plots(workdir: str, summary: dict, class_names: list[str], events=None) -> list[str]:
   """PNG files in the workdir: loss curve, per-class F1, confusion matrix, accuracy by subset."""
   figures = figures_for(summary, class_names, writers.read_metrics(workdir), events)
-  paths = []
+  written = []
   for name, fig in figures.items():
-    path = os.path.join(workdir, f"{name}.png")
+    path = paths.RunPaths(workdir).plot(name)
     fig.savefig(path, dpi=110, bbox_inches="tight")
-    paths.append(path)
+    written.append(path)
   plots.close(figures)
-  return paths
+  return written
 
 
 def figures_for(summary, class_names, metrics_rows, events=None) -> dict:
@@ -131,45 +164,38 @@ def load(workdir: str, *, split: str = "test", bootstrap: int = 200) -> Evaluati
   """
   # Imported lazily: a notebook that only reads summary.json needs none of this.
   from medjax import checkpoint as checkpoint_lib  # pylint: disable=import-outside-toplevel
-  from medjax.data import pipeline  # pylint: disable=import-outside-toplevel
-  from medjax.data import placement as placement_lib  # pylint: disable=import-outside-toplevel
+  from medjax import lineage as lineage_lib  # pylint: disable=import-outside-toplevel
+  from medjax.data import host  # pylint: disable=import-outside-toplevel
   from medjax.train import optim  # pylint: disable=import-outside-toplevel
   from medjax.train import state as state_lib  # pylint: disable=import-outside-toplevel
   from medjax.train import step as step_lib  # pylint: disable=import-outside-toplevel
 
-  with open(os.path.join(workdir, "config.json")) as f:
+  run = paths.RunPaths(workdir)
+  with open(run.config_json) as f:
     config = ml_collections.ConfigDict(json.load(f))
+  run = paths.RunPaths(workdir, config)
   config.mesh.data, config.mesh.fsdp = -1, 1
-  ingested = ingest.load(workdir)
-  manifest = ingested.manifest
   mesh = state_lib.make_mesh(config.mesh)
-  root = config.data.root or os.path.join(workdir, "cohort")
-  one_host = placement_lib.place(manifest, ["host-0"], seed=config.seed)
-  prepared = pipeline.Prepared(root=root, ingested=ingested, placement=one_host,
-                               shapes=pipeline.records.shapes_for(config.data, ingested.tables))
-  cache = pipeline.open_cache(config, workdir, prepared, "host-0", read_only=True)
-  reader = loader.BatchReader(cache, manifest, ingested.tables)
+  # Every record on this process: one host that reads host-0's cache without writing it.
+  batch = max(mesh.size, 8 * mesh.size)
+  config.data.batch_size = batch
+  data = host.setup(config, workdir, read_only=True)
+  manifest = data.manifest
   tx, _ = optim.make(config.optim, 1)
   _, built = state_lib.build(config.model, tx, mesh, num_classes=len(manifest.class_names),
-                             shapes=prepared.shapes, seed=config.seed)
-  from medjax import lineage as lineage_lib  # pylint: disable=import-outside-toplevel
-  store = lineage_lib.LineageStore(config.ckpt.lineage_store or os.path.join(workdir, "lineage"))
-  restored = checkpoint_lib.restore_committed(os.path.join(workdir, "checkpoints"), store,
-                                              built.abstract)
+                             shapes=data.prepared.shapes, seed=config.seed)
+  store = lineage_lib.LineageStore(run.lineage_store)
+  restored = checkpoint_lib.restore_committed(run.checkpoints, store, built.abstract)
   if restored is None:
-    raise FileNotFoundError(f"{workdir}/checkpoints holds no committed, readable checkpoint "
+    raise FileNotFoundError(f"{run.checkpoints} holds no committed, readable checkpoint "
                             f"(committed steps: {store.committed_steps()}); train first")
   state = restored[0]
-  batch = max(mesh.size, 8 * mesh.size)
+  reader = data.reader()
+  results, probs = evaluate_splits([split], step_lib.make_predict_step(built.graphdef, built, mesh),
+                            state, reader, data, sharding=state_lib.batch_sharding(mesh),
+                            global_batch=batch, bootstrap=bootstrap, seed=config.seed)
   rows = manifest.indices(split)
-  probs = predict(step_lib.make_predict_step(built.graphdef, built, mesh), state, reader,
-                  one_host, rows, host_batch=batch, sharding=state_lib.batch_sharding(mesh),
-                  global_batch=batch, seed=config.seed)
-  metrics = split_metrics(manifest, rows, probs, bootstrap=bootstrap, seed=config.seed)
-  ceiling_arrays = ingest.load_ceiling(workdir)
-  ceiling = (ceiling_metrics(manifest, rows, ceiling_arrays, bootstrap=bootstrap,
-                             seed=config.seed)
-             if ceiling_arrays is not None and split == "test" else None)
+  metrics, ceiling = results[split], results.get("ceiling")
   figures = figures_for({"test": metrics, "ceiling": ceiling}, manifest.class_names,
                         writers.read_metrics(workdir))
-  return Evaluation(metrics, ceiling, figures, probs, manifest.record_ids[rows])
+  return Evaluation(metrics, ceiling, figures, probs[split], manifest.record_ids[rows])

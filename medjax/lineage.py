@@ -1,9 +1,14 @@
-"""The lineage store: committed steps and coordinator state, in a TensorStore kvstore.
+"""Lineage: which records a model state has trained on; its store, in a TensorStore kvstore.
 
-Lineage says exactly which records a model state has trained on: the epoch, the plan segment (the
-placement generation it was planned for and the records it covers), the partition and step offset
-reached, the global step, the seed, and the epoch's processed-record bitmap. A step is committed
-once its record is here (written by the coordinator after Orbax finalized the checkpoint on every
+A `Lineage` is a value: the epoch, the plan segment (the placement generation it was planned for
+and the records of the epoch it covers), the partition and step offset reached, the global step,
+the seed, the epoch's processed-record bitmap, and the generation that produced it. The trainer
+produces it (through a `Cursor`, its position in the plan), the checkpoint module stores it as a
+checkpoint's metadata, the coordinator commits it to the `LineageStore`; no other module spells
+its fields as strings.
+
+A step is committed once its record is in the store (written by whoever commits: the coordinator
+in supervised runs, the single process otherwise, after Orbax finalized the checkpoint on every
 process). The store works on any TensorStore kvstore: a local path (default), or a URL such as
 gs://bucket/run/lineage or s3://bucket/run/lineage.
 """
@@ -11,6 +16,8 @@ gs://bucket/run/lineage or s3://bucket/run/lineage.
 from __future__ import annotations
 
 import base64
+import binascii
+import dataclasses
 import json
 
 import numpy as np
@@ -20,12 +27,156 @@ _LOG = "log/"
 _STATE = "state/"
 
 
-def pack_bitmap(processed_N: np.ndarray) -> str:
-  return base64.b64encode(np.packbits(processed_N.astype(bool))).decode()
+class LineageError(ValueError):
+  """A lineage record that cannot be read; the message names the field and the value."""
+
+
+def pack_bitmap(bits_N: np.ndarray) -> str:
+  """A bool array as base64 text (one bit per record)."""
+  return base64.b64encode(np.packbits(np.asarray(bits_N, bool))).decode()
 
 
 def unpack_bitmap(text: str, n: int) -> np.ndarray:
+  """The first `n` bits of `pack_bitmap`'s text, as a writable bool array."""
   return np.unpackbits(np.frombuffer(base64.b64decode(text), np.uint8), count=n).astype(bool)
+
+
+@dataclasses.dataclass(frozen=True)
+class Segment:
+  """A plan segment: the rest of an epoch, planned under one placement.
+
+  Attributes:
+    placement: the placement's fingerprint (`medjax.data.placement.fingerprint`).
+    hosts: the placement's hosts.
+    base: packed bitmap of the epoch's records processed before the segment began.
+  """
+  placement: str
+  hosts: tuple[str, ...]
+  base: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Lineage:
+  """What a checkpointed state has trained on, exactly (see the module docstring)."""
+  global_step: int
+  epoch: int
+  partition: int
+  offset: int
+  seed: int
+  segment: Segment
+  processed: str
+  generation: int = 0
+
+  @classmethod
+  def start(cls, *, epoch: int, global_step: int, seed: int, placement: str,
+            hosts: tuple[str, ...], base_N: np.ndarray, generation: int = 0) -> "Lineage":
+    """A fresh segment: the records of `epoch` not in `base_N`, planned under `placement`."""
+    packed = pack_bitmap(base_N)
+    return cls(global_step=global_step, epoch=epoch, partition=0, offset=0, seed=seed,
+               segment=Segment(placement, tuple(hosts), packed), processed=packed,
+               generation=generation)
+
+  def base_N(self, n: int) -> np.ndarray:
+    return unpack_bitmap(self.segment.base, n)
+
+  def processed_N(self, n: int) -> np.ndarray:
+    return unpack_bitmap(self.processed, n)
+
+  def to_dict(self) -> dict:
+    """JSON-ready fields (the format of checkpoint metadata and the store's records)."""
+    out = dataclasses.asdict(self)
+    out["segment"]["hosts"] = list(self.segment.hosts)
+    return out
+
+  @classmethod
+  def from_dict(cls, d: dict) -> "Lineage":
+    """Parses and validates `to_dict`'s output; extra keys (e.g. `committed_at`) are ignored.
+
+    Raises:
+      LineageError: a field is missing or has a value of the wrong kind.
+    """
+    if not isinstance(d, dict):
+      raise LineageError(f"lineage record is a {type(d).__name__}, not an object")
+    seg = d.get("segment")
+    if not isinstance(seg, dict):
+      raise LineageError(f"lineage field 'segment' is {seg!r}, not an object")
+    try:
+      segment = Segment(placement=_field(seg, "placement", str),
+                        hosts=tuple(_field(seg, "hosts", list)),
+                        base=_bitmap_field(seg, "base"))
+      lineage = cls(**{f: _field(d, f, int) for f in ("global_step", "epoch", "partition",
+                                                       "offset", "seed")},
+                    segment=segment, processed=_bitmap_field(d, "processed"),
+                    generation=int(d.get("generation", 0)))
+    except (TypeError, ValueError) as e:
+      raise LineageError(str(e)) from e
+    if min(lineage.global_step, lineage.epoch, lineage.partition, lineage.offset) < 0:
+      raise LineageError(f"lineage has a negative position: step {lineage.global_step}, epoch "
+                         f"{lineage.epoch}, partition {lineage.partition}, offset "
+                         f"{lineage.offset}")
+    return lineage
+
+
+def _field(d: dict, name: str, kind: type):
+  value = d.get(name)
+  if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+    raise LineageError(f"lineage field {name!r} is {value!r}, not a {kind.__name__}")
+  return value
+
+
+def _bitmap_field(d: dict, name: str) -> str:
+  value = _field(d, name, str)
+  try:
+    base64.b64decode(value, validate=True)
+  except binascii.Error as e:
+    raise LineageError(f"lineage field {name!r} is not a packed bitmap ({e})") from e
+  return value
+
+
+class Cursor:
+  """The trainer's position in the partition plan, advanced step by step.
+
+  Holds the epoch's processed-record bitmap unpacked (a step only sets bits); `lineage()` packs a
+  snapshot when a checkpoint needs one.
+
+  Args:
+    lineage: where to start (a restored checkpoint's lineage, or `Lineage.start`).
+    num_records: the manifest's length.
+    generation: the generation producing the snapshots.
+  """
+
+  def __init__(self, lineage: Lineage, num_records: int, *, generation: int = 0):
+    self.num_records, self.generation = num_records, generation
+    self._set(lineage)
+
+  def _set(self, lineage: Lineage) -> None:
+    self.global_step, self.epoch = lineage.global_step, lineage.epoch
+    self.partition, self.offset, self.seed = lineage.partition, lineage.offset, lineage.seed
+    self.segment = lineage.segment
+    self.base_N = lineage.base_N(self.num_records)
+    self.processed_N = lineage.processed_N(self.num_records)
+
+  def step_done(self, rows: np.ndarray) -> None:
+    """One global step trained on `rows` (manifest rows of every host; -1 = padding)."""
+    rows = np.asarray(rows).ravel()
+    self.processed_N[rows[rows >= 0]] = True
+    self.offset += 1
+    self.global_step += 1
+
+  def partition_done(self) -> None:
+    self.partition, self.offset = self.partition + 1, 0
+
+  def new_segment(self, *, epoch: int, placement: str, hosts: tuple[str, ...],
+                  base_N: np.ndarray) -> None:
+    """Starts planning `epoch`'s records not in `base_N` under another placement (or epoch)."""
+    self._set(Lineage.start(epoch=epoch, global_step=self.global_step, seed=self.seed,
+                            placement=placement, hosts=hosts, base_N=base_N,
+                            generation=self.generation))
+
+  def lineage(self) -> Lineage:
+    return Lineage(global_step=self.global_step, epoch=self.epoch, partition=self.partition,
+                   offset=self.offset, seed=self.seed, segment=self.segment,
+                   processed=pack_bitmap(self.processed_N), generation=self.generation)
 
 
 def kvstore_spec(location: str) -> dict | str:
@@ -49,18 +200,20 @@ class LineageStore:
     result = self._kv.read(key).result()
     return json.loads(result.value) if result.state == "value" else None
 
-  def commit(self, record: dict) -> None:
-    """Writes the lineage record of a finalized checkpoint step (idempotent)."""
-    self._put(f"{_LOG}{int(record['global_step']):012d}", record)
+  def commit(self, lineage: Lineage, *, committed_at: float) -> None:
+    """Writes the record of a finalized checkpoint step (idempotent)."""
+    self._put(f"{_LOG}{lineage.global_step:012d}",
+              {**lineage.to_dict(), "committed_at": committed_at})
 
   def committed_steps(self) -> list[int]:
     keys = self._kv.list(ts.KvStore.KeyRange(_LOG, _LOG[:-1] + chr(ord("/") + 1))).result()
     return sorted(int(k.decode()[len(_LOG):]) for k in keys)
 
-  def record(self, step: int) -> dict | None:
-    return self._get(f"{_LOG}{int(step):012d}")
+  def record(self, step: int) -> Lineage | None:
+    raw = self._get(f"{_LOG}{int(step):012d}")
+    return None if raw is None else Lineage.from_dict(raw)
 
-  def latest(self) -> dict | None:
+  def latest(self) -> Lineage | None:
     steps = self.committed_steps()
     return self.record(steps[-1]) if steps else None
 

@@ -1,5 +1,6 @@
 """Checkpoints and lineage commits: real Orbax files, damage, retention, the lineage store."""
 
+import dataclasses
 import glob
 import logging
 import os
@@ -24,14 +25,19 @@ def _abstract():
                                                          jax.devices()[0])), _state(0.0))
 
 
+def _lineage(step, partition=None):
+  start = lineage.Lineage.start(epoch=0, global_step=step, seed=0, placement="p", hosts=("h",),
+                                base_N=np.zeros(10, bool))
+  return dataclasses.replace(start, partition=step if partition is None else partition)
+
+
 def _save_and_commit(directory, store, steps):
   ckpt = checkpoint.Checkpointer(directory)
   for step in steps:
-    record = {"global_step": step, "epoch": 0, "partition": step, "offset": 0}
-    ckpt.save(step, _state(float(step)), record)
+    ckpt.save(_state(float(step)), _lineage(step))
     ckpt.wait()
-    for _, saved in ckpt.finalized():
-      store.commit(dict(saved, committed_at=1.0))
+    for saved in ckpt.finalized():
+      store.commit(saved, committed_at=1.0)
   ckpt.close()
 
 
@@ -40,10 +46,10 @@ def test_restore_takes_newest_committed_and_skips_uncommitted(tmp_path):
   directory = str(tmp_path / "ckpt")
   _save_and_commit(directory, store, [1, 2])
   ckpt = checkpoint.Checkpointer(directory)
-  ckpt.save(3, _state(3.0), {"global_step": 3, "epoch": 0, "partition": 3, "offset": 0})
+  ckpt.save(_state(3.0), _lineage(3))
   ckpt.close()  # finalized by Orbax, never committed
   state, saved, step = checkpoint.restore_committed(directory, store, _abstract())
-  assert step == 2 and saved["partition"] == 2
+  assert step == 2 and saved.partition == 2 and saved == _lineage(2)
   np.testing.assert_array_equal(np.asarray(state["params"]["w"]), 2.0)
   assert checkpoint.discard_uncommitted(directory, store.committed_steps()) == [3]
 
@@ -73,7 +79,7 @@ def test_lineage_disagreement_is_not_trusted(tmp_path, caplog):
   store = lineage.LineageStore(str(tmp_path / "lineage"))
   directory = str(tmp_path / "ckpt")
   _save_and_commit(directory, store, [1, 2])
-  store.commit({"global_step": 2, "epoch": 0, "partition": 99, "offset": 0})
+  store.commit(_lineage(2, partition=99), committed_at=2.0)
   with caplog.at_level(logging.WARNING):
     _, _, step = checkpoint.restore_committed(directory, store, _abstract())
   assert step == 1 and "disagrees with the lineage store" in caplog.text
@@ -93,9 +99,9 @@ def test_lineage_store_bitmap_round_trip(tmp_path):
   np.testing.assert_array_equal(lineage.unpack_bitmap(lineage.pack_bitmap(bits), 1001), bits)
   store = lineage.LineageStore(str(tmp_path / "l"))
   assert store.latest() is None and store.committed_steps() == []
-  store.commit({"global_step": 7, "x": 1})
-  store.commit({"global_step": 12, "x": 2})
-  assert store.committed_steps() == [7, 12] and store.latest()["x"] == 2
+  store.commit(_lineage(7), committed_at=1.0)
+  store.commit(_lineage(12), committed_at=2.0)
+  assert store.committed_steps() == [7, 12] and store.latest() == _lineage(12)
   store.put_state("coordinator", {"generation": 3})
   assert store.get_state("coordinator") == {"generation": 3}
 
@@ -110,7 +116,7 @@ def test_packed_state_restores_onto_other_shardings(tmp_path):
            "step": jax.device_put(jnp.asarray(5, jnp.int32), replicated)}
   directory = str(tmp_path / "ckpt")
   ckpt = checkpoint.Checkpointer(directory)
-  ckpt.save(1, state, {"global_step": 1})
+  ckpt.save(state, _lineage(1))
   ckpt.wait()
   layout = ckpt.layout(1)
   ckpt.close()

@@ -16,6 +16,7 @@ import pytest
 
 from medjax import checkpoint
 from medjax import jsonl
+from medjax import lineage
 from medjax.data import ingest
 from medjax.data import placement
 from medjax.fault import inject
@@ -112,6 +113,17 @@ def test_signals_recovery_exactly_once_and_same_parameters(shared, clean_run):
   agent_log = runs.tail(faulty, os.path.join("logs", "agent-host-0.txt"), n=1000)
   assert re.search(r"started generation [2-9] \(2 workers, 2 of them standbys\)", agent_log), \
       agent_log
+
+
+def test_only_the_coordinator_prunes_checkpoints(clean_run):
+  # Every committed step missing from disk was pruned by the coordinator on a commit (a worker
+  # that pruned too would delete some first, and the coordinator would not list them).
+  committed = lineage.LineageStore(os.path.join(clean_run, "lineage")).committed_steps()
+  on_disk = {int(d) for d in os.listdir(os.path.join(clean_run, "checkpoints")) if d.isdigit()}
+  pruned = [s for e in runs.events(clean_run) if e["event"] == "commit" for s in e["pruned"]]
+  assert pruned and len(pruned) == len(set(pruned))
+  assert sorted(set(committed) - on_disk) == sorted(pruned)
+  assert sorted(on_disk) == committed[-3:]   # config.ckpt.max_to_keep
 
 
 def test_restore_onto_another_process_and_device_count(shared, clean_run, tmp_path):

@@ -10,6 +10,7 @@ import pytest
 from configs import default as default_config
 from medjax.data import cache as cache_lib
 from medjax.data import ingest
+from medjax.data import placement as placement_lib
 from medjax.data import records
 from medjax.data import recache
 from medjax.data import synthetic
@@ -39,7 +40,10 @@ def _config(config, **data):
 
 
 def _rows(config, result, history, host):
-  return recache.host_rows(config.data, result.manifest, history, host, seed=config.seed)
+  walk = placement_lib.walk_history(result.manifest, history, seed=config.seed,
+                                    vnodes=config.data.vnodes,
+                                    method=config.data.placement_method)
+  return recache.host_rows(config.data, result.manifest, walk, host)
 
 
 def _cache(path, config, result, root, host, **kw):

@@ -90,6 +90,9 @@ class Cache:
     self._expect_N = np.zeros(n, bool)     # the writer process will cache these (read-only)
     self._cond = threading.Condition()
     self._inflight: set[int] = set()
+    self._reserved: set[int] = set()      # slots being written outside the lock
+    self._index_io = threading.Lock()     # orders index.json writes (snapshots taken locked)
+    self._index_version = self._index_written = 0
     self._held: dict[str, np.ndarray] | None = None   # hold_in_memory
     self._held_slot_N = np.zeros(0, np.int64)
     self._index_mtime = None
@@ -225,9 +228,20 @@ class Cache:
       self._save_index()
 
   def _save_index(self) -> None:
+    """Writes index.json from a snapshot taken under the lock; a newer snapshot written by
+    another thread meanwhile is never overwritten by an older one."""
     if self.read_only:
       return
-    write_json(os.path.join(self.path, "index.json"), self.index)
+    with self._cond:
+      self._index_version += 1
+      version, snapshot = self._index_version, dict(self.index)
+    with self._index_io:
+      if version <= self._index_written:
+        return
+      path = os.path.join(self.path, "index.json")
+      write_json(path, snapshot)
+      self._index_written = version
+      self._index_mtime = os.stat(path).st_mtime_ns
 
   def _follow_writer(self) -> None:
     """Read-only: picks up what the writer process added since (index and grown arrays)."""
@@ -298,8 +312,9 @@ class Cache:
               f.write(json.dumps(entry) + "\n")
     return rec
 
-  def _free_slots(self, n: int) -> list[int]:
-    used = {slot for slot, _, _ in self.index.values()}
+  def _reserve_slots(self, n: int) -> list[int]:
+    """Slots no entry uses and no other writer has reserved, growing the arrays (lock held)."""
+    used = {slot for slot, _, _ in self.index.values()} | self._reserved
     free = [s for s in range(self._images.shape[0]) if s not in used][:n]
     if len(free) < n:
       capacity = self._images.shape[0]
@@ -309,31 +324,40 @@ class Cache:
       self._tab = self._tab.resize(
           exclusive_max=[new_capacity, *self._tab.shape[1:]], expand_only=True).result()
       free += list(range(capacity, capacity + n - len(free)))
+    self._reserved.update(free)
     return free
 
   def _write(self, rows: list[int], recs: list[dict[str, np.ndarray]]) -> None:
-    """Stores decoded records (lock held)."""
+    """Stores decoded records. Called without the lock: readers and the other decoding thread go
+    on while the chunks are written; only the slot reservation and the index update take it."""
     keep = [(r, rec) for r, rec in zip(rows, recs) if not self._no_cache_N[r]]
     if self.read_only or not keep:
       return
     rows, recs = [r for r, _ in keep], [rec for _, rec in keep]
-    slots = self._free_slots(len(rows))
     packed = [self._pack(r) for r in recs]
     images = np.stack([p[0] for p in packed])
     tab = np.stack([p[1] for p in packed])
-    # One transaction: both arrays' chunks are committed together before the index names them.
-    with ts.Transaction() as txn:
-      writes = [self._images.with_transaction(txn)[slots].write(images),
-                self._tab.with_transaction(txn)[slots].write(tab)]
-      for w in writes:
-        w.result()
-    for row, slot, (im, tb) in zip(rows, slots, packed):
-      rid = self.manifest.record_ids[row]
-      self.index[rid] = [slot, fingerprint(self.manifest, row, self.tables), self._crc(im, tb)]
-    self.counters["records_written"] += len(rows)
+    with self._cond:
+      slots = self._reserve_slots(len(rows))
+      images_array, tab_array = self._images, self._tab
+    try:
+      # One transaction: both arrays' chunks are committed together before the index names them.
+      with ts.Transaction() as txn:
+        writes = [images_array.with_transaction(txn)[slots].write(images),
+                  tab_array.with_transaction(txn)[slots].write(tab)]
+        for w in writes:
+          w.result()
+      with self._cond:
+        for row, slot, (im, tb) in zip(rows, slots, packed):
+          rid = self.manifest.record_ids[row]
+          self.index[rid] = [slot, fingerprint(self.manifest, row, self.tables),
+                             self._crc(im, tb)]
+        self.counters["records_written"] += len(rows)
+    finally:
+      with self._cond:
+        self._reserved.difference_update(slots)
     self._save_index()
-    self._index_mtime = os.stat(os.path.join(self.path, "index.json")).st_mtime_ns
-    self.save_counters()   # with the index that they count (the lock is re-entrant)
+    self.save_counters()   # with the index that they count
 
   def _claim(self, rows) -> list[int]:
     """Rows to decode now: not cached, not being decoded by another thread (lock held)."""
@@ -360,8 +384,7 @@ class Cache:
         chunk = self._claim(todo[start:start + batch])
       try:
         decoded = [self._decode(r) for r in chunk]
-        with self._cond:
-          self._write(chunk, decoded)
+        self._write(chunk, decoded)
       finally:
         with self._cond:
           self._release(chunk)
@@ -427,8 +450,7 @@ class Cache:
                           "decoding them here", self.path, len(wait), self.wait_limit_s)
       try:
         decoded = {r: self._decode(r) for r in dict.fromkeys(r for _, r in mine)}
-        with self._cond:
-          self._write([r for r in claimed], [decoded[r] for r in claimed])
+        self._write(claimed, [decoded[r] for r in claimed])
       finally:
         with self._cond:
           self._release(claimed)

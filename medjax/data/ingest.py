@@ -29,6 +29,7 @@ import time
 import numpy as np
 
 from medjax import jsonl
+from medjax import paths
 from medjax import secretfile
 from medjax.data import dicom
 from medjax.data import manifest as manifest_lib
@@ -44,10 +45,6 @@ class Ingested:
   tables: dict[str, np.ndarray]
   quarantine: list[dict]
   summary: dict
-
-
-def output_dir(workdir: str) -> str:
-  return os.path.join(workdir, "ingest")
 
 
 def load_or_create_salt(path: str) -> bytes:
@@ -136,9 +133,9 @@ def _normalizer(values: np.ndarray, train_rows: np.ndarray) -> tuple[np.ndarray,
 def run(config, workdir: str, root: str) -> Ingested:
   """Ingests the cohort at `root` into `<workdir>/ingest/` (see the module docstring)."""
   data = config.data
-  out = output_dir(workdir)
-  os.makedirs(out, exist_ok=True)
-  salt = load_or_create_salt(data.salt_file or os.path.join(workdir, "secrets", "id_salt"))
+  run_paths = paths.RunPaths(workdir, config)
+  os.makedirs(run_paths.ingest, exist_ok=True)
+  salt = load_or_create_salt(run_paths.salt)
   problems = tables.Problems(data.on_error)
   t0 = time.perf_counter()
 
@@ -233,45 +230,45 @@ def run(config, workdir: str, root: str) -> Ingested:
                       channels=np.array(channels), vitals_mean=vitals_mean, vitals_std=vitals_std)
   quarantine.extend(p.as_dict() for p in problems.items)
 
-  manifest.save(os.path.join(out, "manifest.jsonl"))
-  np.savez(os.path.join(out, "tables.npz"), **table_arrays)
-  _write_jsonl(os.path.join(out, "quarantine.jsonl"), quarantine)
+  manifest.save(run_paths.manifest)
+  np.savez(run_paths.tables, **table_arrays)
+  _write_jsonl(run_paths.quarantine, quarantine)
   oracle = os.path.join(root, "oracle.npz")
   if os.path.exists(oracle):
-    _write_ceiling(oracle, out, manifest, patients, salt)
+    _write_ceiling(oracle, run_paths.ceiling, manifest, patients, salt)
   summary = summarize(manifest, quarantine, len(headers) + sum(
       1 for q in quarantine if q["stage"] == "scan"), scan_s, vitals_late)
   summary["seconds"] = round(time.perf_counter() - t0, 3)
-  with open(os.path.join(out, "summary.json"), "w") as f:
+  with open(run_paths.ingest_summary, "w") as f:
     json.dump(summary, f, indent=2)
   return Ingested(manifest, table_arrays, quarantine, summary)
 
 
 def load(workdir: str) -> Ingested:
   """Reads back what `run` wrote."""
-  out = output_dir(workdir)
-  manifest = manifest_lib.Manifest.load(os.path.join(out, "manifest.jsonl"))
-  with np.load(os.path.join(out, "tables.npz")) as f:
+  run_paths = paths.RunPaths(workdir)
+  manifest = manifest_lib.Manifest.load(run_paths.manifest)
+  with np.load(run_paths.tables) as f:
     table_arrays = dict(f)
   if not np.array_equal(table_arrays["record_ids"], manifest.record_ids):
-    raise RuntimeError(f"{out}: tables.npz and manifest.jsonl disagree on record ids; run the "
-                       "ingest again (--config.mode=ingest)")
-  quarantine = jsonl.read(os.path.join(out, "quarantine.jsonl"))
-  with open(os.path.join(out, "summary.json")) as f:
+    raise RuntimeError(f"{run_paths.ingest}: tables.npz and manifest.jsonl disagree on record "
+                       "ids; run the ingest again (--config.mode=ingest)")
+  quarantine = jsonl.read(run_paths.quarantine)
+  with open(run_paths.ingest_summary) as f:
     summary = json.load(f)
   return Ingested(manifest, table_arrays, quarantine, summary)
 
 
 def load_ceiling(workdir: str) -> dict[str, np.ndarray] | None:
   """The Bayes posterior of the test records (synthetic cohorts), or None."""
-  path = os.path.join(output_dir(workdir), "ceiling.npz")
+  path = paths.RunPaths(workdir).ceiling
   if not os.path.exists(path):
     return None
   with np.load(path) as f:
     return dict(f)
 
 
-def _write_ceiling(oracle_path, out, manifest, patients, salt):
+def _write_ceiling(oracle_path, path, manifest, patients, salt):
   with np.load(oracle_path, allow_pickle=False) as f:
     oracle_ids, posterior = [str(p) for p in f["patient_id"]], f["posterior"]
     oracle_classes = [str(c) for c in f["class_names"]]
@@ -279,7 +276,7 @@ def _write_ceiling(oracle_path, out, manifest, patients, salt):
   columns = [oracle_classes.index(c) for c in manifest.class_names]
   test = manifest.indices("test")
   keep = [i for i in test if patients[i] in row]
-  np.savez(os.path.join(out, "ceiling.npz"), record_ids=manifest.record_ids[keep],
+  np.savez(path, record_ids=manifest.record_ids[keep],
            posterior=posterior[[row[patients[i]] for i in keep]][:, columns])
 
 

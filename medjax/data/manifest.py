@@ -62,6 +62,9 @@ class Manifest:
   split: np.ndarray
   image_files: list[list[str]]
   class_names: list[str]
+  # Values computed from the rows once per manifest (e.g. ring positions per seed): `derived`.
+  _derived: dict = dataclasses.field(default_factory=dict, init=False, repr=False,
+                                     compare=False)
 
   def __post_init__(self):
     n = len(self.record_ids)
@@ -73,6 +76,12 @@ class Manifest:
 
   def __len__(self) -> int:
     return len(self.record_ids)
+
+  def derived(self, key, make):
+    """`make()`, computed once for this manifest and `key`; callers must not mutate the rows."""
+    if key not in self._derived:
+      self._derived[key] = make()
+    return self._derived[key]
 
   @property
   def groups(self) -> np.ndarray:

@@ -1,7 +1,8 @@
-"""From config to ready data: cohort -> ingest -> placement -> partition plan -> decoded cache.
+"""From config to ready data: cohort -> ingest (-> per host: `medjax.data.host`).
 
-`prepare` is what both `--config.mode=ingest` and training call first. Each stage reuses what an
-earlier run left in the workdir when it still matches, and says so.
+`prepare` is what `--config.mode=ingest`, training and evaluation call first. Each stage reuses
+what an earlier run left in the workdir when it still matches, and says so. `run_ingest` also
+places the records, plans epoch 0 and fills every local host's cache, and reports on all of it.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import os
 
 import numpy as np
 
+from medjax import paths
 from medjax import progress
 from medjax.data import cache as cache_lib
 from medjax.data import ingest
@@ -27,9 +29,9 @@ from medjax.data import synthetic
 
 @dataclasses.dataclass
 class Prepared:
+  """The ingested cohort: where it is, what ingest made of it, the shapes of its records."""
   root: str
   ingested: ingest.Ingested
-  placement: placement_lib.Placement
   shapes: records.Shapes
 
   @property
@@ -48,8 +50,8 @@ def cohort_root(config, workdir: str) -> str:
       raise FileNotFoundError(f"config.data.root={config.data.root!r} is not a directory; point it "
                               "at a folder with dicom/, labs.csv, vitals.csv, labels.csv")
     return config.data.root
-  root = os.path.join(workdir, "cohort")
-  marker = os.path.join(root, "synthetic.json")
+  run = paths.RunPaths(workdir, config)
+  root, marker = run.cohort, run.cohort_marker
   wanted = config.data.synthetic.to_json(sort_keys=True)
   if os.path.exists(marker):
     with open(marker) as f:
@@ -70,26 +72,30 @@ def cohort_root(config, workdir: str) -> str:
 
 def ingested(config, workdir: str, root: str) -> ingest.Ingested:
   """Runs the ingest, or loads the one in the workdir when it exists and reingest is off."""
-  done = os.path.join(ingest.output_dir(workdir), "summary.json")
-  if os.path.exists(done) and not config.data.reingest and config.mode != "ingest":
-    logging.info("ingest: reusing %s (set --config.data.reingest=True to redo it)",
-                 ingest.output_dir(workdir))
+  run = paths.RunPaths(workdir, config)
+  if os.path.exists(run.ingest_summary) and not config.data.reingest and config.mode != "ingest":
+    logging.info("ingest: reusing %s (set --config.data.reingest=True to redo it)", run.ingest)
     return ingest.load(workdir)
   result = ingest.run(config, workdir, root)
   logging.info("ingest summary\n%s", ingest.format_summary(result.summary))
   return result
 
 
-def cache_dir(config, workdir: str, host: str) -> str:
-  return os.path.join(config.data.cache_dir or os.path.join(workdir, "cache"), host)
+def prepare(config, workdir: str) -> Prepared:
+  """The cohort (synthesised if need be) and its ingest, reused from the workdir when done."""
+  root = cohort_root(config, workdir)
+  result = ingested(config, workdir, root)
+  return Prepared(root=root, ingested=result, shapes=records.shapes_for(config.data,
+                                                                        result.tables))
 
 
-def open_cache(config, workdir: str, prepared: Prepared, host: str, *,
+def open_cache(run: paths.RunPaths, prepared: Prepared, host: str, *,
                read_only: bool = False, process: int = 0) -> cache_lib.Cache:
-  run = hashlib.blake2b(os.path.abspath(workdir).encode(), digest_size=8).hexdigest()
-  return cache_lib.Cache(cache_dir(config, workdir, host), prepared.manifest,
-                         prepared.ingested.tables, prepared.shapes, prepared.root,
-                         read_only=read_only, process=process, run=run)
+  """`host`'s node-local cache; its counters belong to this run directory."""
+  run_id = hashlib.blake2b(os.path.abspath(run.workdir).encode(), digest_size=8).hexdigest()
+  return cache_lib.Cache(run.cache(host), prepared.manifest, prepared.ingested.tables,
+                         prepared.shapes, prepared.root, read_only=read_only, process=process,
+                         run=run_id)
 
 
 def fill_cache(cache: cache_lib.Cache, rows: np.ndarray, desc: str, on_progress=None) -> int:
@@ -105,38 +111,23 @@ def fill_cache(cache: cache_lib.Cache, rows: np.ndarray, desc: str, on_progress=
     return cache.ensure(rows, progress=update)
 
 
-def prepare(config, workdir: str, hosts: list[str],
-            host_history: list[list[str]] | None = None) -> Prepared:
-  """Cohort, ingest and placement over `hosts` (caches are filled by their hosts).
-
-  `host_history` lists the host sets of earlier placement generations (ending with `hosts`), so
-  that records move only as much as membership changes require.
-  """
-  root = cohort_root(config, workdir)
-  result = ingested(config, workdir, root)
-  history = [list(h) for h in (host_history or [hosts])]
-  if sorted(history[-1]) != sorted(hosts):
-    raise ValueError(f"host history ends with {history[-1]}, not this generation's {hosts}")
-  place = placement_lib.place_history(result.manifest, history, seed=config.seed,
-                                      vnodes=config.data.vnodes,
-                                      method=config.data.placement_method)
-  return Prepared(root=root, ingested=result, placement=place,
-                  shapes=records.shapes_for(config.data, result.tables))
-
-
 def run_ingest(config, workdir: str) -> dict:
   """`--config.mode=ingest`: everything up to filled caches, with a report (no training)."""
   hosts = host_names(config.fault.local_hosts)
-  prepared = prepare(config, workdir, hosts)
-  stats = placement_lib.load_stats(prepared.placement, prepared.manifest)
+  prepared = prepare(config, workdir)
+  run = paths.RunPaths(workdir, config)
+  walk = placement_lib.walk_history(prepared.manifest, [hosts], seed=config.seed,
+                                    vnodes=config.data.vnodes,
+                                    method=config.data.placement_method)
+  stats = placement_lib.load_stats(walk.current, prepared.manifest)
   host_batch = config.data.batch_size // len(hosts)
-  plan = partition.plan_epoch(prepared.manifest, prepared.placement, seed=config.seed, epoch=0,
+  plan = partition.plan_epoch(prepared.manifest, walk.current, seed=config.seed, epoch=0,
                               num_partitions=config.data.num_partitions,
                               host_batch_size=host_batch)
   cache_counts = {}
   for host in hosts:
-    cache = open_cache(config, workdir, prepared, host)
-    rows = recache.host_rows(config.data, prepared.manifest, [hosts], host, seed=config.seed)
+    cache = open_cache(run, prepared, host)
+    rows = recache.host_rows(config.data, prepared.manifest, walk, host)
     fill_cache(cache, rows.prefill, f"decoding {host}")
     cache_counts[host] = {**cache.counters, "rejected_at_decode": len(cache.rejected)}
   report = {
@@ -146,7 +137,7 @@ def run_ingest(config, workdir: str) -> dict:
                "padding_fraction": round(plan.padding_fraction, 4)},
       "cache": cache_counts,
   }
-  with open(os.path.join(workdir, "ingest", "report.json"), "w") as f:
+  with open(run.ingest_report, "w") as f:
     json.dump(report, f, indent=2, default=_jsonable)
   print(ingest.format_summary(prepared.ingested.summary))
   print(f"placement over {len(hosts)} host(s): max/mean cost "

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import weakref
+import json
 from typing import Any, Iterable, Sequence
 
 import numpy as np
@@ -89,24 +89,17 @@ def stable_hash64(keys: Iterable[str]) -> np.ndarray:
   return np.frombuffer(digests, dtype="<u8").astype(np.uint64)
 
 
-# record_positions per (record id array, seed): hashing every id is most of a replace_hosts call,
-# and replica_owners makes one per host.
-_POSITIONS: dict[tuple[int, int], tuple[weakref.ref, np.ndarray]] = {}
-
-
 def record_positions(manifest: manifest_lib.Manifest, seed: int) -> np.ndarray:
-  """(N,) uint64 ring position of each record, from (seed, record_id) (read-only, memoised)."""
-  ids = manifest.record_ids
-  key = (id(ids), int(seed))
-  hit = _POSITIONS.get(key)
-  if hit is not None and hit[0]() is ids:
-    return hit[1]
-  pos_N = stable_hash64(f"{seed}/{rid}" for rid in ids)
-  pos_N.flags.writeable = False
-  for stale in [k for k, (ref, _) in _POSITIONS.items() if ref() is None]:
-    del _POSITIONS[stale]
-  _POSITIONS[key] = (weakref.ref(ids), pos_N)
-  return pos_N
+  """(N,) uint64 ring position of each record, from (seed, record_id) (read-only).
+
+  Computed once per manifest and seed: hashing every id is most of a replace_hosts call, and
+  replica_owners makes one per host.
+  """
+  def make():
+    pos_N = stable_hash64(f"{seed}/{rid}" for rid in manifest.record_ids)
+    pos_N.flags.writeable = False
+    return pos_N
+  return manifest.derived(("ring_positions", int(seed)), make)
 
 
 def ring(hosts: Sequence[str], *, seed: int, vnodes: int) -> tuple[np.ndarray, np.ndarray]:
@@ -354,20 +347,50 @@ def replace_hosts(prev: Placement, manifest: manifest_lib.Manifest, hosts: Seque
                    method=prev.method, seed=int(seed), vnodes=vnodes)
 
 
-def place_history(manifest: manifest_lib.Manifest, host_history: Sequence[Sequence[str]], *,
-                  seed: int, vnodes: int = 100, method: str = "bounded") -> Placement:
-  """The placement after a sequence of host sets: place the first, replace_hosts for each later.
+@dataclasses.dataclass(frozen=True)
+class Walk:
+  """The placements a host history leads through.
 
-  Generation is len(host_history) - 1 (an unchanged host set still counts as a generation, with
-  nothing moved).
+  Attributes:
+    first: the first host set's placement.
+    previous: the placement before the latest membership change (`first` if none).
+    current: the latest host set's placement.
+    changes: membership changes in the history (its length - 1).
+  """
+  first: Placement
+  previous: Placement
+  current: Placement
+  changes: int
+
+
+def walk_history(manifest: manifest_lib.Manifest, host_history: Sequence[Sequence[str]], *,
+                 seed: int, vnodes: int = 100, method: str = "bounded") -> Walk:
+  """Places the first host set, then `replace_hosts` for each later one, in one walk.
+
+  The current placement's generation is len(host_history) - 1 (an unchanged host set still
+  counts as a generation, with nothing moved).
   """
   if isinstance(host_history, str) or not len(host_history):
     raise ValueError("host_history must be a non-empty sequence of host sets, e.g. "
                      "[['host-0', 'host-1'], ['host-0']]")
-  placement = place(manifest, host_history[0], seed=seed, vnodes=vnodes, method=method)
+  first = place(manifest, host_history[0], seed=seed, vnodes=vnodes, method=method)
+  previous = current = first
   for hosts in host_history[1:]:
-    placement = replace_hosts(placement, manifest, hosts, seed=seed, vnodes=vnodes)
-  return placement
+    previous, current = current, replace_hosts(current, manifest, hosts, seed=seed, vnodes=vnodes)
+  return Walk(first, previous, current, len(host_history) - 1)
+
+
+def place_history(manifest: manifest_lib.Manifest, host_history: Sequence[Sequence[str]], *,
+                  seed: int, vnodes: int = 100, method: str = "bounded") -> Placement:
+  """The placement after a sequence of host sets (`walk_history`'s current placement)."""
+  return walk_history(manifest, host_history, seed=seed, vnodes=vnodes, method=method).current
+
+
+def fingerprint(placement: Placement) -> str:
+  """Names a placement (its owners and hosts) in lineage records."""
+  h = hashlib.sha256(np.ascontiguousarray(placement.owner_N).tobytes())
+  h.update(json.dumps(list(placement.hosts)).encode())
+  return h.hexdigest()[:16]
 
 
 def replica_owners(placement: Placement, manifest: manifest_lib.Manifest) -> np.ndarray:

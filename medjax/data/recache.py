@@ -22,8 +22,6 @@ import logging
 import os
 import threading
 import time
-from typing import Sequence
-
 import numpy as np
 
 from medjax.data import cache as cache_lib
@@ -70,9 +68,8 @@ def _owned(manifest, place: placement_lib.Placement, host: str,
   return primary_N, wanted_N
 
 
-def host_rows(data_config, manifest, host_history: Sequence[Sequence[str]], host: str, *,
-              seed: int) -> HostRows:
-  """What `host` caches after `host_history` (host sets, oldest first, ending with this one)."""
+def host_rows(data_config, manifest, walk: placement_lib.Walk, host: str) -> HostRows:
+  """What `host` caches after the host history that `walk` placed (its latest host set)."""
   policy, replicas = data_config.cache_policy, int(data_config.replicas)
   if policy not in POLICIES:
     raise ValueError(f"config.data.cache_policy={policy!r}; use one of {POLICIES}")
@@ -81,26 +78,18 @@ def host_rows(data_config, manifest, host_history: Sequence[Sequence[str]], host
   if policy == "redirect" and replicas != 1:
     raise ValueError("config.data.cache_policy='redirect' never caches moved records, so "
                      "config.data.replicas must be 1")
-  history = [list(h) for h in host_history]
-  # One walk through the history gives the first, the previous and the current placement.
-  first = placement_lib.place(manifest, history[0], seed=seed, vnodes=data_config.vnodes,
-                              method=data_config.placement_method)
-  previous = current = first
-  for hosts in history[1:]:
-    previous, current = current, placement_lib.replace_hosts(current, manifest, hosts, seed=seed,
-                                                             vnodes=data_config.vnodes)
-  primary_N, wanted_N = _owned(manifest, current, host, replicas)
+  primary_N, wanted_N = _owned(manifest, walk.current, host, replicas)
   empty = np.zeros(0, np.int64)
-  if len(history) == 1:
+  if not walk.changes:
     return HostRows(np.flatnonzero(wanted_N), empty, empty, empty, 0)
-  prev_primary_N, prev_wanted_N = _owned(manifest, previous, host, replicas)
+  prev_primary_N, prev_wanted_N = _owned(manifest, walk.previous, host, replicas)
   no_cache_N = np.zeros(len(manifest), bool)
   if policy == "redirect":
-    no_cache_N = primary_N & ~_owned(manifest, first, host, 1)[0]
+    no_cache_N = primary_N & ~_owned(manifest, walk.first, host, 1)[0]
   return HostRows(wanted=np.flatnonzero(wanted_N & ~no_cache_N),
                   moved_in=np.flatnonzero(primary_N & ~prev_primary_N),
                   background=np.flatnonzero(wanted_N & ~prev_wanted_N & ~no_cache_N),
-                  no_cache=np.flatnonzero(no_cache_N), membership=len(history) - 1)
+                  no_cache=np.flatnonzero(no_cache_N), membership=walk.changes)
 
 
 def plan_order(first_rows: np.ndarray, rows: np.ndarray) -> np.ndarray:
@@ -156,20 +145,19 @@ class Recacher:
       self._thread.join()
 
 
-def publish(workdir: str, host: str, process: int, counters: dict) -> None:
-  """Copies one process's cache counters to shared storage for the run's summary."""
-  directory = os.path.join(workdir, "cache_stats")
+def publish(directory: str, host: str, process: int, counters: dict) -> None:
+  """Copies one process's cache counters to shared storage (`RunPaths.cache_stats`)."""
   os.makedirs(directory, exist_ok=True)
   cache_lib.write_json(os.path.join(directory, f"{host}.{process}.json"), counters)
 
 
-def gathered(workdir: str) -> dict:
+def gathered(directory: str) -> dict:
   """Every host's published counters, summed over its processes: {'hosts': ..., 'total': ...}.
 
   Hosts that left the run keep the counts they published before leaving.
   """
   hosts: dict[str, dict] = {}
-  for path in sorted(glob.glob(os.path.join(workdir, "cache_stats", "*.json"))):
+  for path in sorted(glob.glob(os.path.join(directory, "*.json"))):
     host = os.path.basename(path).rsplit(".", 2)[0]
     with open(path) as f:
       counters = json.load(f)

@@ -27,6 +27,7 @@ import uuid
 
 import grpc
 
+from medjax import paths
 from medjax.fault import protocol
 
 LAUNCH = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
@@ -48,6 +49,7 @@ class Agent:
                advertise: str = "127.0.0.1", tls_ca: str = ""):
     self.client = protocol.Client(address, token, tls_ca=tls_ca, timeout_s=2.0)
     self.host, self.workdir, self.f, self.advertise = host, workdir, fault_config, advertise
+    self.run_paths = paths.RunPaths(workdir)
     self.agent_id = uuid.uuid4().hex[:8]
     self.generation = -1
     self.workers: list[Worker] = []
@@ -77,9 +79,9 @@ class Agent:
     if not self.f.standby_workers:
       return
     self.standby = [p for p in self.standby if p.poll() is None]
-    os.makedirs(os.path.join(self.workdir, "logs"), exist_ok=True)
+    os.makedirs(self.run_paths.logs, exist_ok=True)
     while len(self.standby) < self.f.workers_per_host:
-      with open(os.path.join(self.workdir, "logs", f"standby-{self.host}.log"), "a") as log:
+      with open(self.run_paths.process_log(f"standby-{self.host}"), "a") as log:
         self.standby.append(subprocess.Popen(
             [sys.executable, LAUNCH, "--role=worker", "--standby", f"--workdir={self.workdir}"],
             env=self._env(self.f.devices_per_worker), stdin=subprocess.PIPE, stdout=log,
@@ -88,7 +90,7 @@ class Agent:
   def _start(self, spec: dict) -> None:
     self.generation = spec["generation"]
     host_index = spec["hosts"].index(self.host)
-    os.makedirs(os.path.join(self.workdir, "logs"), exist_ok=True)
+    os.makedirs(self.run_paths.logs, exist_ok=True)
     ready = [p for p in self.standby if p.poll() is None]
     if spec["devices_per_worker"] != self.f.devices_per_worker:
       ready = []
@@ -107,9 +109,7 @@ class Agent:
         except (BrokenPipeError, OSError):
           proc = None
       if proc is None:
-        log_path = os.path.join(self.workdir, "logs",
-                                f"gen-{self.generation:03d}-proc-{pid:03d}.log")
-        with open(log_path, "a") as log:
+        with open(self.run_paths.worker_output(self.generation, pid), "a") as log:
           proc = subprocess.Popen(
               [sys.executable, LAUNCH, "--role=worker", f"--workdir={self.workdir}",
                f"--generation={self.generation}", f"--process_id={pid}",

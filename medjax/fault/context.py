@@ -1,56 +1,44 @@
 """The worker's side of fault tolerance: progress heartbeats, commits, stop requests.
 
-`Local` serves single-process runs with no coordinator: a commit writes the lineage record itself.
-`Remote` talks to the coordinator: a background thread sends heartbeats carrying progress (phase,
-step, partition, a progress counter) and picks up stop requests; commits are queued and resent
-until the coordinator takes them, so a coordinator outage loses nothing.
+`Local` serves single-process runs with no coordinator: a commit writes the lineage record itself
+and applies retention. `Remote` talks to the coordinator: a background thread sends heartbeats
+carrying progress (phase, step, partition, a progress counter) and picks up stop requests;
+commits are queued and resent until the coordinator takes them (it writes the record and applies
+retention), so a coordinator outage loses nothing. Either way exactly one party prunes
+checkpoints: whoever commits.
 """
 
 from __future__ import annotations
 
 import collections
-import itertools
 import logging
 import threading
 import time
 
 import grpc
-import jax
-from jax._src import distributed as jax_distributed  # the client jax's own checkpoint barriers use
 
+from medjax import checkpoint as checkpoint_lib
 from medjax import lineage as lineage_lib
 
-# Worker exit codes (besides 0, success, and -N, killed by signal N).
-EXIT_ERROR, EXIT_STOPPED, EXIT_PREEMPTED, EXIT_OOM = 1, 10, 11, 12
 
 PHASES = ("starting", "preparing", "compiling", "restoring", "training", "checkpointing",
           "evaluating", "done")
 
 
-_barriers = itertools.count()
-
-
-def barrier(name: str, timeout_s: float) -> None:
-  """Waits until every process of the generation gets here (a no-op with one process).
-
-  A key-value-store barrier in jax.distributed's coordination service. Unlike
-  multihost_utils.sync_global_devices, a collective whose first use gives up after 30 s while
-  gloo connects, it waits up to `timeout_s`, e.g. while one host fills a large cache.
-  """
-  if jax.process_count() == 1:
-    return
-  jax_distributed.global_state.client.wait_at_barrier(f"medjax/{name}/{next(_barriers)}",
-                                                      int(timeout_s * 1000))
-
-
 class Local:
-  """No coordinator: commits go straight to the lineage store."""
+  """No coordinator: commits go straight to the lineage store, then retention is applied.
+
+  Args:
+    store: the run's lineage store.
+    checkpoints: the checkpoint directory retention applies to.
+    max_to_keep: committed checkpoints kept (config.ckpt.max_to_keep; 0 or None: all).
+  """
 
   generation = 0
   process_id = 0
 
-  def __init__(self, store: lineage_lib.LineageStore):
-    self.store = store
+  def __init__(self, store: lineage_lib.LineageStore, checkpoints: str, max_to_keep: int | None):
+    self.store, self.checkpoints, self.max_to_keep = store, checkpoints, max_to_keep
     self.phase, self.step, self.counter = "starting", 0, 0
     self.blocked_s, self.executed = 0.0, 0
 
@@ -58,6 +46,12 @@ class Local:
     self.phase = phase
 
   def progress(self, step: int = 0, epoch: int = 0, partition: int = 0) -> None:
+    """Training steps up to `step` finished (the phase is 'training' from then on).
+
+    `executed`, which the trainer counts up as it dispatches steps, is what the summary's waste
+    counts; progress is of finished steps, which hang detection watches.
+    """
+    self.phase = "training"
     self.step = step
     self.counter += 1
 
@@ -68,8 +62,9 @@ class Local:
   def stop_requested(self) -> bool:
     return False
 
-  def commit(self, record: dict) -> None:
-    self.store.commit(record)
+  def commit(self, lineage: lineage_lib.Lineage) -> None:
+    self.store.commit(lineage, committed_at=time.time())
+    checkpoint_lib.prune(self.checkpoints, self.store.committed_steps(), self.max_to_keep)
 
   def flush(self, timeout_s: float = 0.0) -> bool:
     return True
@@ -100,19 +95,20 @@ class Remote(Local):
     self._beat()
 
   def progress(self, step: int = 0, epoch: int = 0, partition: int = 0) -> None:
-    first = self.step == 0 or self.executed == 0
+    first = self.phase != "training"
+    self.phase = "training"
     self.step, self.epoch, self.partition = step, epoch, partition
     self.counter += 1
-    self.executed += 1
     if first:
       self._beat()  # the coordinator times recovery to the first step of a generation
 
   def stop_requested(self) -> bool:
     return self._stop.is_set()
 
-  def commit(self, record: dict) -> None:
+  def commit(self, lineage: lineage_lib.Lineage) -> None:
+    """Queues `lineage` for the coordinator, which writes it to the store and prunes."""
     with self._lock:
-      self._pending.append(record)
+      self._pending.append(lineage.to_dict())
     self._send_commits()
 
   def flush(self, timeout_s: float = 30.0) -> bool:

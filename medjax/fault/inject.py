@@ -21,6 +21,8 @@ import time
 
 import psutil
 
+from medjax import paths
+
 KINDS = ("kill", "sigstop", "hang", "oom", "sigterm", "host")
 
 
@@ -66,7 +68,7 @@ class Injector:
   def __init__(self, text: str, process_id: int, workdir: str, host: str | None = None):
     self.faults = [f for f in parse(text) if f.process == process_id]
     self.host = host
-    self.dir = os.path.join(workdir, "faults")
+    self.dir = paths.RunPaths(workdir).faults
     os.makedirs(self.dir, exist_ok=True)
 
   def _fire(self, fault: Fault, global_step: int) -> None:
@@ -119,7 +121,7 @@ def _kill_host() -> None:
 
 def record_external(workdir: str, kind: str, *, process=None, host=None, pid=None) -> None:
   """Notes a fault delivered from outside (a test or an operator's kill), for detection times."""
-  d = os.path.join(workdir, "faults")
+  d = paths.RunPaths(workdir).faults
   os.makedirs(d, exist_ok=True)
   now = time.time()
   with open(os.path.join(d, f"external-{now:.6f}-{kind}"), "w") as f:
@@ -128,7 +130,7 @@ def record_external(workdir: str, kind: str, *, process=None, host=None, pid=Non
 
 def fired(workdir: str) -> list[dict]:
   """Every fault that fired, with when (for detection times in the summary)."""
-  d = os.path.join(workdir, "faults")
+  d = paths.RunPaths(workdir).faults
   out = []
   for name in sorted(os.listdir(d)) if os.path.isdir(d) else []:
     with open(os.path.join(d, name)) as f:

@@ -15,6 +15,7 @@ import os
 import numpy as np
 
 from medjax import jsonl
+from medjax import paths
 
 
 class Writer:
@@ -23,9 +24,9 @@ class Writer:
   def __init__(self, workdir: str, generation: int, process: int, *, enabled: bool = True):
     self._f = None
     if enabled:
-      os.makedirs(os.path.join(workdir, "ledger"), exist_ok=True)
-      self._f = open(os.path.join(workdir, "ledger", f"gen-{generation:03d}-proc-{process:03d}"
-                                  ".jsonl"), "a")
+      run = paths.RunPaths(workdir)
+      os.makedirs(run.ledger, exist_ok=True)
+      self._f = open(run.ledger_file(generation, process), "a")
 
   def write(self, step: int, epoch: int, rows: np.ndarray) -> None:
     if self._f is not None:
@@ -41,7 +42,8 @@ class Writer:
 def last_executions(workdir: str, final_step: int) -> dict[int, tuple[int, list[int]]]:
   """global step -> (epoch, rows of all processes) from the newest generation that ran it."""
   by_step: dict[int, dict[int, tuple[int, list[int]]]] = collections.defaultdict(dict)
-  for path in sorted(glob.glob(os.path.join(workdir, "ledger", "gen-*-proc-*.jsonl"))):
+  pattern = os.path.join(paths.RunPaths(workdir).ledger, "gen-*-proc-*.jsonl")
+  for path in sorted(glob.glob(pattern)):
     generation = int(os.path.basename(path).split("-")[1])
     for entry in jsonl.read(path):
       gen_rows = by_step[entry["step"]].setdefault(generation, (entry["epoch"], []))

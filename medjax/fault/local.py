@@ -16,6 +16,7 @@ import sys
 import time
 
 from medjax import jsonl
+from medjax import paths
 from medjax.data import pipeline
 from medjax.fault import agent as agent_lib
 from medjax.fault import protocol
@@ -26,33 +27,36 @@ class RunFailed(RuntimeError):
 
 
 def _spawn(args: list[str], log_path: str) -> subprocess.Popen:
-  log = open(log_path, "a")
-  return subprocess.Popen([sys.executable, agent_lib.LAUNCH, *args], stdout=log,
-                          stderr=subprocess.STDOUT, start_new_session=True)
+  with open(log_path, "a") as log:
+    # The child has its own copy of the descriptor; ours closes here.
+    return subprocess.Popen([sys.executable, agent_lib.LAUNCH, *args], stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)
 
 
-def start_coordinator(workdir: str, port: int) -> subprocess.Popen:
-  return _spawn(["--role=coordinator", f"--workdir={workdir}", f"--port={port}"],
-                os.path.join(workdir, "logs", "coordinator.log"))
+def start_coordinator(run_paths: paths.RunPaths, port: int) -> subprocess.Popen:
+  return _spawn(["--role=coordinator", f"--workdir={run_paths.workdir}", f"--port={port}"],
+                run_paths.process_log("coordinator"))
 
 
-def start_agent(workdir: str, port: int, host: str) -> subprocess.Popen:
-  return _spawn(["--role=agent", f"--workdir={workdir}", f"--coordinator=127.0.0.1:{port}",
-                 f"--host_name={host}"], os.path.join(workdir, "logs", f"agent-{host}.log"))
+def start_agent(run_paths: paths.RunPaths, port: int, host: str) -> subprocess.Popen:
+  return _spawn(["--role=agent", f"--workdir={run_paths.workdir}",
+                 f"--coordinator=127.0.0.1:{port}", f"--host_name={host}"],
+                run_paths.process_log(f"agent-{host}"))
 
 
 def run(config, workdir: str) -> dict:
   """Runs the whole job locally; returns summary.json's contents."""
-  os.makedirs(os.path.join(workdir, "logs"), exist_ok=True)
+  run_paths = paths.RunPaths(workdir, config)
+  os.makedirs(run_paths.logs, exist_ok=True)
   root = pipeline.cohort_root(config, workdir)
   pipeline.ingested(config, workdir, root)
-  protocol.create_token_file(config.fault.token_file or os.path.join(workdir, "secrets", "token"))
+  protocol.create_token_file(run_paths.token)
   port = config.fault.port or protocol.free_port()
-  coordinator = start_coordinator(workdir, port)
-  agents = {f"host-{i}": start_agent(workdir, port, f"host-{i}")
+  coordinator = start_coordinator(run_paths, port)
+  agents = {f"host-{i}": start_agent(run_paths, port, f"host-{i}")
             for i in range(config.fault.local_hosts)}
-  logging.info("local: coordinator on 127.0.0.1:%d (pid %d), agents %s; logs in %s/logs", port,
-               coordinator.pid, {h: a.pid for h, a in agents.items()}, workdir)
+  logging.info("local: coordinator on 127.0.0.1:%d (pid %d), agents %s; logs in %s", port,
+               coordinator.pid, {h: a.pid for h, a in agents.items()}, run_paths.logs)
   restarts = 0
   try:
     while True:
@@ -60,12 +64,12 @@ def run(config, workdir: str) -> dict:
       if code == 0:
         break
       if code == 2:
-        raise RunFailed(_error(workdir))
+        raise RunFailed(_error(run_paths))
       if code is not None:
         restarts += 1
         logging.warning("local: the coordinator exited with %s; restarting it (restart %d)", code,
                         restarts)
-        coordinator = start_coordinator(workdir, port)
+        coordinator = start_coordinator(run_paths, port)
       time.sleep(0.2)
     for a in agents.values():
       try:
@@ -76,12 +80,12 @@ def run(config, workdir: str) -> dict:
     for p in [coordinator, *agents.values()]:
       if p.poll() is None:
         p.kill()
-  with open(os.path.join(workdir, "summary.json")) as f:
+  with open(run_paths.summary) as f:
     return json.load(f)
 
 
-def _error(workdir: str) -> str:
-  for event in reversed(jsonl.read(os.path.join(workdir, "events.jsonl"))):
+def _error(run_paths: paths.RunPaths) -> str:
+  for event in reversed(jsonl.read(run_paths.events)):
     if event["event"] == "gave_up":
       return event["error"]
-  return f"the coordinator gave up; see {workdir}/events.jsonl and {workdir}/logs"
+  return f"the coordinator gave up; see {run_paths.events} and {run_paths.logs}"

@@ -15,13 +15,15 @@ import sys
 import jax
 import ml_collections
 
+from medjax import paths
 from medjax.fault import context
 from medjax.fault import inject
+from medjax.fault import policy
 from medjax.fault import protocol
 
 
 def load_config(workdir: str) -> ml_collections.ConfigDict:
-  with open(os.path.join(workdir, "config.json")) as f:
+  with open(paths.RunPaths(workdir).config_json) as f:
     return ml_collections.ConfigDict(json.load(f))
 
 
@@ -38,8 +40,7 @@ def wait_for_assignment(workdir: str) -> dict | None:
   job = json.loads(line)
   sys.stdout.flush()
   sys.stderr.flush()
-  path = os.path.join(workdir, "logs",
-                      f"gen-{job['generation']:03d}-proc-{job['process_id']:03d}.log")
+  path = paths.RunPaths(workdir).worker_output(job["generation"], job["process_id"])
   with open(path, "a") as log:
     os.dup2(log.fileno(), 1)
     os.dup2(log.fileno(), 2)
@@ -50,15 +51,14 @@ def run(workdir: str, generation: int, process_id: int, host: str, coordinator: 
   """Trains as process `process_id` of `generation`; returns the process exit code."""
   from medjax.train import loop  # pylint: disable=import-outside-toplevel
   config = load_config(workdir)
-  with open(os.path.join(workdir, "generations", f"gen-{generation:03d}.json")) as f:
+  run_paths = paths.RunPaths(workdir, config)
+  with open(run_paths.generation_spec(generation)) as f:
     spec = json.load(f)
-  token = protocol.load_token(config.fault.token_file
-                              or os.path.join(workdir, "secrets", "token"))
+  token = protocol.load_token(run_paths.token)
   client = protocol.Client(coordinator, token, tls_ca=config.fault.tls_ca)
   ctx = context.Remote(client, generation=generation, process_id=process_id)
   # Restarts reuse compiled programs instead of compiling from scratch.
-  jax.config.update("jax_compilation_cache_dir", config.mesh.compilation_cache_dir
-                    or os.path.join(workdir, "jax_cache"))
+  jax.config.update("jax_compilation_cache_dir", run_paths.compilation_cache)
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
   # jax.distributed's own failure detection waits longer than the coordinator's, so ours acts.
@@ -72,16 +72,16 @@ def run(workdir: str, generation: int, process_id: int, host: str, coordinator: 
     loop.train_and_evaluate(config, workdir, topology, ctx, host_history=spec["host_history"])
   except loop.Stopped as e:
     logging.info("worker %d: %s", process_id, e)
-    code = context.EXIT_STOPPED
+    code = policy.EXIT_STOPPED
   except loop.Preempted as e:
     logging.info("worker %d: %s", process_id, e)
-    code = context.EXIT_PREEMPTED
+    code = policy.EXIT_PREEMPTED
   except (inject.InjectedOutOfMemory, MemoryError) as e:
     logging.error("worker %d: out of memory: %s", process_id, e)
-    code = context.EXIT_OOM
+    code = policy.EXIT_OOM
   except Exception:  # pylint: disable=broad-except
     logging.exception("worker %d: training failed", process_id)
-    code = context.EXIT_ERROR
+    code = policy.EXIT_ERROR
   else:
     ctx.close()
     jax.distributed.shutdown()

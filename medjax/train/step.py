@@ -27,8 +27,13 @@ def loss_and_metrics(graphdef, params, fill, batch, rng, *, train: bool):
                 "weight": jnp.sum(weight_B)}
 
 
-def make_train_step(graphdef, tx, built: state_lib.Built, mesh, *, seed: int):
-  """state, batch -> (state, metrics). The modality-dropout key depends only on (seed, step)."""
+def make_train_step(graphdef, tx, built: state_lib.Built, mesh, *, seed: int,
+                    lr_schedule=None, grad_accum: int = 1):
+  """state, batch -> (state, metrics). The modality-dropout key depends only on (seed, step).
+
+  With `lr_schedule`, metrics include the learning rate the step's update used (computed on the
+  device, so logging it costs the host nothing); with `grad_accum` = k the schedule counts updates.
+  """
   base_key = jax.random.key(seed)
 
   def train_step(state, batch):
@@ -40,6 +45,8 @@ def make_train_step(graphdef, tx, built: state_lib.Built, mesh, *, seed: int):
     updates, opt = tx.update(grads, state["opt"], state["params"])
     params = optax.apply_updates(state["params"], updates)
     metrics["grad_norm"] = optax.tree.norm(grads)
+    if lr_schedule is not None:
+      metrics["learning_rate"] = lr_schedule((state["step"] + 1) // grad_accum)
     new_state = {"params": params, "fill": state["fill"], "opt": opt, "step": state["step"] + 1}
     return new_state, metrics
 

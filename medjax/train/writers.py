@@ -9,6 +9,7 @@ import os
 from tensorboardX import SummaryWriter
 
 from medjax import jsonl
+from medjax import paths
 
 
 class MetricWriter:
@@ -18,8 +19,9 @@ class MetricWriter:
     self.enabled = enabled
     if not enabled:
       return
-    self._jsonl = open(os.path.join(workdir, "metrics.jsonl"), "a")
-    self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"), flush_secs=10)
+    run = paths.RunPaths(workdir)
+    self._jsonl = open(run.metrics, "a")
+    self._tb = SummaryWriter(run.tensorboard, flush_secs=10)
 
   def write(self, step: int, scalars: dict[str, float], *, kind: str = "train") -> None:
     if not self.enabled:
@@ -39,4 +41,4 @@ class MetricWriter:
 
 
 def read_metrics(workdir: str) -> list[dict]:
-  return jsonl.read(os.path.join(workdir, "metrics.jsonl"))
+  return jsonl.read(paths.RunPaths(workdir).metrics)

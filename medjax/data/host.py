@@ -1,0 +1,154 @@
+"""One host's data for one generation, built once: placement, cache, reader, partition plans.
+
+`setup` is what the trainer, the evaluator (`medjax.evaluate.load`) and the benchmarks call after
+`pipeline.prepare`: it walks the host history once (`placement.walk_history`), works out what the
+host caches (`recache.host_rows`), opens the host's node-local cache (the host's first process
+fills it; the others open it read-only once the fill is done), and holds the records in memory
+when they fit. The `HostData` it returns reads batches, plans epochs, decodes newly owned records
+in the background and publishes the cache counters.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import numpy as np
+
+from medjax import paths
+from medjax.data import cache as cache_lib
+from medjax.data import loader
+from medjax.data import partition
+from medjax.data import pipeline
+from medjax.data import placement as placement_lib
+from medjax.data import recache
+
+
+@dataclasses.dataclass(frozen=True)
+class Topology:
+  """Which host and process this is. Single-process runs use the defaults."""
+  hosts: tuple[str, ...] = ("host-0",)
+  host: str = "host-0"
+  local_index: int = 0
+  local_count: int = 1
+
+  @property
+  def host_index(self) -> int:
+    return self.hosts.index(self.host)
+
+  @property
+  def cache_writer(self) -> bool:
+    """The host's first process fills and writes its cache; the others only read it."""
+    return self.local_index == 0
+
+
+@dataclasses.dataclass
+class HostData:
+  """The data of one host in one generation (see the module docstring); built by `setup`."""
+  run: paths.RunPaths
+  topology: Topology
+  prepared: pipeline.Prepared
+  walk: placement_lib.Walk
+  rows: recache.HostRows
+  cache: cache_lib.Cache
+  seed: int
+  num_partitions: int
+  host_batch: int
+
+  @property
+  def manifest(self):
+    return self.prepared.manifest
+
+  @property
+  def tables(self) -> dict[str, np.ndarray]:
+    return self.prepared.ingested.tables
+
+  @property
+  def shapes(self):
+    return self.prepared.shapes
+
+  @property
+  def placement(self) -> placement_lib.Placement:
+    return self.walk.current
+
+  @property
+  def placement_id(self) -> str:
+    return placement_lib.fingerprint(self.walk.current)
+
+  def reader(self, **kw) -> loader.BatchReader:
+    """A reader of this process's share of plan steps (kw: `loader.BatchReader`'s options)."""
+    t = self.topology
+    return loader.BatchReader(self.cache, self.manifest, self.tables, host_index=t.host_index,
+                              local_index=t.local_index, local_count=t.local_count, **kw)
+
+  def plan(self, epoch: int, base_N: np.ndarray | None = None) -> partition.EpochPlan:
+    """`epoch`'s plan under this generation's placement, less the records in `base_N`."""
+    train = self.manifest.indices("train")
+    rows = train[~base_N[train]] if base_N is not None and base_N.any() else None
+    return partition.plan_epoch(self.manifest, self.placement, seed=self.seed, epoch=epoch,
+                                num_partitions=self.num_partitions,
+                                host_batch_size=self.host_batch, rows=rows)
+
+  def start_recache(self, plan: partition.EpochPlan, first_partition: int) -> recache.Recacher:
+    """Decodes newly owned records in the background, those the plan reads next first."""
+    upcoming = np.concatenate([np.zeros(0, np.int64)] + [
+        steps[:, self.topology.host_index].ravel()
+        for steps in plan.steps[first_partition:]])
+    rows = (recache.plan_order(upcoming, self.rows.background) if self.topology.cache_writer
+            else np.zeros(0, np.int64))
+    return recache.Recacher(self.cache, rows).start()
+
+  def publish_counters(self) -> None:
+    """Copies this process's cache counters to shared storage (`gathered_counters` sums them)."""
+    recache.publish(self.run.cache_stats, self.topology.host, self.topology.local_index,
+                    self.cache.save_counters())
+
+  def gathered_counters(self) -> dict:
+    """Every host's published counters: {'hosts': {host: counters}, 'total': counters}."""
+    return recache.gathered(self.run.cache_stats)
+
+
+def setup(config, workdir: str, topology: Topology = Topology(),
+          host_history: list[list[str]] | None = None, *,
+          barrier: Callable[[str], None] = lambda name: None,
+          alive: Callable[[int], None] | None = None, read_only: bool = False) -> HostData:
+  """Builds `topology.host`'s data for the generation whose host sets so far are `host_history`.
+
+  Args:
+    config: the run config (its data section, seed and batch size).
+    workdir: the run directory.
+    topology: this process's host and place among the host's processes.
+    host_history: host sets of the placement generations so far, ending with this one's
+      (default: just this one).
+    barrier: waits for every process of the generation (`checkpoint.Barrier`), so that the
+      host's other processes open its cache after the first process filled it.
+    alive: called with each count of records decoded (progress that is not a training step).
+    read_only: open the cache without filling or writing it (evaluation of a finished run).
+  """
+  prepared = pipeline.prepare(config, workdir)
+  history = [list(h) for h in (host_history or [topology.hosts])]
+  if sorted(history[-1]) != sorted(topology.hosts):
+    raise ValueError(f"host history ends with {history[-1]}, not this generation's "
+                     f"{list(topology.hosts)}")
+  data = config.data
+  walk = placement_lib.walk_history(prepared.manifest, history, seed=config.seed,
+                                    vnodes=data.vnodes, method=data.placement_method)
+  rows = recache.host_rows(data, prepared.manifest, walk, topology.host)
+  run = paths.RunPaths(workdir, config)
+  writer = topology.cache_writer and not read_only
+  if writer:
+    cache = pipeline.open_cache(run, prepared, topology.host)
+    cache.configure(no_cache=rows.no_cache, moved=rows.moved_in)
+    cache.note_membership(rows.membership, len(rows.moved_in))
+    pipeline.fill_cache(cache, rows.prefill, f"decoding {topology.host}", on_progress=alive)
+  barrier("cache filled")
+  if not writer:
+    cache = pipeline.open_cache(run, prepared, topology.host, read_only=True,
+                                process=topology.local_index)
+    cache.configure(no_cache=rows.no_cache, moved=rows.moved_in,
+                    expect=rows.background if not read_only else ())
+  if not read_only:
+    cache.hold_in_memory(rows.wanted, data.cache_memory_mb)
+  return HostData(run=run, topology=topology, prepared=prepared, walk=walk, rows=rows,
+                  cache=cache, seed=config.seed, num_partitions=data.num_partitions,
+                  host_batch=data.batch_size // len(topology.hosts))

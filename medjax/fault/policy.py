@@ -1,0 +1,489 @@
+"""The coordinator's policy: what failed, whether to restart, on which hosts, after what back-off.
+
+A state machine with no I/O and no clock of its own: every entry point takes an incoming event (an
+RPC's message, a commit, a tick of the control loop) and `now` (seconds on the caller's clock), and
+returns `Effects` for the caller to carry out: events to write, whether to persist the state, a
+generation spec to write, the RPC's reply. `medjax.fault.coordinator` is the shell around it (gRPC,
+events.jsonl, the lineage store); tests/test_coordinator_policy.py drives it with a fake clock.
+
+  WAITING     -> RUNNING     enough hosts alive (the same, a replacement, or fewer if elastic)
+              -> FAILED      no replacement host within fault.replacement_wait_s
+  RUNNING     -> STOPPING    a worker exited non-zero, hung, or its host was lost
+              -> DONE        every worker exited 0
+  STOPPING    -> BACKOFF     every host's workers are gone (or the stop timed out)
+              -> FAILED      more than fault.max_failures_without_progress failures in a row
+  BACKOFF     -> WAITING     after fault.backoff_s * 2**(failures in a row - 1), capped
+  RECOVERING  -> RUNNING     (a restarted coordinator) the agents still run the generation
+              -> STOPPING    they do not, within 2 * fault.host_timeout_s
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import Callable
+
+# A worker's exit codes (besides 0, success, and -N, killed by signal N); `medjax.fault.worker`
+# exits with them and the policy reads them, so they live here, where no jax is imported.
+EXIT_ERROR, EXIT_STOPPED, EXIT_PREEMPTED, EXIT_OOM = 1, 10, 11, 12
+
+EXIT_KINDS = {-9: "crash", -15: "sigterm", -19: "hang", -6: "crash", EXIT_ERROR: "error",
+              EXIT_PREEMPTED: "preemption", EXIT_OOM: "oom", EXIT_STOPPED: "stopped", 0: "exit"}
+
+
+class Status(enum.Enum):
+  """The coordinator's state; the values are what the Status RPC and the lineage store carry."""
+  WAITING = "waiting"        # no generation runs; start one once enough hosts are alive
+  RUNNING = "running"        # a generation trains; watch for exits, hangs and lost hosts
+  STOPPING = "stopping"      # a failure stops the generation; wait until its workers are gone
+  BACKOFF = "backoff"        # wait before the next generation (longer after each failure)
+  RECOVERING = "recovering"  # restarted mid-generation: do the agents still run it?
+  DONE = "done"
+  FAILED = "failed"
+
+
+@dataclasses.dataclass
+class Failure:
+  """One failure, as the summary and events.jsonl report it."""
+  kind: str                   # an EXIT_KINDS value, 'hang' or 'host_lost'
+  worker: int | str           # a process id, or a host name for a lost host
+  host: str | None
+  generation: int
+  step: int                   # the worker's last reported step, else the last committed one
+  committed_step: int
+  detected_s: float           # from the fault (its marker, else the last heartbeat) to detection
+  t_detect: float
+  fault: str | None = None    # the fault marker it was matched to
+  recovered_s: float | None = None  # from detection to the next generation's first step
+  observed: str | None = None  # the symptom, when a lost host turned out to be the cause
+
+
+@dataclasses.dataclass
+class Worker:
+  """A worker process of the current generation, from its heartbeats and its agent's reports."""
+  process_id: int
+  exit_code: int | None = None
+  phase: str | None = None
+  step: int | None = None
+  epoch: int | None = None
+  partition: int | None = None
+  counter: int = -1
+  last_seen: float | None = None
+  last_progress: float | None = None
+
+
+@dataclasses.dataclass
+class Agent:
+  """A host's agent, from its registration and heartbeats."""
+  host: str
+  last_seen: float
+  agent_id: str | None = None
+  address: str = "127.0.0.1"
+  free_port: int | None = None
+  generation: int = -1
+  workers: list[dict] = dataclasses.field(default_factory=list)
+
+  def running(self) -> bool:
+    return any(w.get("running") for w in self.workers)
+
+
+_PERSISTED = ("status", "generation", "history", "failures", "gen_stats", "strikes",
+              "commits_at_failure", "spec")
+
+
+@dataclasses.dataclass
+class State:
+  """The coordinator's state. `to_json` holds what survives a restart; the rest (agents, workers,
+  timers) is rebuilt from the agents' and workers' next reports."""
+  status: Status = Status.WAITING
+  generation: int = 0
+  history: list[list[str]] = dataclasses.field(default_factory=list)  # each generation's hosts
+  failures: list[Failure] = dataclasses.field(default_factory=list)
+  gen_stats: dict[str, dict] = dataclasses.field(default_factory=dict)  # by str(generation)
+  strikes: int = 0                # failures in a row without a new committed step
+  commits_at_failure: int = -1    # the last committed step at the latest failure
+  spec: dict | None = None        # the current generation's spec
+  last_commit: int = 0            # the newest committed step (from the lineage store)
+  error: str = ""
+  agents: dict[str, Agent] = dataclasses.field(default_factory=dict)
+  workers: dict[int, Worker] = dataclasses.field(default_factory=dict)
+  dismissed: set[str] = dataclasses.field(default_factory=set)  # agents told the run is over
+  stop_started: float = 0.0
+  stop_deadline: float = 0.0
+  backoff_until: float = 0.0
+  waiting_since: float = 0.0
+  recover_until: float = 0.0
+
+  def to_json(self) -> dict:
+    out = {name: getattr(self, name) for name in _PERSISTED}
+    out["status"] = self.status.value
+    out["failures"] = [dataclasses.asdict(f) for f in self.failures]
+    return out
+
+  @classmethod
+  def from_json(cls, saved: dict) -> "State":
+    fields = {f.name for f in dataclasses.fields(Failure)}
+    return cls(status=Status(saved.get("status", "waiting")),
+               generation=saved.get("generation", 0), history=saved.get("history", []),
+               failures=[Failure(**{k: v for k, v in f.items() if k in fields})
+                         for f in saved.get("failures", [])],
+               gen_stats=saved.get("gen_stats", {}), strikes=saved.get("strikes", 0),
+               commits_at_failure=saved.get("commits_at_failure", -1), spec=saved.get("spec"))
+
+
+@dataclasses.dataclass
+class Effects:
+  """What the shell does after a policy call, in this order: write `spec` (the new generation's),
+  write `events` (name, fields), persist the state if `persist`; then answer with `reply`."""
+  events: list[tuple[str, dict]] = dataclasses.field(default_factory=list)
+  persist: bool = False
+  spec: dict | None = None
+  reply: dict | None = None
+
+
+class Policy:
+  """The coordinator's decisions over a `State`.
+
+  Args:
+    fault_config: config.fault.
+    now: the time the coordinator (re)started.
+    saved: the state persisted by an earlier coordinator of this run (`State.to_json`), if any.
+    last_commit: the newest committed step in the lineage store.
+    fault_times: returns the faults that fired so far ({name, time, process or host}, oldest
+      first; `medjax.fault.inject.fired`), so that detection is timed from the fault itself.
+  """
+
+  def __init__(self, fault_config, now: float, *, saved: dict | None = None,
+               last_commit: int = 0, fault_times: Callable[[], list[dict]] = list):
+    self.f = fault_config
+    self.fault_times = fault_times
+    self.restored = bool(saved)
+    self.state = State.from_json(saved) if saved else State()
+    self.state.last_commit = last_commit
+    self.state.waiting_since = now
+    if self.restored:
+      # The generation that ran (or was being stopped) may still run: hear from the agents first.
+      running = self.state.status in (Status.RUNNING, Status.STOPPING)
+      self.state.status = Status.RECOVERING if running else Status.WAITING
+      self.state.recover_until = now + self.f.host_timeout_s * 2
+    self._out = Effects()
+
+  @property
+  def finished(self) -> bool:
+    return self.state.status in (Status.DONE, Status.FAILED)
+
+  # -- effects -------------------------------------------------------------------------------
+
+  def _emit(self, event: str, **fields) -> None:
+    self._out.events.append((event, fields))
+
+  def _persist(self) -> None:
+    self._out.persist = True
+
+  def _take(self, reply: dict | None = None) -> Effects:
+    out, self._out = self._out, Effects()
+    out.reply = reply
+    return out
+
+  # -- incoming events -----------------------------------------------------------------------
+
+  def register_agent(self, msg: dict, now: float) -> Effects:
+    s = self.state
+    new = msg["host"] not in s.agents
+    s.agents[msg["host"]] = Agent(host=msg["host"], last_seen=now, agent_id=msg.get("agent_id"),
+                                  address=msg.get("address", "127.0.0.1"),
+                                  free_port=msg.get("free_port"),
+                                  generation=msg.get("generation", -1),
+                                  workers=msg.get("workers", []))
+    if new:
+      self._emit("agent_registered", host=msg["host"], generation=msg.get("generation", -1))
+    return self._take({"ok": True})
+
+  def agent_heartbeat(self, msg: dict, now: float) -> Effects:
+    """Notes the agent's report; the reply says what its host should run."""
+    s, host = self.state, msg["host"]
+    agent = s.agents.get(host)
+    if agent is None:
+      return self._take({"action": "register"})
+    agent.last_seen, agent.free_port = now, msg.get("free_port")
+    agent.generation, agent.workers = msg.get("generation", -1), msg.get("workers", [])
+    if self.finished:
+      if not agent.running():
+        s.dismissed.add(host)
+      return self._take({"action": "exit"})
+    spec = s.spec
+    if spec and s.status == Status.RUNNING and host in spec["hosts"]:
+      training = "first_step" in s.gen_stats.get(str(spec["generation"]), {})
+      return self._take({"action": "run", "generation": spec["generation"], "spec": spec,
+                         "training": training})
+    if (s.status in (Status.STOPPING, Status.WAITING, Status.BACKOFF)
+        or (spec and host not in spec["hosts"])):
+      return self._take({"action": "stop", "generation": s.generation})
+    return self._take({"action": "idle"})
+
+  def report_exit(self, msg: dict, now: float) -> Effects:
+    """A worker exited (its agent saw it at once): a failure, or one more worker done."""
+    s = self.state
+    pid, gen, code = msg["process_id"], msg["generation"], msg["exit_code"]
+    self._emit("worker_exit", generation=gen, process_id=pid, exit_code=code,
+               host=msg.get("host"), reason=msg.get("reason", ""))
+    if gen != s.generation:
+      return self._take({"ok": True})
+    worker = s.workers.setdefault(pid, Worker(pid))
+    worker.exit_code = code
+    if s.status == Status.RUNNING:
+      if code == 0:
+        # A worker exits 0 only after training and evaluation returned (worker.run); its last
+        # "done" heartbeat may not have reached a coordinator that restarted meanwhile.
+        worker.phase = "done"
+        if self._all_workers_done():
+          self._finish()
+      else:
+        self._fail(EXIT_KINDS.get(code, f"exit {code}"), pid, msg.get("host"), now)
+    return self._take({"ok": True})
+
+  def worker_heartbeat(self, msg: dict, now: float) -> Effects:
+    """Notes a worker's progress; the reply asks it to stop when its generation is over."""
+    s = self.state
+    gen, pid = msg["generation"], msg["process_id"]
+    if gen != s.generation or s.status not in (Status.RUNNING, Status.RECOVERING):
+      return self._take({"stop": True})
+    w = s.workers.setdefault(pid, Worker(pid, last_progress=now))
+    if msg["counter"] != w.counter or msg["phase"] != w.phase:
+      w.last_progress = now
+    w.last_seen, w.phase, w.step, w.counter = now, msg["phase"], msg["step"], msg["counter"]
+    w.epoch, w.partition = msg.get("epoch"), msg.get("partition")
+    stats = s.gen_stats.setdefault(str(gen), {"started": now})
+    if msg["phase"] == "training" and msg.get("executed", 0) > 0 and "first_step" not in stats:
+      self._first_step(gen, msg["step"], stats, now)
+    if pid == 0:
+      stats.update(executed=msg.get("executed", 0), blocked_s=msg.get("blocked_s", 0.0),
+                   last_step=msg["step"])
+      if msg["phase"] == "training":
+        stats["training_s"] = now - stats.get("first_step", now)
+    return self._take({"stop": False})
+
+  def committed(self, step: int) -> Effects:
+    """A step's lineage record is in the store: progress, for the back-off and the crash loop."""
+    self.state.last_commit = max(self.state.last_commit, step)
+    return self._take()
+
+  def tick(self, now: float) -> Effects:
+    """One pass of the control loop: the decisions that time alone can trigger."""
+    step = {Status.RECOVERING: self._recover, Status.WAITING: self._start_generation,
+            Status.BACKOFF: self._wait_backoff, Status.RUNNING: self._watch,
+            Status.STOPPING: self._settle_stop}.get(self.state.status)
+    if step is not None:
+      step(now)
+    return self._take()
+
+  # -- queries -------------------------------------------------------------------------------
+
+  def status(self) -> dict:
+    s = self.state
+    return {"status": s.status.value, "generation": s.generation, "spec": s.spec,
+            "agents": sorted(s.agents), "error": s.error,
+            "failures": [dataclasses.asdict(f) for f in s.failures],
+            "workers": {str(pid): dataclasses.asdict(w) for pid, w in s.workers.items()}}
+
+  def alive_hosts(self, now: float) -> list[str]:
+    return sorted(h for h, a in self.state.agents.items()
+                  if now - a.last_seen < self.f.host_timeout_s)
+
+  def all_dismissed(self, now: float) -> bool:
+    """Every live agent has been told that the run is over."""
+    return not set(self.alive_hosts(now)) - self.state.dismissed
+
+  # -- decisions -----------------------------------------------------------------------------
+
+  def _all_workers_done(self) -> bool:
+    workers = self.state.workers.values()
+    return (len(workers) == self.state.spec["num_processes"]
+            and all(w.exit_code == 0 for w in workers))
+
+  def _watch(self, now: float) -> None:
+    """RUNNING: a lost host first (its workers' silence is a symptom), then hangs."""
+    lost = [h for h in self.state.spec["hosts"] if h in self.state.agents
+            and now - self.state.agents[h].last_seen > self.f.host_timeout_s]
+    if lost:
+      self._fail("host_lost", lost[0], lost[0], now)
+    else:
+      self._detect_hang(now)
+
+  def _phase_timeout(self, phase: str | None) -> float:
+    f = self.f
+    return {"compiling": f.timeout_compile_s, "restoring": f.timeout_compile_s,
+            "checkpointing": f.timeout_compile_s,
+            "training": f.timeout_training_s}.get(phase, f.timeout_start_s)
+
+  def _detect_hang(self, now: float) -> None:
+    """A worker silent, or alive without progress, past its phase's timeout."""
+    stale = []
+    for pid, w in self.state.workers.items():
+      if w.exit_code is not None:
+        continue
+      limit = self._phase_timeout(w.phase)
+      silent = now - (w.last_seen if w.last_seen is not None else now)
+      stuck = now - (w.last_progress if w.last_progress is not None else now)
+      if silent > limit or stuck > limit:
+        stale.append((-silent, -stuck, pid))
+    if stale:
+      # The culprit is the worker silent longest; the others are blocked waiting on it.
+      _, _, pid = min(stale)
+      self._fail("hang", pid, self._host_of(pid), now)
+
+  def _host_of(self, pid: int) -> str | None:
+    hosts = (self.state.spec or {}).get("hosts", [])
+    index = pid // self.f.workers_per_host
+    return hosts[index] if index < len(hosts) else None
+
+  def _fail(self, kind: str, worker: int | str, host: str | None, now: float) -> None:
+    """Records a failure and stops the generation."""
+    s = self.state
+    w = s.workers.get(worker) if isinstance(worker, int) else None
+    fault_time, fault_name = self._fault_time(worker, w, now)
+    failure = Failure(kind=kind, worker=worker, host=host, generation=s.generation,
+                      step=w.step if w is not None and w.step is not None else s.last_commit,
+                      committed_step=s.last_commit, detected_s=round(now - fault_time, 3),
+                      t_detect=now, fault=fault_name)
+    s.failures.append(failure)
+    self._emit("failure", kind=kind, worker=worker, host=host, generation=s.generation,
+               step=failure.step, committed_step=s.last_commit, detected_s=failure.detected_s,
+               recovered_s=None, fault=fault_name, kind_detail=kind)
+    s.strikes = s.strikes + 1 if s.last_commit <= s.commits_at_failure else 1
+    s.commits_at_failure = s.last_commit
+    s.status = Status.STOPPING
+    s.stop_started, s.stop_deadline = now, now + self.f.stop_grace_s * 3
+    self._persist()
+
+  def _fault_time(self, worker: int | str, w: Worker | None,
+                  now: float) -> tuple[float, str | None]:
+    """When the fault happened: its marker's time (injected or recorded from outside), else the
+    worker's last heartbeat, else now."""
+    used = {f.fault for f in self.state.failures}
+    for marker in reversed(self.fault_times()):
+      if marker["name"] not in used and marker.get("time", 0) <= now and (
+          marker.get("process") == worker or marker.get("host") == worker):
+        return marker["time"], marker["name"]
+    return (w.last_seen if w is not None and w.last_seen is not None else now), None
+
+  def _settle_stop(self, now: float) -> None:
+    """STOPPING: once every host of the generation reported (after the stop began) that its
+    workers are gone, or went silent long enough to count as lost, back off; or give up."""
+    s = self.state
+    lost, settled = [], True
+    for h in (s.spec or {}).get("hosts", []):
+      agent = s.agents.get(h)
+      if agent is None or now - agent.last_seen > self.f.host_timeout_s:
+        lost.append(h)
+      elif agent.last_seen < s.stop_started or agent.running():
+        settled = False
+    if lost:
+      self._reclassify_as_host_lost(lost[0])
+    timeout = s.stop_deadline + self.f.stop_grace_s * 4 + self.f.host_timeout_s
+    if not settled and now <= timeout:
+      return
+    self._emit("generation_stopped", generation=s.generation)
+    limit = self.f.max_failures_without_progress
+    if s.strikes > limit:
+      self._give_up(f"{s.strikes} failures in a row without a new committed checkpoint "
+                    f"(config.fault.max_failures_without_progress={limit})")
+      return
+    s.status, s.backoff_until = Status.BACKOFF, now + self.backoff_s()
+    self._persist()
+
+  def _reclassify_as_host_lost(self, host: str) -> None:
+    """A peer's crash or hang was the symptom; the host going away was the cause."""
+    s = self.state
+    last = s.failures[-1] if s.failures else None
+    if last is None or last.kind == "host_lost" or last.generation != s.generation:
+      return
+    last.observed, last.kind, last.worker, last.host = last.kind, "host_lost", host, host
+    self._emit("failure_reclassified", kind="host_lost", host=host)
+
+  def backoff_s(self) -> float:
+    """fault.backoff_s, doubled per failure without a new committed step, capped."""
+    return min(self.f.backoff_s * 2 ** max(self.state.strikes - 1, 0), self.f.backoff_max_s)
+
+  def _wait_backoff(self, now: float) -> None:
+    if now >= self.state.backoff_until:
+      self.state.status, self.state.waiting_since = Status.WAITING, now
+      self._start_generation(now)
+
+  def _choose_hosts(self, now: float) -> list[str] | None:
+    """The next generation's hosts, or None to wait (or to give up, past the wait)."""
+    s, f = self.state, self.f
+    alive = self.alive_hosts(now)
+    wanted = f.hosts or f.local_hosts
+    previous = s.history[-1] if s.history else []
+    if len(alive) < wanted and not (f.elastic and previous and len(alive) >= f.min_hosts):
+      if now > s.waiting_since + f.replacement_wait_s:
+        self._give_up(f"only {len(alive)} of {wanted} hosts alive after waiting "
+                      f"{f.replacement_wait_s}s for a replacement, and config.fault.elastic is "
+                      f"{f.elastic} (min_hosts {f.min_hosts})")
+      return None
+    # The previous generation's surviving hosts first, then replacements, in name order.
+    survivors = [h for h in previous if h in alive]
+    hosts = sorted((survivors + [h for h in alive if h not in survivors])[:wanted])
+    return hosts or None
+
+  def _start_generation(self, now: float) -> None:
+    """WAITING: the next generation, once its hosts are alive and the first one has a port."""
+    s = self.state
+    hosts = self._choose_hosts(now)
+    if hosts is None:
+      return
+    first = s.agents[hosts[0]]
+    if not first.free_port:
+      return
+    s.generation += 1
+    if not s.history or sorted(s.history[-1]) != hosts:
+      s.history.append(hosts)
+    wph = self.f.workers_per_host
+    s.spec = {"generation": s.generation, "hosts": hosts, "host_history": s.history,
+              "workers_per_host": wph, "num_processes": len(hosts) * wph,
+              "devices_per_worker": self.f.devices_per_worker,
+              "jax_address": f"{first.address}:{first.free_port}"}
+    self._out.spec = s.spec
+    s.workers = {}
+    s.gen_stats[str(s.generation)] = {"started": now, "hosts": hosts}
+    s.status = Status.RUNNING
+    self._emit("generation_start", generation=s.generation, hosts=hosts,
+               num_processes=s.spec["num_processes"])
+    self._persist()
+
+  def _first_step(self, gen: int, step: int, stats: dict, now: float) -> None:
+    """The generation's first training step: the end of the last failure's recovery."""
+    stats.update(first_step=now, first_global_step=step)
+    self._emit("first_step", generation=gen, step=step)
+    last = self.state.failures[-1] if self.state.failures else None
+    if last is not None and last.recovered_s is None and last.generation < gen:
+      last.recovered_s = round(now - last.t_detect, 3)
+      self._emit("recovered", generation=gen, step=step, recovered_s=last.recovered_s)
+      self._persist()
+
+  def _recover(self, now: float) -> None:
+    """RECOVERING: carry on if every host still runs the generation; restart after the window."""
+    s = self.state
+    running = [a for a in s.agents.values() if a.generation == s.generation and a.running()]
+    if s.spec and len(running) == len(s.spec["hosts"]):
+      s.status = Status.RUNNING
+      self._emit("resumed_generation", generation=s.generation)
+      self._persist()
+    elif now > s.recover_until:
+      s.status, s.stop_started, s.stop_deadline = Status.STOPPING, now, now
+      self._emit("recovery_restart", generation=s.generation)
+
+  def _give_up(self, why: str) -> None:
+    s = self.state
+    failures = "; ".join(f"{f.kind} of worker {f.worker} at step {f.step}"
+                         for f in s.failures[-8:])
+    s.error = f"training stopped: {why}. Failures: {failures or 'none'}"
+    s.status = Status.FAILED
+    self._emit("gave_up", error=s.error)
+    self._persist()
+
+  def _finish(self) -> None:
+    self.state.status = Status.DONE
+    self._emit("done", generation=self.state.generation)
+    self._persist()

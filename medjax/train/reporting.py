@@ -1,0 +1,103 @@
+"""Training metrics and progress, fetched from the device once per logging interval.
+
+The training loop dispatches steps asynchronously; `Reporter.step` only queues each step's
+metrics (device arrays) with its host-side facts. After the first step, then every `every` steps
+and before each checkpoint, `flush` copies the queued metrics to the host in one transfer, checks
+that every loss is finite (naming the first bad step and its records otherwise), writes one
+metrics.jsonl row per step, advances the progress bar and reports progress to the fault-tolerance
+context. So the host waits for the device once per interval, not once per step; a non-finite
+state is never checkpointed; and the progress the coordinator sees is of steps that finished
+(a step dispatched may still wait on a peer that is compiling), so its hang timeouts hold.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Callable
+
+import jax
+import numpy as np
+
+
+class TrainingError(RuntimeError):
+  """Training cannot go on (e.g. a non-finite loss); the message says where and what to do."""
+
+
+@dataclasses.dataclass
+class _Pending:
+  global_step: int
+  epoch: int
+  partition: int
+  offset: int
+  rows: np.ndarray      # this process's manifest rows of the step (-1 = padding)
+  metrics: dict         # device arrays
+
+
+class Reporter:
+  """Queues per-step metrics and writes them at the logging interval.
+
+  Args:
+    writer: the `writers.MetricWriter` (enabled on process 0 only).
+    bar: the `progress.Progress` bar of training steps.
+    every: logging interval in steps (>= 1).
+    processes: jax.process_count(), to turn this process's examples into the global rate.
+    record_ids: the manifest's pseudonymous record ids, for the non-finite-loss error.
+    resume_hint: text naming the last good checkpoint, for the non-finite-loss error.
+    generation: the fault-tolerance generation, written with every row.
+    on_progress: called after each flush with the last finished step's (global step, epoch,
+      partition), e.g. the context's `progress`.
+  """
+
+  def __init__(self, writer, bar, *, every: int, processes: int, record_ids: np.ndarray,
+               resume_hint: Callable[[], str], generation: int = 0,
+               on_progress: Callable[..., None] = lambda *_: None):
+    self.writer, self.bar, self.every, self.processes = writer, bar, max(int(every), 1), processes
+    self.record_ids, self.resume_hint, self.generation = record_ids, resume_hint, generation
+    self.on_progress = on_progress
+    self._pending: list[_Pending] = []
+    self._flushed = False   # the first step is flushed at once: it ends compiling
+    self._since = time.perf_counter()
+
+  def step(self, *, global_step: int, epoch: int, partition: int, offset: int,
+           rows: np.ndarray, metrics: dict) -> None:
+    """Queues one dispatched step; flushes at the interval."""
+    self._pending.append(_Pending(global_step, epoch, partition, offset, rows, metrics))
+    if len(self._pending) >= self.every or not self._flushed:
+      self.flush()
+
+  def flush(self) -> None:
+    """Fetches the queued metrics (one device-to-host copy), checks and writes them."""
+    if not self._pending:
+      return
+    pending, self._pending, self._flushed = self._pending, [], True
+    fetched = jax.device_get([p.metrics for p in pending])
+    now = time.perf_counter()
+    examples = sum(int(np.sum(p.rows >= 0)) for p in pending) * self.processes
+    rate = examples / max(now - self._since, 1e-9)
+    self._since = now
+    for p, m in zip(pending, fetched):
+      loss = float(m["loss"])
+      if not math.isfinite(loss):
+        bad = [str(self.record_ids[r]) for r in p.rows if r >= 0]
+        raise TrainingError(
+            f"non-finite loss {loss} at step {p.global_step} (epoch {p.epoch}, partition "
+            f"{p.partition}, offset {p.offset - 1}); this process's records in the batch: "
+            f"{bad[:8]}{'...' if len(bad) > 8 else ''}; {self.resume_hint()}. Lower "
+            "config.optim.lr or check those records, then rerun to resume from it")
+      self.writer.write(p.global_step, {
+          **{k: float(v) for k, v in m.items() if k != "weight"},
+          "examples_per_s": rate, "epoch": p.epoch, "partition": p.partition,
+          "generation": self.generation})
+    self.bar.update(len(pending), loss=f"{float(fetched[-1]['loss']):.3f}")
+    last = pending[-1]
+    self.on_progress(last.global_step, last.epoch, last.partition)
+
+  def cache_counters(self, global_step: int, epoch: int, counts: dict, keys) -> None:
+    """One metrics.jsonl row (kind 'cache') of every host's cache counters at an epoch end."""
+    per_host = [("total", counts["total"]), *counts["hosts"].items()]
+    self.writer.write(global_step, {"epoch": epoch, "time": time.time(),
+                                    "generation": self.generation,
+                                    **{f"{host}/{k}": c[k] for host, c in per_host
+                                       for k in keys}}, kind="cache")

@@ -1,0 +1,586 @@
+"""The coordinator's policy, transition by transition, on a fake clock in milliseconds.
+
+No processes, no gRPC, no jax: `Run` feeds `medjax.fault.policy.Policy` the messages that agents
+and workers would send and carries out its effects in memory (events, persisted state, specs).
+"""
+
+import collections
+import json
+
+import ml_collections
+import pytest
+
+from configs import default
+from medjax.fault import policy
+
+T0_MS = 1_000_000
+Status = policy.Status
+
+
+def fault_config(**overrides) -> ml_collections.ConfigDict:
+  f = ml_collections.ConfigDict(default.get_config().fault.to_dict())
+  f.update(overrides)
+  return f
+
+
+class Run:
+  """A policy driven by hand: agents and workers as messages, time in milliseconds."""
+
+  def __init__(self, *, saved=None, last_commit=0, ms=T0_MS, **overrides):
+    self.f = fault_config(**overrides)
+    self.ms = ms
+    self.faults: list[dict] = []      # fault markers, as medjax.fault.inject.fired returns them
+    self.events: list[tuple[str, dict]] = []
+    self.saved: dict | None = None    # the last persisted state, through JSON
+    self.specs: list[dict] = []
+    self.counter = collections.Counter()
+    self.step = collections.Counter()
+    self.executed = collections.Counter()
+    self.phase: dict[int, str] = {}
+    self.settled_ms = 0
+    self.policy = policy.Policy(self.f, self.now, saved=saved, last_commit=last_commit,
+                                fault_times=lambda: list(self.faults))
+
+  @property
+  def now(self) -> float:
+    return self.ms / 1000
+
+  @property
+  def state(self) -> policy.State:
+    return self.policy.state
+
+  @property
+  def status(self) -> Status:
+    return self.state.status
+
+  def _do(self, effects: policy.Effects):
+    if effects.spec is not None:
+      self.specs.append(json.loads(json.dumps(effects.spec)))
+    self.events.extend(effects.events)
+    if effects.persist:
+      self.saved = json.loads(json.dumps(self.state.to_json()))
+    return effects.reply
+
+  def named(self, name: str) -> list[dict]:
+    return [fields for event, fields in self.events if event == name]
+
+  def names(self) -> list[str]:
+    return [event for event, _ in self.events]
+
+  # -- what agents and workers send --------------------------------------------------------
+
+  def register(self, host: str, *, generation: int = -1, running: bool = False) -> dict:
+    return self._do(self.policy.register_agent(
+        {"host": host, "agent_id": host, "free_port": 7000, "address": "10.0.0.1",
+         "generation": generation, "workers": [{"process_id": 0, "running": running}]},
+        self.now))
+
+  def agent_beat(self, host: str, *, running: bool = True) -> dict:
+    return self._do(self.policy.agent_heartbeat(
+        {"host": host, "free_port": 7000, "generation": self.state.generation,
+         "workers": [{"process_id": 0, "running": running}]}, self.now))
+
+  def beat(self, pid: int, phase: str | None = None, *, progress: bool = True,
+           generation: int | None = None) -> dict:
+    """A worker's heartbeat, in `phase` (default: its last one, else training)."""
+    phase = self.phase[pid] = phase or self.phase.get(pid, "training")
+    if progress:
+      self.counter[pid] += 1
+      if phase == "training":
+        self.step[pid] += 1
+        self.executed[pid] += 1
+    return self._do(self.policy.worker_heartbeat(
+        {"generation": self.state.generation if generation is None else generation,
+         "process_id": pid, "phase": phase, "step": self.step[pid], "counter": self.counter[pid],
+         "executed": self.executed[pid], "blocked_s": 0.5}, self.now))
+
+  def exit(self, pid: int, code: int, host: str = "host-0", *,
+           generation: int | None = None) -> dict:
+    return self._do(self.policy.report_exit(
+        {"host": host, "generation": self.state.generation if generation is None else generation,
+         "process_id": pid, "exit_code": code}, self.now))
+
+  def commit(self, step: int) -> None:
+    self._do(self.policy.committed(step))
+
+  def tick(self) -> None:
+    self._do(self.policy.tick(self.now))
+
+  def wait(self, ms: int, *, agents=(), running: bool = True, progress=(), alive=(),
+           every: int = 100) -> None:
+    """Advances the clock by `ms`, ticking every `every` ms (and at the end); `agents`
+    heartbeat, `progress` workers heartbeat with progress, `alive` workers heartbeat without."""
+    end = self.ms + ms
+    while self.ms < end:
+      self.ms = min(self.ms + every, end)
+      for host in agents:
+        self.agent_beat(host, running=running)
+      for pid in progress:
+        self.beat(pid)
+      for pid in alive:
+        self.beat(pid, progress=False)
+      self.tick()
+
+  # -- scenarios ---------------------------------------------------------------------------
+
+  def start(self, hosts=("host-0",), *, train: bool = True) -> None:
+    """Registers `hosts` and starts a generation on them; `train`: one step on each worker."""
+    for host in hosts:
+      if host not in self.state.agents:
+        self.register(host)
+    self.tick()
+    assert self.status == Status.RUNNING, self.names()
+    for pid in range(self.state.spec["num_processes"]) if train else ():
+      self.beat(pid, "compiling")
+      self.beat(pid, "training")
+
+  def settle(self, hosts=("host-0",)) -> float:
+    """After a failure: the hosts report their workers gone; returns the back-off chosen."""
+    assert self.status == Status.STOPPING
+    self.ms += 1
+    for host in hosts:
+      self.agent_beat(host, running=False)
+    self.tick()
+    assert self.status == Status.BACKOFF, self.names()
+    self.settled_ms = self.ms
+    return self.state.backoff_until - self.now
+
+  def end_backoff(self) -> int:
+    """Ticks every millisecond until the back-off is over; returns how long it took (ms)."""
+    while self.status == Status.BACKOFF:
+      self.ms += 1
+      self.tick()
+    return self.ms - self.settled_ms
+
+  def restart(self, hosts=("host-0",), *, train: bool = True) -> int:
+    """Waits out the back-off and starts the next generation; returns the back-off (ms)."""
+    waited = self.end_backoff()
+    self.start(hosts, train=train)
+    return waited
+
+
+def test_generation_starts_once_every_host_is_alive():
+  run = Run(local_hosts=2, workers_per_host=1)
+  run.register("host-0")
+  run.tick()
+  assert run.status == Status.WAITING and not run.specs
+  assert run.agent_beat("host-0") == {"action": "stop", "generation": 0}
+  run.register("host-1")
+  run.tick()
+  assert run.status == Status.RUNNING
+  assert run.specs == [{"generation": 1, "hosts": ["host-0", "host-1"],
+                        "host_history": [["host-0", "host-1"]], "workers_per_host": 1,
+                        "num_processes": 2, "devices_per_worker": 1,
+                        "jax_address": "10.0.0.1:7000"}]
+  assert run.named("generation_start") == [{"generation": 1, "hosts": ["host-0", "host-1"],
+                                            "num_processes": 2}]
+  assert run.saved["status"] == "running" and run.saved["generation"] == 1
+  reply = run.agent_beat("host-0")
+  assert reply["action"] == "run" and reply["generation"] == 1 and not reply["training"]
+  run.beat(0, "training")
+  assert run.agent_beat("host-1")["training"] is True
+  assert run.named("first_step") == [{"generation": 1, "step": 1}]
+
+
+@pytest.mark.parametrize("code, kind", [(-9, "crash"), (policy.EXIT_ERROR, "error"),
+                                        (policy.EXIT_OOM, "oom"),
+                                        (policy.EXIT_PREEMPTED, "preemption"), (77, "exit 77")])
+def test_worker_exit_is_a_failure_of_its_kind(code, kind):
+  run = Run()
+  run.start()
+  for _ in range(4):
+    run.beat(1)
+  run.ms += 300
+  run.exit(1, code)
+  assert run.status == Status.STOPPING
+  assert run.named("worker_exit") == [{"generation": 1, "process_id": 1, "exit_code": code,
+                                       "host": "host-0", "reason": ""}]
+  assert run.named("failure") == [{
+      "kind": kind, "worker": 1, "host": "host-0", "generation": 1, "step": 5,
+      "committed_step": 0, "detected_s": 0.3, "recovered_s": None, "fault": None,
+      "kind_detail": kind}]
+  assert run.saved["status"] == "stopping" and run.saved["failures"][0]["kind"] == kind
+  # Healthy workers are asked to stop at a step boundary, agents to stop their workers.
+  assert run.beat(0) == {"stop": True}
+  assert run.agent_beat("host-0")["action"] == "stop"
+
+
+@pytest.mark.parametrize("phase, limit_s", [("training", 4), ("compiling", 7), ("restoring", 7),
+                                            ("checkpointing", 7), ("starting", 12),
+                                            ("evaluating", 12)])
+def test_a_silent_worker_hangs_after_its_phase_timeout(phase, limit_s):
+  run = Run(timeout_training_s=4, timeout_compile_s=7, timeout_start_s=12)
+  run.start()
+  run.beat(0, phase)
+  run.wait(limit_s * 1000 - 1, agents=["host-0"], progress=[1])
+  assert run.status == Status.RUNNING, run.named("failure")
+  run.ms += 2
+  run.tick()
+  assert run.status == Status.STOPPING
+  (failure,) = run.named("failure")
+  assert (failure["kind"], failure["worker"], failure["host"]) == ("hang", 0, "host-0")
+  assert failure["detected_s"] == pytest.approx(limit_s + 0.001)  # from its last heartbeat
+
+
+def test_a_live_worker_without_progress_hangs():
+  run = Run(timeout_training_s=4)
+  run.start()
+  run.wait(4000 - 1, agents=["host-0"], progress=[1], alive=[0])
+  assert run.status == Status.RUNNING
+  run.ms += 2
+  run.beat(0, progress=False)
+  run.tick()
+  assert run.status == Status.STOPPING
+  assert [(f["kind"], f["worker"]) for f in run.named("failure")] == [("hang", 0)]
+
+
+def test_a_phase_change_is_progress():
+  run = Run(timeout_training_s=4, timeout_compile_s=7)
+  run.start()
+  run.wait(3000, agents=["host-0"], progress=[1], alive=[0])
+  run.beat(0, "checkpointing", progress=False)   # the same counter, a new phase
+  run.wait(6000, agents=["host-0"], progress=[1], alive=[0])
+  assert run.status == Status.RUNNING
+
+
+def test_the_culprit_of_a_hang_is_the_worker_silent_longest():
+  run = Run(timeout_training_s=4)
+  run.start()
+  run.beat(1)
+  run.ms += 500
+  run.beat(0)
+  # Worker 1 silent for 4.6 s, worker 0 for 4.1 s: both past the timeout at this tick.
+  run.ms += 4100
+  run.agent_beat("host-0")
+  run.tick()
+  assert [(f["kind"], f["worker"]) for f in run.named("failure")] == [("hang", 1)]
+
+  # A silent worker is the culprit, not a live one without progress that waits on it.
+  run = Run(timeout_training_s=4)
+  run.start()
+  run.beat(1)
+  run.wait(4000 + 1, agents=["host-0"], alive=[0])
+  assert [(f["kind"], f["worker"]) for f in run.named("failure")] == [("hang", 1)]
+
+
+def test_a_lost_host_is_a_failure_named_by_the_host():
+  run = Run(local_hosts=2, workers_per_host=1)
+  run.start(("host-0", "host-1"))
+  run.faults.append({"name": "external-host_lost", "host": "host-1", "time": run.now + 0.05})
+  run.wait(5000 - 1, agents=["host-0"], progress=[0, 1])
+  assert run.status == Status.RUNNING
+  run.ms += 2
+  run.agent_beat("host-0")
+  run.tick()
+  (failure,) = run.named("failure")
+  assert (failure["kind"], failure["worker"], failure["host"]) == ("host_lost",) + ("host-1",) * 2
+  assert failure["fault"] == "external-host_lost"
+  assert failure["detected_s"] == pytest.approx(5.001 - 0.05)
+
+
+def test_a_peer_crash_is_reclassified_when_its_host_turns_out_lost():
+  run = Run(local_hosts=2, workers_per_host=1)
+  run.start(("host-0", "host-1"))
+  host1_last_seen = run.ms
+  run.wait(1000, agents=["host-0"], progress=[0])
+  run.exit(0, policy.EXIT_ERROR)   # gloo noticed that its peer is gone before we did
+  assert run.named("failure")[0]["kind"] == "error"
+  run.ms = host1_last_seen + 5000 - 1
+  run.agent_beat("host-0", running=False)
+  run.tick()
+  assert run.status == Status.STOPPING and not run.named("failure_reclassified")
+  run.ms += 2
+  run.agent_beat("host-0", running=False)
+  run.tick()
+  assert run.named("failure_reclassified") == [{"kind": "host_lost", "host": "host-1"}]
+  (failure,) = run.state.failures
+  assert (failure.kind, failure.worker, failure.host, failure.observed) == (
+      "host_lost", "host-1", "host-1", "error")
+  # host-0 reported its workers gone and host-1 is lost: the stop is over.
+  assert run.named("generation_stopped") == [{"generation": 1}]
+  assert run.status == Status.BACKOFF
+  assert run.saved["failures"][0]["kind"] == "host_lost"
+
+
+def _lose_host_1(run: Run) -> None:
+  run.start(("host-0", "host-1"))
+  run.wait(5100, agents=["host-0"], progress=[0])
+  assert run.named("failure")[0]["kind"] == "host_lost"
+  run.settle()
+  run.end_backoff()
+
+
+def test_elastic_shrink_goes_on_with_the_surviving_host():
+  run = Run(local_hosts=2, workers_per_host=1, elastic=True, min_hosts=1)
+  _lose_host_1(run)
+  assert run.status == Status.RUNNING
+  assert run.specs[-1]["hosts"] == ["host-0"] and run.specs[-1]["num_processes"] == 1
+  assert run.specs[-1]["host_history"] == [["host-0", "host-1"], ["host-0"]]
+
+
+def test_elastic_shrink_stops_at_min_hosts():
+  run = Run(local_hosts=2, workers_per_host=1, elastic=True, min_hosts=2)
+  _lose_host_1(run)
+  assert run.status == Status.WAITING and len(run.specs) == 1
+
+
+def test_a_replacement_host_takes_the_lost_ones_place():
+  run = Run(local_hosts=2, workers_per_host=1)
+  _lose_host_1(run)
+  assert run.status == Status.WAITING and len(run.specs) == 1
+  run.wait(2000, agents=["host-0"], running=False)
+  assert run.status == Status.WAITING
+  run.register("host-2")
+  run.tick()
+  assert run.status == Status.RUNNING
+  assert run.specs[-1]["hosts"] == ["host-0", "host-2"] and run.state.generation == 2
+
+
+def test_without_a_replacement_the_run_gives_up():
+  run = Run(local_hosts=2, workers_per_host=1, replacement_wait_s=3.0)
+  _lose_host_1(run)
+  run.wait(3000 - 1, agents=["host-0"], running=False)
+  assert run.status == Status.WAITING
+  run.ms += 2
+  run.agent_beat("host-0", running=False)
+  run.tick()
+  assert run.status == Status.FAILED
+  expected = ("training stopped: only 1 of 2 hosts alive after waiting 3.0s for a replacement, "
+              "and config.fault.elastic is False (min_hosts 1). Failures: host_lost of worker "
+              "host-1 at step 0")
+  assert run.state.error == expected
+  assert run.named("gave_up") == [{"error": expected}]
+  assert run.agent_beat("host-0", running=False) == {"action": "exit"}
+  assert run.policy.all_dismissed(run.now)
+
+
+def test_stop_waits_for_the_workers_to_be_gone():
+  run = Run()
+  run.start()
+  run.exit(0, -9)
+  run.wait(1000, agents=["host-0"], running=True)   # the agent still SIGTERMs its workers
+  assert run.status == Status.STOPPING
+  run.agent_beat("host-0", running=False)
+  run.tick()
+  assert run.status == Status.BACKOFF
+
+
+def test_stop_gives_up_waiting_on_an_agent_that_never_says():
+  run = Run(stop_grace_s=2.0, host_timeout_s=5.0)
+  run.start()
+  run.exit(0, -9)
+  limit_ms = (2 * 3 + 2 * 4 + 5) * 1000    # the stop deadline, SIGKILL grace, a lost host's wait
+  run.wait(limit_ms - 1, agents=["host-0"], running=True)
+  assert run.status == Status.STOPPING
+  run.ms += 2
+  run.tick()
+  assert run.status == Status.BACKOFF
+
+
+def test_back_off_doubles_without_progress_and_resets_after_a_commit():
+  run = Run(backoff_s=1.0, backoff_max_s=30.0, max_failures_without_progress=10)
+  run.start()
+  waited = []
+  for _ in range(3):
+    run.exit(0, -9)
+    run.settle()
+    assert run.agent_beat("host-0", running=False)["action"] == "stop"
+    waited.append(run.restart())
+  assert waited == [1000, 2000, 4000]   # the first tick not before the back-off's end
+  assert run.state.strikes == 3
+  run.commit(12)    # a new committed checkpoint: progress
+  run.exit(1, -9)
+  assert run.state.strikes == 1
+  assert run.settle() == pytest.approx(1.0)
+  assert run.named("failure")[-1]["committed_step"] == 12
+
+
+def test_back_off_is_capped():
+  run = Run(backoff_s=1.0, backoff_max_s=3.0, max_failures_without_progress=10)
+  run.start()
+  backoffs = []
+  for _ in range(4):
+    run.exit(0, -9)
+    backoffs.append(run.settle())
+    run.restart()
+  assert backoffs == pytest.approx([1.0, 2.0, 3.0, 3.0])
+
+
+def test_a_crash_loop_stops_the_run_with_the_failures_named():
+  run = Run(max_failures_without_progress=2)
+  run.start()
+  for attempt in range(3):
+    run.beat(0)
+    run.beat(0)
+    run.exit(0, -9)
+    if attempt < 2:
+      run.settle()
+      run.step.clear()
+      run.executed.clear()
+      run.restart()
+  run.agent_beat("host-0", running=False)
+  run.tick()
+  assert run.status == Status.FAILED
+  expected = ("training stopped: 3 failures in a row without a new committed checkpoint "
+              "(config.fault.max_failures_without_progress=2). Failures: crash of worker 0 at "
+              "step 3; crash of worker 0 at step 3; crash of worker 0 at step 3")
+  assert run.state.error == expected
+  assert run.names()[-2:] == ["generation_stopped", "gave_up"]
+  assert run.named("gave_up") == [{"error": expected}]
+  assert len(run.named("failure")) == 3 and run.saved["status"] == "failed"
+
+
+def test_done_when_every_worker_exits_zero():
+  run = Run()
+  run.start()
+  run.beat(0, "done")
+  run.exit(0, 0)
+  assert run.status == Status.RUNNING
+  # Worker 1's 'done' heartbeat never arrived; its exit code says it finished.
+  run.exit(1, 0)
+  assert run.status == Status.DONE
+  assert run.named("done") == [{"generation": 1}] and run.saved["status"] == "done"
+  assert not run.named("failure")
+  assert run.agent_beat("host-0", running=True) == {"action": "exit"}
+  assert not run.policy.all_dismissed(run.now)   # its workers still run: not dismissed yet
+  assert run.agent_beat("host-0", running=False) == {"action": "exit"}
+  assert run.policy.all_dismissed(run.now)
+
+
+def test_an_exited_worker_is_not_a_hang():
+  run = Run(timeout_training_s=4)
+  run.start()
+  run.exit(1, 0)
+  run.wait(5000, agents=["host-0"], progress=[0])
+  assert run.status == Status.RUNNING
+
+
+def test_reports_of_an_earlier_generation_change_nothing():
+  run = Run()
+  run.start()
+  assert run.beat(0, generation=0) == {"stop": True}
+  run.exit(0, -9)
+  run.settle()
+  run.restart()
+  run.exit(1, -15, generation=1)   # its agent SIGTERMed it while the stop went on
+  assert run.named("worker_exit")[-1]["generation"] == 1
+  assert run.status == Status.RUNNING and len(run.named("failure")) == 1
+  assert run.beat(1, generation=1) == {"stop": True}
+
+
+def test_detection_is_timed_from_the_fault_marker():
+  run = Run()
+  run.start()
+  run.faults.append({"name": "0-kill@step=6:process=1", "process": 1, "time": run.now - 0.25})
+  run.faults.append({"name": "1-kill@step=9:process=1", "process": 1, "time": run.now + 5})
+  run.ms += 10
+  run.exit(1, -9)
+  (failure,) = run.named("failure")
+  assert failure["fault"] == "0-kill@step=6:process=1"
+  assert failure["detected_s"] == pytest.approx(0.26)
+  # A marker counts for one failure only, and never one from the future: the last heartbeat.
+  run.settle()
+  run.restart()
+  run.ms += 40
+  run.exit(1, -9)
+  assert run.named("failure")[-1]["fault"] is None
+  assert run.named("failure")[-1]["detected_s"] == pytest.approx(0.04)
+
+
+def test_recovery_ends_at_the_next_generations_first_step():
+  run = Run()
+  run.start()
+  run.exit(0, -9)
+  t_detect = run.now
+  run.settle()
+  run.restart(train=False)
+  assert run.state.generation == 2
+  run.ms += 2000
+  run.beat(0, "restoring")
+  assert not run.named("recovered")
+  run.ms += 1500
+  run.beat(0, "training")
+  (recovered,) = run.named("recovered")
+  assert recovered == {"generation": 2, "step": run.step[0],
+                       "recovered_s": pytest.approx(run.now - t_detect, abs=1e-3)}
+  assert run.state.failures[0].recovered_s == recovered["recovered_s"]
+  assert run.saved["failures"][0]["recovered_s"] == recovered["recovered_s"]
+  run.beat(1, "training")
+  assert len(run.named("recovered")) == 1 and len(run.named("first_step")) == 2
+
+
+def test_state_round_trips_through_json():
+  run = Run(local_hosts=2, workers_per_host=1)
+  run.start(("host-0", "host-1"))
+  run.exit(1, -9, host="host-1")
+  saved = json.loads(json.dumps(run.state.to_json()))
+  assert policy.State.from_json(saved).to_json() == saved
+  assert saved["status"] == "stopping" and saved["failures"][0]["worker"] == 1
+
+
+def _persisted_mid_run() -> tuple[dict, int]:
+  run = Run()
+  run.start()
+  run.wait(1000, agents=["host-0"], progress=[0, 1])
+  run.commit(8)
+  return run.saved, run.ms
+
+
+def test_a_restarted_coordinator_resumes_the_running_generation():
+  saved, ms = _persisted_mid_run()
+  run = Run(saved=saved, last_commit=8, ms=ms + 3000)
+  assert run.status == Status.RECOVERING and run.state.generation == 1
+  # Workers heartbeat the restarted coordinator before their agents re-register.
+  assert run.beat(0) == {"stop": False}
+  run.tick()
+  assert run.status == Status.RECOVERING
+  assert run.agent_beat("host-0") == {"action": "register"}
+  run.register("host-0", generation=1, running=True)
+  assert run.agent_beat("host-0") == {"action": "idle"}
+  run.tick()
+  assert run.status == Status.RUNNING
+  assert run.named("resumed_generation") == [{"generation": 1}]
+  assert not run.named("generation_start") and run.saved["status"] == "running"
+  # The workers finish; their exits alone say so.
+  run.exit(0, 0)
+  run.exit(1, 0)
+  assert run.status == Status.DONE and run.state.failures == []
+
+
+def test_a_restarted_coordinator_restarts_a_generation_nobody_runs():
+  saved, ms = _persisted_mid_run()
+  run = Run(saved=saved, last_commit=8, ms=ms + 3000)
+  run.register("host-0", generation=1, running=False)
+  run.wait(2 * 5000 - 1, agents=["host-0"], running=False)   # the window: 2 * host_timeout_s
+  assert run.status == Status.RECOVERING
+  run.ms += 2
+  run.tick()
+  assert run.named("recovery_restart") == [{"generation": 1}]
+  assert run.status == Status.STOPPING
+  run.settle()
+  run.restart()
+  assert run.state.generation == 2 and run.state.failures == []
+  assert run.specs[-1]["host_history"] == [["host-0"]]
+
+
+def test_a_restarted_coordinator_that_was_backing_off_waits_for_hosts():
+  run = Run()
+  run.start()
+  run.exit(0, -9)
+  run.settle()
+  assert run.saved["status"] == "backoff"
+  restarted = Run(saved=run.saved, ms=run.ms + 500)
+  assert restarted.status == Status.WAITING
+  assert restarted.state.strikes == 1 and len(restarted.state.failures) == 1
+  restarted.register("host-0")
+  restarted.tick()
+  assert restarted.status == Status.RUNNING and restarted.state.generation == 2
+
+
+def test_status_reports_the_state():
+  run = Run()
+  run.start()
+  status = run.policy.status()
+  assert status["status"] == "running" and status["generation"] == 1
+  assert status["agents"] == ["host-0"] and set(status["workers"]) == {"0", "1"}
+  json.dumps(status)

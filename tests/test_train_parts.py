@@ -1,0 +1,188 @@
+"""The trainer's per-step helpers on their own: save policy, commit path, metrics reporter,
+and which party commits and prunes."""
+
+import os
+
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+
+from medjax import checkpoint
+from medjax import lineage
+from medjax.fault import context
+from medjax.train import checkpointing
+from medjax.train import reporting
+
+
+def _lineage(step):
+  return lineage.Lineage.start(epoch=0, global_step=step, seed=0, placement="p", hosts=("h",),
+                               base_N=np.zeros(4, bool))
+
+
+def test_save_policy_every_k_inside_partitions_and_boundaries():
+  every = checkpointing.SavePolicy(ml_collections.ConfigDict(
+      {"every_steps": 4, "partition_boundaries": True}), epochs=2)
+  # Inside a partition of 10 steps: global steps 4 and 8; never on the partition's last step
+  # (the boundary saves it).
+  assert [g for g in range(1, 11) if every.after_step(g, g, 10)] == [4, 8]
+  assert not every.after_step(12, 10, 10)
+  assert every.at_boundary(1) and every.at_boundary(2)
+  ends_only = checkpointing.SavePolicy(ml_collections.ConfigDict(
+      {"every_steps": 0, "partition_boundaries": False}), epochs=2)
+  assert not any(ends_only.after_step(g, g, 100) for g in range(1, 100))
+  assert not ends_only.at_boundary(1) and ends_only.at_boundary(2)
+
+
+class _FakeCheckpointer:
+  def __init__(self):
+    self.saved, self.finalized_queue, self.blocked_s, self.waits = [], [], 0.0, 0
+
+  def save(self, state, lineage_now):
+    self.saved.append(lineage_now.global_step)
+    self.finalized_queue.append(lineage_now)
+
+  def finalized(self):
+    out, self.finalized_queue = self.finalized_queue, []
+    return out
+
+  def wait(self):
+    self.waits += 1
+
+
+class _FakeContext:
+  phase = "training"
+  blocked_s = 0.0
+
+  def __init__(self):
+    self.commits, self.phases, self.flushed = [], [], 0
+
+  def set_phase(self, phase):
+    self.phases.append(phase)
+    self.phase = phase
+
+  def commit(self, lineage_now):
+    self.commits.append(lineage_now.global_step)
+
+  def flush(self):
+    self.flushed += 1
+
+
+@pytest.mark.parametrize("is_chief", [True, False])
+def test_saver_saves_once_per_step_and_only_the_chief_commits(is_chief):
+  ckpt, ctx, flushed = _FakeCheckpointer(), _FakeContext(), []
+  saver = checkpointing.Saver(ckpt, ctx, is_chief=is_chief, last_saved=5,
+                              before_save=lambda: flushed.append(1))
+  saver.save({}, _lineage(5))      # restored there: not saved again
+  saver.save({}, _lineage(8))
+  saver.save({}, _lineage(8))
+  assert ckpt.saved == [8] and len(flushed) == 1
+  assert ctx.phases == ["checkpointing", "training"] and ctx.phase == "training"
+  saver.commit_finalized()
+  assert ctx.commits == ([8] if is_chief else [])
+  with pytest.raises(checkpointing.Preempted, match="checkpoint 11 saved and committed"):
+    saver.preempt({}, _lineage(11))
+  assert ckpt.saved == [8, 11] and ckpt.waits == 1 and ctx.flushed == 1
+  assert ctx.commits == ([8, 11] if is_chief else [])
+
+
+class _Writer:
+  def __init__(self):
+    self.rows = []
+
+  def write(self, step, scalars, kind="train"):
+    self.rows.append((kind, step, scalars))
+
+
+class _Bar:
+  def __init__(self):
+    self.done = 0
+
+  def update(self, n, **_):
+    self.done += n
+
+
+def _metrics(loss):
+  return {"loss": jnp.float32(loss), "accuracy": jnp.float32(0.5), "weight": jnp.float32(4.0),
+          "grad_norm": jnp.float32(1.0), "learning_rate": jnp.float32(1e-3)}
+
+
+def test_reporter_writes_every_step_at_the_interval():
+  writer, bar, progress = _Writer(), _Bar(), []
+  reporter = reporting.Reporter(writer, bar, every=3, processes=2,
+                                record_ids=np.array(["r-a", "r-b"]), resume_hint=lambda: "",
+                                on_progress=lambda *a: progress.append(a))
+  rows = np.array([0, 1, -1])
+  written = []
+  for step in range(1, 6):
+    reporter.step(global_step=step, epoch=0, partition=1, offset=step, rows=rows,
+                  metrics=_metrics(step / 10))
+    written.append(len(writer.rows))
+  # The first step at once (it ends compiling), then one device fetch per 3 steps.
+  assert written == [1, 1, 1, 4, 4]
+  reporter.flush()
+  assert [r[1] for r in writer.rows] == [1, 2, 3, 4, 5] and bar.done == 5
+  # Progress is reported of finished steps only, at each flush.
+  assert progress == [(1, 0, 1), (4, 0, 1), (5, 0, 1)]
+  kind, step, scalars = writer.rows[3]
+  assert kind == "train" and scalars["loss"] == pytest.approx(0.4)
+  assert scalars["learning_rate"] == pytest.approx(1e-3) and "weight" not in scalars
+  assert scalars["examples_per_s"] > 0 and scalars["partition"] == 1
+
+
+def test_reporter_names_the_first_non_finite_step_by_pseudonym():
+  reporter = reporting.Reporter(_Writer(), _Bar(), every=10, processes=1,
+                                record_ids=np.array(["r-a", "r-b", "r-c"]),
+                                resume_hint=lambda: "last good checkpoint: 4 in /x")
+  reporter.step(global_step=7, epoch=1, partition=2, offset=3, rows=np.array([0, 2]),
+                metrics=_metrics(0.3))
+  reporter.step(global_step=8, epoch=1, partition=2, offset=4, rows=np.array([1, -1]),
+                metrics=_metrics(float("nan")))
+  with pytest.raises(reporting.TrainingError) as e:
+    reporter.flush()
+  assert "non-finite loss nan at step 8 (epoch 1, partition 2, offset 3)" in str(e.value)
+  assert "['r-b']" in str(e.value) and "last good checkpoint: 4 in /x" in str(e.value)
+
+
+def _save_steps(directory, steps):
+  ckpt = checkpoint.Checkpointer(directory, async_save=False)
+  for step in steps:
+    ckpt.save({"w": jnp.full((2,), float(step))}, _lineage(step))
+  ckpt.close()
+
+
+def test_local_commit_writes_the_record_and_prunes(tmp_path):
+  directory = str(tmp_path / "checkpoints")
+  _save_steps(directory, [1, 2, 3])
+  store = lineage.LineageStore(str(tmp_path / "lineage"))
+  ctx = context.Local(store, directory, max_to_keep=2)
+  for step in (1, 2, 3):
+    ctx.commit(_lineage(step))
+  assert store.committed_steps() == [1, 2, 3]
+  assert sorted(int(d) for d in os.listdir(directory) if d.isdigit()) == [2, 3]
+
+
+class _Client:
+  def __init__(self):
+    self.calls = []
+
+  def call(self, method, message=None, timeout_s=None):
+    self.calls.append((method, message))
+    return {}
+
+
+def test_remote_commit_sends_the_record_and_leaves_pruning_to_the_coordinator(tmp_path):
+  directory = str(tmp_path / "checkpoints")
+  _save_steps(directory, [1, 2, 3])
+  client = _Client()
+  ctx = context.Remote(client, generation=2, process_id=0, interval_s=60)
+  try:
+    for step in (1, 2, 3):
+      ctx.commit(_lineage(step))
+    assert ctx.flush(timeout_s=1.0)
+  finally:
+    ctx.close()
+  commits = [m for method, m in client.calls if method == "Commit"]
+  assert [lineage.Lineage.from_dict(m["record"]).global_step for m in commits] == [1, 2, 3]
+  assert all(m["generation"] == 2 for m in commits)
+  assert sorted(int(d) for d in os.listdir(directory) if d.isdigit()) == [1, 2, 3]
