@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 
 import jax
 import ml_collections
@@ -119,6 +120,14 @@ def format_summary(summary: dict) -> str:
     c = ceil["by_subset"][s]["accuracy"] if ceil else float("nan")
     lines.append(f"  {s:<12}{v['count']:6d}{v['accuracy']:8.4f}{c:9.4f}")
   return "\n".join(lines)
+
+
+def write_summary(workdir: str, summary: dict, class_names: list[str]) -> None:
+  """summary.json, the plots, and the summary table in the log."""
+  with open(paths.RunPaths(workdir).summary, "w") as f:
+    json.dump(summary, f, indent=2, default=float)
+  write_plots(workdir, summary, class_names)
+  logging.info("summary\n%s", format_summary(summary))
 
 
 def write_plots(workdir: str, summary: dict, class_names: list[str], events=None) -> list[str]:

@@ -9,7 +9,6 @@ ledger and fault injection (`fault.ledger`, `fault.inject`).
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 
@@ -71,15 +70,12 @@ def train_and_evaluate(config, workdir: str, topology: Topology = Topology(), ct
   mesh = state_lib.make_mesh(config.mesh)
   batch_sharding = state_lib.batch_sharding(mesh)
   global_batch = config.data.batch_size
-  if global_batch % mesh.size:
-    raise TrainingError(f"config.data.batch_size={global_batch} does not split over "
-                        f"{mesh.size} devices; make it a multiple")
 
   # Data: cohort, ingest, this generation's placement, this host's cache and reader.
   data = host_lib.setup(config, workdir, topology, host_history,
                         barrier=lambda name: barrier(name, config.fault.timeout_start_s),
                         alive=lambda n: ctx.alive())
-  check_shapes(config, data.prepared)
+  check_shapes(config, data.prepared, mesh)
   manifest = data.manifest
   reader = data.reader(class_weight_K=class_weights(config, manifest),
                        complete_only=config.model.missing == "drop")
@@ -175,35 +171,39 @@ def train_and_evaluate(config, workdir: str, topology: Topology = Topology(), ct
   ctx.set_phase("evaluating")
   predict = step_lib.make_predict_step(built.graphdef, built, mesh)
   results, _ = evaluate_lib.evaluate_splits(config.evals.splits, predict, state, reader, data,
-                                         sharding=batch_sharding, global_batch=global_batch,
-                                         bootstrap=config.evals.bootstrap, seed=config.seed)
+                                            sharding=batch_sharding, global_batch=global_batch,
+                                            bootstrap=config.evals.bootstrap, seed=config.seed)
   recacher.close()
   data.publish_counters()
   barrier("cache counters final", config.fault.timeout_start_s)
-  counts = data.gathered_counters()
-  pick = lambda c: {k: c[k] for k in SUMMARY_COUNTERS}
   summary = {**results,
              "train": {"steps_executed_this_process": ctx.executed,
                        "global_step": cursor.global_step, "epochs": config.optim.epochs,
                        "seconds": round(train_seconds, 2), "parameters": num_params,
                        "devices": mesh.size, "processes": jax.process_count(),
                        "checkpoint_blocked_s": round(ckpt.blocked_s, 3)},
-             "cache": {"policy": config.data.cache_policy, "replicas": config.data.replicas,
-                       "placement": config.data.placement_method,
-                       "hosts": {h: pick(c) for h, c in counts["hosts"].items()},
-                       "total": pick(counts["total"])}}
+             "cache": cache_summary(config.data, data.gathered_counters())}
   writer.close()
   if is_chief:
-    with open(run.summary, "w") as f:
-      json.dump(summary, f, indent=2, default=float)
-    evaluate_lib.write_plots(workdir, summary, manifest.class_names)
-    logging.info("summary\n%s", evaluate_lib.format_summary(summary))
+    evaluate_lib.write_summary(workdir, summary, manifest.class_names)
   ctx.set_phase("done")
   return summary
 
 
-def check_shapes(config, prepared) -> None:
+def cache_summary(data_config, counts: dict) -> dict:
+  """summary.json's cache block: the policy and every host's counters (README, "The cache")."""
+  pick = lambda c: {k: c[k] for k in SUMMARY_COUNTERS}
+  return {"policy": data_config.cache_policy, "replicas": data_config.replicas,
+          "placement": data_config.placement_method,
+          "hosts": {h: pick(c) for h, c in counts["hosts"].items()},
+          "total": pick(counts["total"])}
+
+
+def check_shapes(config, prepared, mesh) -> None:
   """Fails before training when the config and the data disagree, naming both values."""
+  if config.data.batch_size % mesh.size:
+    raise TrainingError(f"config.data.batch_size={config.data.batch_size} does not split over "
+                        f"{mesh.size} devices; make it a multiple")
   m = config.model
   data_classes = len(prepared.manifest.class_names)
   if data_classes < 2:
