@@ -180,8 +180,12 @@ class Checkpointer:
     except RuntimeError:  # no preemption service (single process)
       return False
 
-  def steps(self) -> list[int]:
+  def reload(self) -> None:
+    """Lists the step directories again (after another party deleted or added some)."""
     self._manager.reload()
+
+  def steps(self) -> list[int]:
+    self.reload()
     return sorted(self._manager.all_steps())
 
   def latest(self) -> int | None:

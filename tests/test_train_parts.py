@@ -3,6 +3,7 @@ and which party commits and prunes."""
 
 import os
 
+import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
@@ -186,3 +187,23 @@ def test_remote_commit_sends_the_record_and_leaves_pruning_to_the_coordinator(tm
   assert [lineage.Lineage.from_dict(m["record"]).global_step for m in commits] == [1, 2, 3]
   assert all(m["generation"] == 2 for m in commits)
   assert sorted(int(d) for d in os.listdir(directory) if d.isdigit()) == [1, 2, 3]
+
+
+def test_a_step_left_uncommitted_by_a_crash_is_saved_again_after_restart(tmp_path):
+  # A crash after Orbax wrote step 4 and before it was committed: the next generation discards
+  # step 4, starts from zero, and reaches and saves step 4 again.
+  directory = str(tmp_path / "checkpoints")
+  _save_steps(directory, [4])
+  store = lineage.LineageStore(str(tmp_path / "lineage"))
+  ckpt = checkpoint.Checkpointer(directory, async_save=False)   # opened before the discard
+  abstract = {"w": jax.ShapeDtypeStruct((2,), jnp.float32,
+                                        sharding=jax.sharding.SingleDeviceSharding(
+                                            jax.devices()[0]))}
+  state, start, step = checkpointing.restore_or_start(
+      ckpt, store, abstract, placement="p", hosts=("h",), seed=0, num_records=4,
+      is_chief=True, barrier=lambda name: None)
+  assert state is None and step is None and start.global_step == 0
+  ckpt.save({"w": jnp.full((2,), 9.0)}, _lineage(4))
+  ckpt.wait()
+  assert [x.global_step for x in ckpt.finalized()] == [4]
+  ckpt.close()

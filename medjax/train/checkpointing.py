@@ -131,6 +131,9 @@ def restore_or_start(ckpt: checkpoint_lib.Checkpointer, store: lineage_lib.Linea
     if dropped:
       logging.info("checkpoints %s were never committed; deleted", dropped)
   barrier("uncommitted checkpoints discarded")
+  # The manager listed the steps when it was opened; those just deleted would otherwise make the
+  # save of the same step fail (StepAlreadyExistsError).
+  ckpt.reload()
   restored = checkpoint_lib.restore_committed(ckpt.directory, store, abstract_state, ckpt)
   if restored is None:
     return None, lineage_lib.Lineage.start(
