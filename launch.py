@@ -21,6 +21,8 @@ from absl import app
 from absl import flags
 from ml_collections import config_flags
 
+from medjax import paths  # only names paths (no jax): --help and flag errors stay fast
+
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Config file (configs/NAME.py[:variant]); override fields with "
     "--config.a.b=value. Agents and workers read <workdir>/config.json instead.",
@@ -50,7 +52,6 @@ def _workdir() -> str:
 
 
 def _setup_logging(workdir: str, name: str) -> None:
-  from medjax import paths  # pylint: disable=import-outside-toplevel
   run = paths.RunPaths(workdir)
   os.makedirs(run.logs, exist_ok=True)
   path = run.log if name == "log" else run.role_log(name)
@@ -64,7 +65,6 @@ def _setup_logging(workdir: str, name: str) -> None:
 
 def _config(workdir: str):
   """The flag's config (saved to the workdir), or the workdir's saved config."""
-  from medjax import paths  # pylint: disable=import-outside-toplevel
   path = paths.RunPaths(workdir).config_json
   if _CONFIG.value is not None:
     config = _CONFIG.value
@@ -95,7 +95,6 @@ def main(argv):
     return worker.run(workdir, job["generation"], job["process_id"], job["host_name"],
                       job["coordinator"])
   config = _config(workdir)
-  from medjax import paths  # pylint: disable=import-outside-toplevel
   if role == "agent":
     host = _HOST_NAME.value or socket.gethostname()
     _setup_logging(workdir, f"agent-{host}")
