@@ -13,6 +13,7 @@ Roles (--role):
 
 import logging
 import os
+import re
 import socket
 import sys
 import time
@@ -21,7 +22,8 @@ from absl import app
 from absl import flags
 from ml_collections import config_flags
 
-from medjax import paths  # only names paths (no jax): --help and flag errors stay fast
+from medjax import errors  # these two import no jax: --help and bad flags are answered fast
+from medjax import paths
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Config file (configs/NAME.py[:variant]); override fields with "
@@ -38,6 +40,8 @@ _ADVERTISE = flags.DEFINE_string("advertise", "127.0.0.1", "Agent: this host's a
                                  "other hosts reach it (for jax.distributed).")
 _GENERATION = flags.DEFINE_integer("generation", 0, "Worker: generation.")
 _PROCESS_ID = flags.DEFINE_integer("process_id", 0, "Worker: jax process id.")
+_DEBUG = flags.DEFINE_bool("debug", False, "Show tracebacks (also MEDJAX_DEBUG=1); errors are "
+                           "otherwise one line on stderr, exit code 2 for bad input or config.")
 _STANDBY = flags.DEFINE_bool("standby", False, "Worker: import everything, then wait for the "
                              "generation, process id, host and coordinator on stdin (JSON).")
 
@@ -147,6 +151,88 @@ def main(argv):
   return 0
 
 
+def _parse_flags(argv: list[str]) -> list[str]:
+  """absl's parse, with a bad flag or config override answered in one line (exit 2)."""
+  if "--debug" in argv:
+    os.environ["MEDJAX_DEBUG"] = "1"
+  try:
+    rest = flags.FLAGS(argv)
+    if _CONFIG.value is not None:
+      _CONFIG.value.keys()  # config_flags loads the file lazily: its errors surface here
+    return rest
+  except Exception as e:  # pylint: disable=broad-except  # flags.Error, or the config file's own
+    if errors.debug():
+      raise
+    _print_error(_flag_error(e, _config_arg(argv)))
+    sys.exit(errors.EXIT_INPUT)
+
+
+def _config_arg(argv: list[str]) -> str:
+  for i, arg in enumerate(argv):
+    if arg.startswith("--config="):
+      return arg.split("=", 1)[1]
+    if arg == "--config" and i + 1 < len(argv):
+      return argv[i + 1]
+  return "?"
+
+
+def _flag_error(e: Exception, config_file: str) -> str:
+  """One line for a flag error; config_flags reports an unknown field as a raw KeyError text."""
+  text = " ".join(str(e).replace("\\n", " ").replace("\\", "").split())
+  unknown = re.search(r"'([^' ]+)'.*Did you mean \"([^\"]+)\" instead", text)
+  if unknown:
+    return (f"--config.*: no config field {unknown.group(1)!r}; did you mean "
+            f"{unknown.group(2)!r}? (configs/default.py lists every field)")
+  if isinstance(e, flags.Error):
+    return text
+  if isinstance(e, OSError) and "Failed loading config file" in text:
+    return (f"--config={config_file}: cannot load it: "
+            f"{str(e.__cause__ or e).splitlines()[-1].strip()}; give a file such as "
+            "configs/quickstart.py")
+  cause = e.__cause__ or e
+  return (f"--config={config_file}: the config file raised "
+          f"{type(cause).__name__}: {cause}")
+
+
+def _log_to_file(message: str) -> None:
+  """The error and its traceback into the run's log file only (the terminal gets one line)."""
+  record = logging.getLogger().makeRecord("medjax", logging.ERROR, __file__, 0, message, (),
+                                          sys.exc_info())
+  for handler in logging.getLogger().handlers:
+    if isinstance(handler, logging.FileHandler):
+      handler.handle(record)
+
+
+def _print_error(message: str) -> None:
+  print(f"error: {errors.one_line(message)}", file=sys.stderr, flush=True)
+
+
+def _main(argv) -> int:
+  """main, with every error one line on stderr unless --debug (the traceback goes to the log)."""
+  if _DEBUG.value:
+    os.environ["MEDJAX_DEBUG"] = "1"
+  try:
+    return main(argv)
+  except app.UsageError:
+    raise
+  except errors.InputError as e:
+    _log_to_file(str(e))
+    if errors.debug():
+      raise
+    _print_error(str(e))
+    return errors.EXIT_INPUT
+  except KeyboardInterrupt:
+    _print_error("interrupted")
+    return 130
+  except Exception as e:  # pylint: disable=broad-except
+    _log_to_file("failed")
+    if errors.debug():
+      raise
+    _print_error(f"internal error: {type(e).__name__}: {e} (a bug in medjax, not in your input: "
+                 "rerun with --debug for the traceback, and please report it)")
+    return 1
+
+
 if __name__ == "__main__":
   sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-  app.run(main)
+  app.run(_main, flags_parser=_parse_flags)

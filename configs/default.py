@@ -94,6 +94,9 @@ def get_config(arg=None):
   ckpt.partition_boundaries = True      # checkpoint at every partition boundary (and the end)
   ckpt.every_steps = 0                  # also checkpoint every k steps inside a partition (0: no)
   ckpt.lineage_store = ""               # TensorStore kvstore path or URL; default <workdir>/lineage
+  # When every committed checkpoint is damaged: 'stop' (one line naming the damage) or
+  # 'start_fresh' (train from step 0; the damaged checkpoints are moved aside, not deleted).
+  ckpt.if_all_damaged = "stop"
 
   config.evals = evals = ml_collections.ConfigDict()
   evals.splits = ("val", "test")
@@ -121,6 +124,7 @@ def get_config(arg=None):
   fault.backoff_s = 1.0             # restart delay, doubled per failure without progress
   fault.backoff_max_s = 30.0
   fault.max_failures_without_progress = 3
+  fault.max_coordinator_restarts = 3  # local launcher: coordinator deaths in a row without a commit
   fault.jax_heartbeat_timeout_s = 120   # above ours, so the coordinator acts first
   fault.port = 0              # coordinator port (0: a free one, local runs)
   fault.token_file = ""       # shared token (or $MEDJAX_TOKEN); default <workdir>/secrets/token

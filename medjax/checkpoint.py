@@ -243,12 +243,13 @@ class Checkpointer:
 
 
 def restore_committed(directory: str, store: lineage_lib.LineageStore, abstract_state,
-                      ckpt: "Checkpointer | None" = None):
+                      ckpt: "Checkpointer | None" = None, *, damaged: list | None = None):
   """(state, lineage, step) from the newest good committed checkpoint, or None.
 
   A step counts only if its lineage record is in `store` and Orbax's copy of the lineage agrees;
-  a step that fails to restore (truncated or missing files) is skipped for the previous one.
-  Pass `ckpt` to restore through a Checkpointer that training will go on saving with.
+  a step that fails to restore (truncated or missing files) is skipped for the previous one, and
+  (step, reason) is appended to `damaged` when given. Pass `ckpt` to restore through a
+  Checkpointer that training will go on saving with.
   """
   # Every process must take the same path (Orbax synchronises processes inside), so decide from
   # the lineage store, which no one writes while a generation starts.
@@ -262,27 +263,27 @@ def restore_committed(directory: str, store: lineage_lib.LineageStore, abstract_
     for step in reversed(committed):
       if step not in on_disk:
         continue
+      def skip(reason: str, step=step) -> None:
+        logging.warning("checkpoint %d %s; trying the previous committed one", step, reason)
+        if damaged is not None:
+          damaged.append((step, reason))
       try:
         record = store.record(step)
       except lineage_lib.LineageError as e:
-        logging.warning("lineage store: the record of step %d is unreadable (%s); trying the "
-                        "previous committed one", step, e)
+        skip(f"has an unreadable lineage record ({e})")
         continue
       try:
         saved = ckpt.lineage(step)
       except Exception as e:  # pylint: disable=broad-except
-        logging.warning("checkpoint %d is damaged or incomplete (metadata unreadable: %s); trying "
-                        "the previous committed one", step, str(e)[:200])
+        skip(f"is damaged or incomplete (metadata unreadable: {_short(e)})")
         continue
       if saved != record:
-        logging.warning("checkpoint %d: Orbax lineage %s disagrees with the lineage store %s; "
-                        "trying the previous one", step, saved, record)
+        skip(f"has an Orbax lineage that disagrees with the lineage store ({saved} vs {record})")
         continue
       try:
         state = ckpt.restore(step, abstract_state)
       except Exception as e:  # pylint: disable=broad-except
-        logging.warning("checkpoint %d is damaged or incomplete (%s: %s); trying the previous "
-                        "committed one", step, type(e).__name__, str(e)[:200])
+        skip(f"is damaged or incomplete ({type(e).__name__}: {_short(e)})")
         continue
       logging.info("checkpoint: restored committed step %d from %s", step, directory)
       return state, saved, step
@@ -380,6 +381,24 @@ class _FlatKey:
 
   def __str__(self) -> str:
     return self.key
+
+
+def _short(e: BaseException) -> str:
+  return " ".join(str(e).split())[:200]
+
+
+def set_aside(directory: str, steps: list[int]) -> str | None:
+  """Moves damaged step directories to `<directory>-damaged/` (kept for inspection, never
+  deleted, and out of the way of the same steps saved again); returns where they went."""
+  if not steps:
+    return None
+  target = directory.rstrip("/") + "-damaged"
+  os.makedirs(target, exist_ok=True)
+  for step in steps:
+    source = os.path.join(directory, str(step))
+    if os.path.isdir(source):
+      os.replace(source, os.path.join(target, f"{step}.{time.strftime('%Y%m%d-%H%M%S')}"))
+  return target
 
 
 def discard_uncommitted(directory: str, committed_steps: list[int]) -> list[int]:

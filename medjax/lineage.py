@@ -23,11 +23,13 @@ import json
 import numpy as np
 import tensorstore as ts
 
+from medjax import errors
+
 _LOG = "log/"
 _STATE = "state/"
 
 
-class LineageError(ValueError):
+class LineageError(errors.InputError):
   """A lineage record that cannot be read; the message names the field and the value."""
 
 
@@ -198,7 +200,24 @@ class LineageStore:
 
   def _get(self, key: str) -> dict | None:
     result = self._kv.read(key).result()
-    return json.loads(result.value) if result.state == "value" else None
+    if result.state != "value":
+      return None
+    try:
+      value = json.loads(result.value)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+      raise LineageError(f"{self.location}/{key}: not JSON ({e}); the file is damaged") from e
+    if not isinstance(value, dict):
+      raise LineageError(f"{self.location}/{key}: holds {type(value).__name__}, not a record")
+    return value
+
+  def retract(self, step: int) -> None:
+    """Moves a committed step's record aside (`damaged/<step>`): its checkpoint is damaged, so
+    the step no longer counts as committed and can be trained, saved and committed again."""
+    key = f"{_LOG}{int(step):012d}"
+    raw = self._kv.read(key).result()
+    if raw.state == "value":
+      self._kv.write(f"damaged/{int(step):012d}", raw.value).result()
+      self._kv.delete_range(ts.KvStore.KeyRange(key, key + "\x00")).result()
 
   def commit(self, lineage: Lineage, *, committed_at: float) -> None:
     """Writes the record of a finalized checkpoint step (idempotent)."""
@@ -207,7 +226,9 @@ class LineageStore:
 
   def committed_steps(self) -> list[int]:
     keys = self._kv.list(ts.KvStore.KeyRange(_LOG, _LOG[:-1] + chr(ord("/") + 1))).result()
-    return sorted(int(k.decode()[len(_LOG):]) for k in keys)
+    # A stray file in the log directory (an editor's backup, a partial copy) is not a step.
+    names = [k.decode(errors="replace")[len(_LOG):] for k in keys]
+    return sorted(int(n) for n in names if n.isdigit())
 
   def record(self, step: int) -> Lineage | None:
     raw = self._get(f"{_LOG}{int(step):012d}")

@@ -193,3 +193,7 @@ class RunPaths:
 
   def worker_output(self, generation: int, process: int) -> str:
     return self.process_log(f"gen-{generation:03d}-proc-{process:03d}")
+
+  def worker_error(self, generation: int, process: int) -> str:
+    """The one-line error a worker leaves when it fails; its agent reports it with the exit."""
+    return os.path.join(self.logs, f"gen-{generation:03d}-proc-{process:03d}.error")

@@ -95,10 +95,10 @@ class Run:
          "executed": self.executed[pid], "blocked_s": 0.5}, self.now))
 
   def exit(self, pid: int, code: int, host: str = "host-0", *,
-           generation: int | None = None) -> dict:
+           generation: int | None = None, reason: str = "") -> dict:
     return self._do(self.policy.report_exit(
         {"host": host, "generation": self.state.generation if generation is None else generation,
-         "process_id": pid, "exit_code": code}, self.now))
+         "process_id": pid, "exit_code": code, "reason": reason}, self.now))
 
   def commit(self, step: int) -> None:
     self._do(self.policy.committed(step))
@@ -198,7 +198,7 @@ def test_worker_exit_is_a_failure_of_its_kind(code, kind):
   assert run.named("failure") == [{
       "kind": kind, "worker": 1, "host": "host-0", "generation": 1, "step": 5,
       "committed_step": 0, "detected_s": 0.3, "recovered_s": None, "fault": None,
-      "kind_detail": kind}]
+      "kind_detail": kind, "reason": ""}]
   assert run.saved["status"] == "stopping" and run.saved["failures"][0]["kind"] == kind
   # Healthy workers are asked to stop at a step boundary, agents to stop their workers.
   assert run.beat(0) == {"stop": True}
@@ -346,7 +346,7 @@ def test_without_a_replacement_the_run_gives_up():
   run.tick()
   assert run.status == Status.FAILED
   expected = ("training stopped: only 1 of 2 hosts alive after waiting 3.0s for a replacement, "
-              "and config.fault.elastic is False (min_hosts 1). Failures: host_lost of worker "
+              "and config.fault.elastic is False (min_hosts 1). Last failures: host_lost of worker "
               "host-1 at step 0")
   assert run.state.error == expected
   assert run.named("gave_up") == [{"error": expected}]
@@ -422,7 +422,7 @@ def test_a_crash_loop_stops_the_run_with_the_failures_named():
   run.tick()
   assert run.status == Status.FAILED
   expected = ("training stopped: 3 failures in a row without a new committed checkpoint "
-              "(config.fault.max_failures_without_progress=2). Failures: crash of worker 0 at "
+              "(config.fault.max_failures_without_progress=2). Last failures: crash of worker 0 at "
               "step 3; crash of worker 0 at step 3; crash of worker 0 at step 3")
   assert run.state.error == expected
   assert run.names()[-2:] == ["generation_stopped", "gave_up"]
@@ -584,3 +584,27 @@ def test_status_reports_the_state():
   assert status["status"] == "running" and status["generation"] == 1
   assert status["agents"] == ["host-0"] and set(status["workers"]) == {"0", "1"}
   json.dumps(status)
+
+
+def test_bad_input_in_a_worker_stops_the_run_at_once_with_its_line():
+  run = Run()
+  run.start()
+  run.beat(0)
+  line = "checkpoints: every committed checkpoint is damaged; see the docs"
+  run.exit(0, policy.EXIT_INPUT, reason=line)
+  assert run.status == Status.FAILED
+  assert run.state.error == line
+  assert run.named("gave_up") == [{"error": line}]
+  assert run.state.failures[-1].kind == "input" and run.state.failures[-1].reason == line
+
+
+def test_a_crash_loop_error_carries_the_workers_reasons():
+  run = Run(max_failures_without_progress=0)
+  run.start()
+  run.beat(0)
+  run.exit(0, policy.EXIT_ERROR, reason="TypeError: bad operand")
+  run.agent_beat("host-0", running=False)
+  run.tick()
+  assert run.status == Status.FAILED
+  assert run.state.error.endswith("Last failures: error of worker 0 at step 2 (TypeError: bad "
+                                  "operand)")

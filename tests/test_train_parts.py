@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from medjax import checkpoint
+from medjax import errors
 from medjax import lineage
 from medjax.fault import context
 from medjax.train import checkpointing
@@ -206,4 +207,95 @@ def test_a_step_left_uncommitted_by_a_crash_is_saved_again_after_restart(tmp_pat
   ckpt.save({"w": jnp.full((2,), 9.0)}, _lineage(4))
   ckpt.wait()
   assert [x.global_step for x in ckpt.finalized()] == [4]
+  ckpt.close()
+
+
+def _abstract_w():
+  return {"w": jax.ShapeDtypeStruct((2,), jnp.float32, sharding=jax.sharding.SingleDeviceSharding(
+      jax.devices()[0]))}
+
+
+def _damage(directory, step):
+  """Truncates every array data file of a saved step (a machine that crashed mid-copy)."""
+  hit = 0
+  for dirpath, _, names in os.walk(os.path.join(directory, str(step), "state")):
+    for name in names:
+      path = os.path.join(dirpath, name)
+      if "/d/" in path.replace(os.sep, "/") and os.path.getsize(path) > 0:
+        with open(path, "r+b") as f:
+          f.truncate(os.path.getsize(path) // 3)
+        hit += 1
+  assert hit, f"no array data files under {directory}/{step}"
+
+
+def _committed_run(tmp_path, steps):
+  directory = str(tmp_path / "checkpoints")
+  _save_steps(directory, steps)
+  store = lineage.LineageStore(str(tmp_path / "lineage"))
+  for step in steps:
+    store.commit(_lineage(step), committed_at=1.0)
+  return directory, store
+
+
+def _restore(directory, store, **kw):
+  ckpt = checkpoint.Checkpointer(directory, async_save=False)
+  return ckpt, checkpointing.restore_or_start(
+      ckpt, store, _abstract_w(), placement="p", hosts=("h",), seed=0, num_records=4,
+      is_chief=True, barrier=lambda name: None, **kw)
+
+
+def test_a_damaged_newest_checkpoint_is_set_aside_and_its_step_saved_again(tmp_path):
+  directory, store = _committed_run(tmp_path, [2, 4])
+  _damage(directory, 4)
+  ckpt, (state, start, step) = _restore(directory, store)
+  assert step == 2 and start.global_step == 2
+  np.testing.assert_array_equal(np.asarray(state["w"]), 2.0)
+  assert store.committed_steps() == [2]                       # step 4's record retracted
+  moved = os.listdir(directory + "-damaged")
+  assert len(moved) == 1 and moved[0].startswith("4.")        # kept, not deleted
+  ckpt.save({"w": jnp.full((2,), 9.0)}, _lineage(4))         # no StepAlreadyExistsError
+  ckpt.wait()
+  assert [x.global_step for x in ckpt.finalized()] == [4]
+  ckpt.close()
+
+
+def test_every_checkpoint_damaged_stops_with_one_line_unless_told_to_start_fresh(tmp_path):
+  directory, store = _committed_run(tmp_path, [2, 4])
+  _damage(directory, 2)
+  _damage(directory, 4)
+  with pytest.raises(errors.InputError) as e:
+    _restore(directory, store)
+  message = str(e.value)
+  assert "\n" not in message
+  assert message.startswith(f"every committed checkpoint left in {directory} is damaged (2 "
+                            "checked; the newest, step 4, is damaged or incomplete (")
+  assert message.endswith("rerun with --config.ckpt.if_all_damaged=start_fresh to train from "
+                          f"step 0 (they are then moved to {directory}-damaged)")
+  assert sorted(os.listdir(directory)) == ["2", "4"]          # nothing touched
+  ckpt, (state, start, step) = _restore(directory, store, if_all_damaged="start_fresh")
+  assert state is None and step is None and start.global_step == 0
+  assert store.committed_steps() == []
+  assert sorted(n.split(".")[0] for n in os.listdir(directory + "-damaged")) == ["2", "4"]
+  ckpt.close()
+
+
+def test_committed_steps_without_checkpoints_stop_the_run(tmp_path):
+  directory, store = _committed_run(tmp_path, [2])
+  import shutil  # pylint: disable=import-outside-toplevel
+  shutil.rmtree(os.path.join(directory, "2"))
+  with pytest.raises(errors.InputError, match=r"has committed steps \(newest 2\) but .* holds "
+                     "none of them"):
+    _restore(directory, store)
+
+
+@pytest.mark.parametrize("garbage", [b"\x00\xff garbage", b"[1, 2]", b'{"global_step": "x"}'])
+def test_a_garbled_lineage_record_is_skipped_for_the_previous_step(tmp_path, garbage):
+  directory, store = _committed_run(tmp_path, [2, 4])
+  with open(os.path.join(str(tmp_path / "lineage"), "log", f"{4:012d}"), "wb") as f:
+    f.write(garbage)
+  with open(os.path.join(str(tmp_path / "lineage"), "log", "notes.txt~"), "wb") as f:
+    f.write(b"a stray file")
+  ckpt, (state, _, step) = _restore(directory, store)
+  assert step == 2
+  np.testing.assert_array_equal(np.asarray(state["w"]), 2.0)
   ckpt.close()

@@ -15,6 +15,7 @@ standbys are replaced once the generation trains, so replacing them does not slo
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import json
 import logging
@@ -32,6 +33,31 @@ from medjax.fault import protocol
 
 LAUNCH = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
     __file__)))), "launch.py")
+
+
+_PR_SET_PDEATHSIG = 1
+try:  # looked up here: the child between fork and exec must not load libraries
+  _PRCTL = ctypes.CDLL(None, use_errno=True).prctl
+except (OSError, AttributeError):
+  _PRCTL = None  # not Linux: the launcher's own clean-up is the only guard
+
+
+def _die_with_parent() -> None:
+  """In the child before exec: SIGKILL when the parent dies (Linux), so a launcher or agent
+  that is killed leaves no orphan behind; and a session of its own, so a terminal's Ctrl-C
+  reaches only the launcher, which stops the rest."""
+  os.setsid()
+  if _PRCTL is not None:
+    _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def popen(args: list[str], *, log: str, env: dict | None = None,
+          stdin=None) -> subprocess.Popen:
+  """Starts `launch.py args` with stdout and stderr appended to `log`; it dies with us."""
+  with open(log, "a") as out:
+    # The child has its own copy of the descriptor; ours closes here.
+    return subprocess.Popen([sys.executable, LAUNCH, *args], env=env, stdin=stdin, stdout=out,
+                            stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
 
 
 @dataclasses.dataclass
@@ -81,11 +107,9 @@ class Agent:
     self.standby = [p for p in self.standby if p.poll() is None]
     os.makedirs(self.run_paths.logs, exist_ok=True)
     while len(self.standby) < self.f.workers_per_host:
-      with open(self.run_paths.process_log(f"standby-{self.host}"), "a") as log:
-        self.standby.append(subprocess.Popen(
-            [sys.executable, LAUNCH, "--role=worker", "--standby", f"--workdir={self.workdir}"],
-            env=self._env(self.f.devices_per_worker), stdin=subprocess.PIPE, stdout=log,
-            stderr=subprocess.STDOUT, start_new_session=True))
+      self.standby.append(popen(["--role=worker", "--standby", f"--workdir={self.workdir}"],
+                                log=self.run_paths.process_log(f"standby-{self.host}"),
+                                env=self._env(self.f.devices_per_worker), stdin=subprocess.PIPE))
 
   def _start(self, spec: dict) -> None:
     self.generation = spec["generation"]
@@ -109,13 +133,11 @@ class Agent:
         except (BrokenPipeError, OSError):
           proc = None
       if proc is None:
-        with open(self.run_paths.worker_output(self.generation, pid), "a") as log:
-          proc = subprocess.Popen(
-              [sys.executable, LAUNCH, "--role=worker", f"--workdir={self.workdir}",
-               f"--generation={self.generation}", f"--process_id={pid}",
-               f"--host_name={self.host}", f"--coordinator={self.client.address}"],
-              env=self._env(spec["devices_per_worker"]), stdout=log, stderr=subprocess.STDOUT,
-              start_new_session=True)
+        proc = popen(["--role=worker", f"--workdir={self.workdir}",
+                      f"--generation={self.generation}", f"--process_id={pid}",
+                      f"--host_name={self.host}", f"--coordinator={self.client.address}"],
+                     log=self.run_paths.worker_output(self.generation, pid),
+                     env=self._env(spec["devices_per_worker"]))
       self.workers.append(Worker(pid, proc))
     logging.info("agent %s: started generation %d (%d workers, %d of them standbys)", self.host,
                  self.generation, len(self.workers), used)
@@ -143,10 +165,19 @@ class Agent:
       try:
         self.client.call("ReportExit", {"host": self.host, "generation": self.generation,
                                         "process_id": w.process_id,
-                                        "exit_code": w.proc.returncode})
+                                        "exit_code": w.proc.returncode,
+                                        "reason": self._reason(w)})
         w.reported = True
       except grpc.RpcError:
         pass  # reported on a later pass
+
+  def _reason(self, w: Worker) -> str:
+    """The worker's one-line error, if it left one (a worker killed by a signal leaves none)."""
+    try:
+      with open(self.run_paths.worker_error(self.generation, w.process_id)) as f:
+        return f.readline().strip()[:600]
+    except OSError:
+      return ""
 
   def run(self) -> int:
     """Runs until the coordinator says the run is over."""

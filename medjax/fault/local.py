@@ -3,7 +3,10 @@
 This is what `python launch.py --config configs/quickstart.py` runs. The launcher prepares the
 data once, starts the coordinator and the agents (which start the workers), restarts the
 coordinator if it dies (same port, so agents and workers find it again), and returns when the
-coordinator says the run is over.
+coordinator says the run is over. A coordinator that keeps dying without the run committing a
+step in between (a crash loop) is restarted fault.max_coordinator_restarts times, then the
+launcher stops everything with the coordinator's last error. Every child dies with its parent
+(`agent.popen`), so a launcher that stops, however it stops, leaves no process behind.
 """
 
 from __future__ import annotations
@@ -11,8 +14,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import subprocess
-import sys
 import time
 
 from medjax import jsonl
@@ -26,22 +29,15 @@ class RunFailed(RuntimeError):
   """The coordinator gave up; the message is its error."""
 
 
-def _spawn(args: list[str], log_path: str) -> subprocess.Popen:
-  with open(log_path, "a") as log:
-    # The child has its own copy of the descriptor; ours closes here.
-    return subprocess.Popen([sys.executable, agent_lib.LAUNCH, *args], stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)
-
-
 def start_coordinator(run_paths: paths.RunPaths, port: int) -> subprocess.Popen:
-  return _spawn(["--role=coordinator", f"--workdir={run_paths.workdir}", f"--port={port}"],
-                run_paths.process_log("coordinator"))
+  return agent_lib.popen(["--role=coordinator", f"--workdir={run_paths.workdir}",
+                          f"--port={port}"], log=run_paths.process_log("coordinator"))
 
 
 def start_agent(run_paths: paths.RunPaths, port: int, host: str) -> subprocess.Popen:
-  return _spawn(["--role=agent", f"--workdir={run_paths.workdir}",
-                 f"--coordinator=127.0.0.1:{port}", f"--host_name={host}"],
-                run_paths.process_log(f"agent-{host}"))
+  return agent_lib.popen(["--role=agent", f"--workdir={run_paths.workdir}",
+                          f"--coordinator=127.0.0.1:{port}", f"--host_name={host}"],
+                         log=run_paths.process_log(f"agent-{host}"))
 
 
 def run(config, workdir: str) -> dict:
@@ -57,7 +53,7 @@ def run(config, workdir: str) -> dict:
             for i in range(config.fault.local_hosts)}
   logging.info("local: coordinator on 127.0.0.1:%d (pid %d), agents %s; logs in %s", port,
                coordinator.pid, {h: a.pid for h, a in agents.items()}, run_paths.logs)
-  restarts = 0
+  restarts, commits = 0, _commits(run_paths)
   try:
     while True:
       code = coordinator.poll()
@@ -66,9 +62,18 @@ def run(config, workdir: str) -> dict:
       if code == 2:
         raise RunFailed(_error(run_paths))
       if code is not None:
-        restarts += 1
-        logging.warning("local: the coordinator exited with %s; restarting it (restart %d)", code,
-                        restarts)
+        now = _commits(run_paths)
+        restarts = 1 if now > commits else restarts + 1
+        commits = now
+        limit = config.fault.max_coordinator_restarts
+        if restarts > limit:
+          raise RunFailed(
+              f"the coordinator exited {restarts} times in a row without the run committing a "
+              f"step (config.fault.max_coordinator_restarts={limit}); its last error: "
+              f"{_last_error(run_paths.process_log('coordinator'))} (log: "
+              f"{run_paths.process_log('coordinator')})")
+        logging.warning("local: the coordinator exited with %s; restarting it (restart %d of at "
+                        "most %d without progress)", code, restarts, limit)
         coordinator = start_coordinator(run_paths, port)
       time.sleep(0.2)
     for a in agents.values():
@@ -77,11 +82,41 @@ def run(config, workdir: str) -> dict:
       except subprocess.TimeoutExpired:
         a.kill()
   finally:
-    for p in [coordinator, *agents.values()]:
-      if p.poll() is None:
-        p.kill()
+    _stop([coordinator, *agents.values()])
   with open(run_paths.summary) as f:
     return json.load(f)
+
+
+def _stop(procs: list[subprocess.Popen], grace_s: float = 5.0) -> None:
+  """SIGTERM (agents stop their workers), then SIGKILL; their children die with them."""
+  for p in procs:
+    if p.poll() is None:
+      p.terminate()
+  deadline = time.monotonic() + grace_s
+  for p in procs:
+    try:
+      p.wait(timeout=max(deadline - time.monotonic(), 0.01))
+    except subprocess.TimeoutExpired:
+      p.kill()
+      p.wait()
+
+
+def _commits(run_paths: paths.RunPaths) -> int:
+  """Commits the coordinators of this run have written so far (its progress)."""
+  return sum(1 for e in jsonl.read(run_paths.events) if e.get("event") == "commit")
+
+
+def _last_error(log_path: str) -> str:
+  """The last exception line (`SomeError: ...`) in a process log, else its last line."""
+  try:
+    with open(log_path, errors="replace") as f:
+      lines = [line.strip() for line in f.readlines()[-400:] if line.strip()]
+  except OSError:
+    return "no log"
+  for line in reversed(lines):
+    if re.match(r"^[\w.]+(Error|Exception|Interrupt|Exit)\b", line):
+      return line[:300]
+  return lines[-1][:300] if lines else "no output"
 
 
 def _error(run_paths: paths.RunPaths) -> str:

@@ -25,10 +25,13 @@ from typing import Callable
 
 # A worker's exit codes (besides 0, success, and -N, killed by signal N); `medjax.fault.worker`
 # exits with them and the policy reads them, so they live here, where no jax is imported.
-EXIT_ERROR, EXIT_STOPPED, EXIT_PREEMPTED, EXIT_OOM = 1, 10, 11, 12
+# EXIT_INPUT (bad input or damaged state, medjax.errors) is not a failure that a restart cures:
+# the coordinator stops the run with the worker's error line.
+EXIT_ERROR, EXIT_INPUT, EXIT_STOPPED, EXIT_PREEMPTED, EXIT_OOM = 1, 2, 10, 11, 12
 
 EXIT_KINDS = {-9: "crash", -15: "sigterm", -19: "hang", -6: "crash", EXIT_ERROR: "error",
-              EXIT_PREEMPTED: "preemption", EXIT_OOM: "oom", EXIT_STOPPED: "stopped", 0: "exit"}
+              EXIT_INPUT: "input", EXIT_PREEMPTED: "preemption", EXIT_OOM: "oom",
+              EXIT_STOPPED: "stopped", 0: "exit"}
 
 
 class Status(enum.Enum):
@@ -56,6 +59,7 @@ class Failure:
   fault: str | None = None    # the fault marker it was matched to
   recovered_s: float | None = None  # from detection to the next generation's first step
   observed: str | None = None  # the symptom, when a lost host turned out to be the cause
+  reason: str = ""            # the worker's one-line error, when it left one
 
 
 @dataclasses.dataclass
@@ -239,7 +243,11 @@ class Policy:
         if self._all_workers_done():
           self._finish()
       else:
-        self._fail(EXIT_KINDS.get(code, f"exit {code}"), pid, msg.get("host"), now)
+        reason = msg.get("reason", "")
+        self._fail(EXIT_KINDS.get(code, f"exit {code}"), pid, msg.get("host"), now, reason)
+        if code == EXIT_INPUT:
+          # Bad input or damaged state: the next generation would fail the same way.
+          self._give_up(reason or f"worker {pid} refused its input", error=reason)
     return self._take({"ok": True})
 
   def worker_heartbeat(self, msg: dict, now: float) -> Effects:
@@ -337,7 +345,8 @@ class Policy:
     index = pid // self.f.workers_per_host
     return hosts[index] if index < len(hosts) else None
 
-  def _fail(self, kind: str, worker: int | str, host: str | None, now: float) -> None:
+  def _fail(self, kind: str, worker: int | str, host: str | None, now: float,
+            reason: str = "") -> None:
     """Records a failure and stops the generation."""
     s = self.state
     w = s.workers.get(worker) if isinstance(worker, int) else None
@@ -345,11 +354,11 @@ class Policy:
     failure = Failure(kind=kind, worker=worker, host=host, generation=s.generation,
                       step=w.step if w is not None and w.step is not None else s.last_commit,
                       committed_step=s.last_commit, detected_s=round(now - fault_time, 3),
-                      t_detect=now, fault=fault_name)
+                      t_detect=now, fault=fault_name, reason=reason)
     s.failures.append(failure)
     self._emit("failure", kind=kind, worker=worker, host=host, generation=s.generation,
                step=failure.step, committed_step=s.last_commit, detected_s=failure.detected_s,
-               recovered_s=None, fault=fault_name, kind_detail=kind)
+               recovered_s=None, fault=fault_name, kind_detail=kind, reason=reason)
     s.strikes = s.strikes + 1 if s.last_commit <= s.commits_at_failure else 1
     s.commits_at_failure = s.last_commit
     s.status = Status.STOPPING
@@ -474,11 +483,12 @@ class Policy:
       s.status, s.stop_started, s.stop_deadline = Status.STOPPING, now, now
       self._emit("recovery_restart", generation=s.generation)
 
-  def _give_up(self, why: str) -> None:
+  def _give_up(self, why: str, *, error: str = "") -> None:
+    """Stops the run; `error` (else a line from `why` and the failures) is what the user reads."""
     s = self.state
     failures = "; ".join(f"{f.kind} of worker {f.worker} at step {f.step}"
-                         for f in s.failures[-8:])
-    s.error = f"training stopped: {why}. Failures: {failures or 'none'}"
+                         + (f" ({f.reason})" if f.reason else "") for f in s.failures[-3:])
+    s.error = error or f"training stopped: {why}. Last failures: {failures or 'none'}"
     s.status = Status.FAILED
     self._emit("gave_up", error=s.error)
     self._persist()

@@ -15,6 +15,7 @@ import sys
 import jax
 import ml_collections
 
+from medjax import errors
 from medjax import paths
 from medjax.fault import context
 from medjax.fault import inject
@@ -45,6 +46,16 @@ def wait_for_assignment(workdir: str) -> dict | None:
     os.dup2(log.fileno(), 1)
     os.dup2(log.fileno(), 2)
   return job
+
+
+def _leave_error(run_paths: paths.RunPaths, generation: int, process_id: int,
+                 message: str) -> None:
+  """The one line the agent reports with this worker's exit (and the user reads)."""
+  try:
+    with open(run_paths.worker_error(generation, process_id), "w") as f:
+      f.write(errors.one_line(message) + "\n")
+  except OSError:
+    logging.exception("worker %d: could not write the error file", process_id)
 
 
 def run(workdir: str, generation: int, process_id: int, host: str, coordinator: str) -> int:
@@ -79,9 +90,15 @@ def run(workdir: str, generation: int, process_id: int, host: str, coordinator: 
   except (inject.InjectedOutOfMemory, MemoryError) as e:
     logging.error("worker %d: out of memory: %s", process_id, e)
     code = policy.EXIT_OOM
-  except Exception:  # pylint: disable=broad-except
+    _leave_error(run_paths, generation, process_id, f"out of memory: {e}")
+  except errors.InputError as e:
+    logging.exception("worker %d: %s", process_id, e)
+    code = policy.EXIT_INPUT
+    _leave_error(run_paths, generation, process_id, str(e))
+  except Exception as e:  # pylint: disable=broad-except
     logging.exception("worker %d: training failed", process_id)
     code = policy.EXIT_ERROR
+    _leave_error(run_paths, generation, process_id, f"{type(e).__name__}: {e}")
   else:
     ctx.close()
     jax.distributed.shutdown()

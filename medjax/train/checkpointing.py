@@ -17,6 +17,7 @@ import jax
 import numpy as np
 
 from medjax import checkpoint as checkpoint_lib
+from medjax import errors
 from medjax import lineage as lineage_lib
 
 
@@ -117,14 +118,18 @@ class Preemption:
 
 def restore_or_start(ckpt: checkpoint_lib.Checkpointer, store: lineage_lib.LineageStore,
                      abstract_state, *, placement: str, hosts: tuple[str, ...], seed: int,
-                     num_records: int, is_chief: bool, barrier) -> tuple:
+                     num_records: int, is_chief: bool, barrier,
+                     if_all_damaged: str = "stop") -> tuple:
   """(state or None, lineage, restored step or None): where training goes on from.
 
   Checkpoints newer than the newest committed step are work a failure discarded: the chief
   deletes them first. The newest committed, readable checkpoint whose two lineage copies agree
   is restored; when it was planned under another placement (the host set changed), the rest of
-  its epoch is planned again under this one. Without one, training starts at epoch 0 (state
-  None: the caller keeps its fresh state).
+  its epoch is planned again under this one. Committed checkpoints newer than it that turned out
+  damaged are moved aside and their records retracted, so training saves those steps again.
+  Without any committed checkpoint, training starts at epoch 0 (state None: the caller keeps its
+  fresh state); when there are committed steps but every one is damaged, it stops with an
+  InputError unless `if_all_damaged` is 'start_fresh' (config.ckpt.if_all_damaged).
   """
   if is_chief:
     dropped = checkpoint_lib.discard_uncommitted(ckpt.directory, store.committed_steps())
@@ -134,7 +139,35 @@ def restore_or_start(ckpt: checkpoint_lib.Checkpointer, store: lineage_lib.Linea
   # The manager listed the steps when it was opened; those just deleted would otherwise make the
   # save of the same step fail (StepAlreadyExistsError).
   ckpt.reload()
-  restored = checkpoint_lib.restore_committed(ckpt.directory, store, abstract_state, ckpt)
+  committed = store.committed_steps()
+  damaged: list[tuple[int, str]] = []
+  restored = checkpoint_lib.restore_committed(ckpt.directory, store, abstract_state, ckpt,
+                                              damaged=damaged)
+  newest = restored[2] if restored is not None else -1
+  newer = sorted(step for step, _ in damaged if step > newest)
+  if newer:
+    if restored is None and if_all_damaged != "start_fresh":
+      step, reason = damaged[0]
+      reason = reason if len(reason) <= 120 else reason[:117] + "...)"
+      raise errors.InputError(
+          f"every committed checkpoint left in {ckpt.directory} is damaged ({len(damaged)} "
+          f"checked; the newest, step {step}, {reason}); restore them from a backup, or "
+          "rerun with --config.ckpt.if_all_damaged=start_fresh to train from step 0 (they are "
+          f"then moved to {ckpt.directory}-damaged)")
+    if is_chief:
+      where = checkpoint_lib.set_aside(ckpt.directory, newer)
+      for step in newer:
+        store.retract(step)
+      logging.warning("checkpoints %s are damaged: moved to %s, their lineage records retracted; "
+                      "training goes on from %s", newer, where,
+                      f"step {newest}" if restored is not None else "step 0")
+    barrier("damaged checkpoints set aside")
+    ckpt.reload()
+  elif restored is None and committed and if_all_damaged != "start_fresh":
+    raise errors.InputError(
+        f"the lineage store {store.location} has committed steps (newest {committed[-1]}) but "
+        f"{ckpt.directory} holds none of them (deleted or moved?); put them back, or rerun "
+        "with --config.ckpt.if_all_damaged=start_fresh to train from step 0")
   if restored is None:
     return None, lineage_lib.Lineage.start(
         epoch=0, global_step=0, seed=seed, placement=placement, hosts=hosts,

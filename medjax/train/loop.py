@@ -99,7 +99,8 @@ def train_and_evaluate(config, workdir: str, topology: Topology = Topology(), ct
   ckpt = checkpoint_lib.Checkpointer(run.checkpoints, async_save=config.ckpt.async_save)
   restored, lineage, last_good = checkpointing.restore_or_start(
       ckpt, store, built.abstract, placement=data.placement_id, hosts=data.placement.hosts,
-      seed=config.seed, num_records=len(manifest), is_chief=is_chief, barrier=barrier)
+      seed=config.seed, num_records=len(manifest), is_chief=is_chief, barrier=barrier,
+      if_all_damaged=config.ckpt.if_all_damaged)
   if restored is not None:
     state = restored
   elif config.model.missing != "learned":
