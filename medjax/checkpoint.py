@@ -38,6 +38,7 @@ import orbax.checkpoint as ocp
 from absl import flags
 from jax.experimental import multihost_utils
 
+from medjax import errors
 from medjax import lineage as lineage_lib
 
 
@@ -210,7 +211,7 @@ class Checkpointer:
     if saved_paths != wanted:
       missing = sorted(set(wanted) - set(saved_paths))[:5]
       extra = sorted(set(saved_paths) - set(wanted))[:5]
-      raise ValueError(f"checkpoint {step} in {self.directory} holds another state structure "
+      raise errors.InputError(f"checkpoint {step} in {self.directory} holds another state structure "
                        f"(not in it: {missing}; only in it: {extra}); was it saved with another "
                        "model config?")
     whole = _replicated_like(targets[0].sharding)

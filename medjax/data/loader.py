@@ -18,6 +18,7 @@ import grain
 import jax
 import numpy as np
 
+from medjax import errors
 from medjax.data import records
 
 
@@ -48,7 +49,7 @@ class BatchReader:
   def local_rows(self, step_Wxb: np.ndarray) -> np.ndarray:
     b = step_Wxb.shape[1]
     if b % self.local_count:
-      raise ValueError(f"host batch {b} does not split over {self.local_count} processes; make "
+      raise errors.InputError(f"host batch {b} does not split over {self.local_count} processes; make "
                        "config.data.batch_size a multiple of hosts x processes per host")
     per = b // self.local_count
     return step_Wxb[self.host_index, self.local_index * per:(self.local_index + 1) * per]
@@ -140,7 +141,7 @@ def batches(reader: BatchReader, steps_SxWxb: np.ndarray, *, start: int, shardin
   if how == "inline":
     return Ahead(reader, steps_SxWxb, start=start, sharding=sharding, global_batch=global_batch)
   if how != "thread":
-    raise ValueError(f"config.data.prefetch={how!r}; use 'auto', 'inline' or 'thread'")
+    raise errors.InputError(f"config.data.prefetch={how!r}; use 'auto', 'inline' or 'thread'")
   return _Threaded(prefetched(reader, steps_SxWxb, start=start, sharding=sharding,
                               global_batch=global_batch))
 

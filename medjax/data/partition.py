@@ -24,6 +24,7 @@ from typing import Iterable
 
 import numpy as np
 
+from medjax import errors
 from medjax.data import manifest as manifest_lib
 from medjax.data import placement as placement_lib
 
@@ -160,9 +161,9 @@ def _check_rows(rows, num_rows: int, what: str) -> np.ndarray:
 
 def _check_sizes(num_partitions: int, host_batch_size: int) -> None:
   if num_partitions < 1:
-    raise ValueError(f"num_partitions={num_partitions}: an epoch needs at least one partition")
+    raise errors.InputError(f"num_partitions={num_partitions}: an epoch needs at least one partition")
   if host_batch_size < 1:
-    raise ValueError(f"host_batch_size={host_batch_size}: each host needs at least one record "
+    raise errors.InputError(f"host_batch_size={host_batch_size}: each host needs at least one record "
                      f"per step")
 
 
@@ -227,7 +228,7 @@ def plan_epoch(manifest: manifest_lib.Manifest, placement: placement_lib.Placeme
     raise ValueError(f"seed={seed}, epoch={epoch}: both must be >= 0")
   rows_R = manifest.indices("train") if rows is None else _check_rows(rows, len(manifest), "rows")
   if num_partitions > len(rows_R):
-    raise ValueError(f"num_partitions={num_partitions} but only {len(rows_R)} records to plan "
+    raise errors.InputError(f"num_partitions={num_partitions} but only {len(rows_R)} records to plan "
                      f"for epoch {epoch}; lower num_partitions to at most {len(rows_R)}"
                      + (" (rows is empty: nothing left to plan)" if not len(rows_R) else ""))
   key_N = np.random.default_rng([seed, epoch, _DEAL_KEY]).random(len(manifest))

@@ -22,6 +22,7 @@ import threading
 import time
 
 from medjax import checkpoint as checkpoint_lib
+from medjax import errors
 from medjax import lineage as lineage_lib
 from medjax import paths
 from medjax.fault import inject
@@ -57,13 +58,34 @@ class Coordinator:
     self.store = lineage_lib.LineageStore(self.run.lineage_store)
     self.events = EventLog(self.run.events)
     self.lock = threading.Lock()
-    saved = self.store.get_state("coordinator")
     committed = self.store.committed_steps()
-    self.policy = policy_lib.Policy(config.fault, time.time(), saved=saved,
-                                    last_commit=committed[-1] if committed else 0,
-                                    fault_times=lambda: inject.fired(workdir))
+
+    def policy(saved):
+      return policy_lib.Policy(config.fault, time.time(), saved=saved,
+                               last_commit=committed[-1] if committed else 0,
+                               fault_times=lambda: inject.fired(workdir))
+    try:
+      self.policy = policy(self.store.get_state("coordinator"))
+    except (lineage_lib.LineageError, KeyError, ValueError, TypeError, AttributeError) as e:
+      # Garbled state (a disk that filled up, a bad copy): start over from what is on disk. The
+      # committed checkpoints are in the store; generations go on after the newest spec written;
+      # only the failure history of the summary is lost, and the event says so.
+      self.policy = policy(None)
+      self.policy.state.generation = self._newest_generation()
+      self.store.put_state("coordinator", self.policy.state.to_json())
+      self.events.write("coordinator_state_damaged", error=errors.one_line(str(e))[:300],
+                        generation=self.policy.state.generation,
+                        note="started from a fresh state; failures before this are not in the "
+                             "summary")
+      logging.error("coordinator: its saved state is damaged (%s); starting from a fresh state "
+                    "after generation %d", e, self.policy.state.generation)
     if self.policy.restored:
       self.events.write("coordinator_restarted", generation=self.policy.state.generation)
+
+  def _newest_generation(self) -> int:
+    names = os.listdir(self.run.generations) if os.path.isdir(self.run.generations) else []
+    numbers = [int(n[4:-5]) for n in names if n.startswith("gen-") and n[4:-5].isdigit()]
+    return max(numbers, default=0)
 
   def _apply(self, effects: policy_lib.Effects) -> dict | None:
     """Carries out the policy's effects (the caller holds the lock); returns the reply."""

@@ -21,6 +21,7 @@ import time
 
 import psutil
 
+from medjax import errors
 from medjax import paths
 
 KINDS = ("kill", "sigstop", "hang", "oom", "sigterm", "host")
@@ -56,7 +57,7 @@ def parse(text: str) -> list[Fault]:
       assert kind in KINDS and key in ("step", "partition", "epoch") and pkey == "process"
       faults.append(Fault(kind, key, int(value), int(pvalue), i))
     except (ValueError, AssertionError) as e:
-      raise ValueError(f"config.fault.inject: cannot read {item!r}; write KIND@step=N:process=P, "
+      raise errors.InputError(f"config.fault.inject: cannot read {item!r}; write KIND@step=N:process=P, "
                        f"KIND@partition=N:process=P or KIND@epoch=N:process=P with KIND in "
                        f"{KINDS}") from e
   return faults
@@ -110,7 +111,7 @@ def _kill_host() -> None:
   """SIGKILLs this worker's agent, the agent's other workers, then itself."""
   agent = psutil.Process(os.getppid())
   if "--role=agent" not in agent.cmdline():
-    raise RuntimeError("config.fault.inject: a 'host' fault needs a supervised run (a worker "
+    raise errors.InputError("config.fault.inject: a 'host' fault needs a supervised run (a worker "
                        "started by an agent); set config.fault.supervised=True")
   for proc in agent.children(recursive=True):
     if proc.pid != os.getpid():

@@ -29,6 +29,7 @@ from typing import Callable
 
 import grpc
 
+from medjax import errors
 from medjax import secretfile
 
 SERVICE = "medjax.Coordinator"
@@ -98,7 +99,7 @@ def serve(handlers: dict[str, Callable[[dict], dict]], *, host: str, port: int, 
   """Starts the service; returns (server, bound port). Refuses a non-loopback bind without token."""
   if not token:
     where = "loopback" if is_loopback(host) else f"{host} (not loopback)"
-    raise ValueError(f"coordinator: refusing to serve on {where} without a token; set "
+    raise errors.InputError(f"coordinator: refusing to serve on {where} without a token; set "
                      f"${TOKEN_ENV} or config.fault.token_file (every call must carry it)")
   rpc = {name: grpc.unary_unary_rpc_method_handler(
       lambda request, context, fn=fn: fn(request), request_deserializer=_decode,

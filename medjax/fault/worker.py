@@ -73,9 +73,12 @@ def run(workdir: str, generation: int, process_id: int, host: str, coordinator: 
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
   # jax.distributed's own failure detection waits longer than the coordinator's, so ours acts.
+  # Its service (in process 0) listens only on the address the first host advertises (loopback
+  # for local runs), never on every interface.
   jax.distributed.initialize(spec["jax_address"], spec["num_processes"], process_id,
                              heartbeat_timeout_seconds=config.fault.jax_heartbeat_timeout_s,
-                             initialization_timeout=int(config.fault.timeout_start_s))
+                             initialization_timeout=int(config.fault.timeout_start_s),
+                             coordinator_bind_address=spec["jax_address"])
   wph = spec["workers_per_host"]
   topology = loop.Topology(hosts=tuple(spec["hosts"]), host=host, local_index=process_id % wph,
                            local_count=wph)

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from medjax import errors
 from medjax.model import encoders
 
 MISSING_POLICIES = ("learned", "zero", "mean", "drop")
@@ -66,9 +67,9 @@ class FusionModel(nnx.Module):
                num_analytes: int, vitals_steps: int, vitals_channels: int, rngs: nnx.Rngs):
     cfg = model_config
     if cfg.missing not in MISSING_POLICIES:
-      raise ValueError(f"config.model.missing={cfg.missing!r}: use one of {MISSING_POLICIES}")
+      raise errors.InputError(f"config.model.missing={cfg.missing!r}: use one of {MISSING_POLICIES}")
     if cfg.fusion not in ("attention", "gated"):
-      raise ValueError(f"config.model.fusion={cfg.fusion!r}: use 'attention' or 'gated'")
+      raise errors.InputError(f"config.model.fusion={cfg.fusion!r}: use 'attention' or 'gated'")
     dtype = jnp.dtype(cfg.dtype)
     d = cfg.d_model
     self.missing, self.fusion, self.p_drop = cfg.missing, cfg.fusion, cfg.modality_dropout

@@ -20,6 +20,7 @@ from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from medjax import errors
 from medjax import model as model_lib
 from medjax.model import fusion
 
@@ -32,7 +33,7 @@ def make_mesh(mesh_config, devices=None) -> jax.sharding.Mesh:
   fsdp = mesh_config.fsdp
   data = mesh_config.data if mesh_config.data > 0 else len(devices) // max(fsdp, 1)
   if data * fsdp != len(devices):
-    raise ValueError(f"config.mesh data={mesh_config.data} x fsdp={fsdp} does not cover the "
+    raise errors.InputError(f"config.mesh data={mesh_config.data} x fsdp={fsdp} does not cover the "
                      f"{len(devices)} devices; set data=-1 or make the product equal")
   # Auto axes: shardings are given explicitly at the jit boundary and propagated inside.
   return jax.make_mesh((data, fsdp), DATA_AXES,
