@@ -5,7 +5,9 @@ import glob
 import json
 import os
 import re
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 
@@ -261,3 +263,94 @@ def _reachable(client) -> bool:
     return True
   except grpc.RpcError:
     return False
+
+
+def _listeners(port: int) -> list[str]:
+  return [c.laddr.ip for c in psutil.net_connections("tcp")
+          if c.status == psutil.CONN_LISTEN and c.laddr.port == port]
+
+
+def _processes_of(workdir: str) -> list[psutil.Process]:
+  alive = []
+  for p in psutil.process_iter(["cmdline"]):
+    try:
+      if any(workdir in arg for arg in p.info["cmdline"] or []) and p.status() != "zombie":
+        alive.append(p)
+    except psutil.Error:
+      pass
+  return alive
+
+
+def test_services_bind_loopback_and_stray_connections_cost_nothing(shared):
+  workdir = str(shared["base"] / "stray")
+  proc = runs.start(workdir, *_common(shared))
+  try:
+    spec_path = os.path.join(workdir, "generations", "gen-001.json")
+    runs.wait_for(lambda: os.path.exists(spec_path), 300, "the first generation")
+    with open(spec_path) as f:
+      jax_port = int(json.load(f)["jax_address"].rsplit(":", 1)[1])
+    with open(os.path.join(workdir, "coordinator.json")) as f:
+      coordinator_port = int(json.load(f)["address"].rsplit(":", 1)[1])
+    runs.wait_for(lambda: _listeners(jax_port), 120, "jax.distributed's service to listen")
+    assert set(_listeners(jax_port)) == {"127.0.0.1"}
+    assert set(_listeners(coordinator_port)) == {"127.0.0.1"}
+    for port in (jax_port, coordinator_port):
+      for payload in (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", os.urandom(4096), b""):
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+          s.sendall(payload)
+    assert proc.wait(timeout=400) == 0, runs.tail(workdir)
+  finally:
+    if proc.poll() is None:
+      os.killpg(proc.pid, signal.SIGKILL)
+  assert [e for e in runs.events(workdir) if e["event"] == "failure"] == []
+  assert runs.summary(workdir)["fault_tolerance"]["restarts"] == 0
+
+
+def test_a_worker_refusing_damaged_checkpoints_stops_the_run_with_its_line(shared, clean_run):
+  workdir = str(shared["base"] / "all_damaged")
+  shutil.copytree(clean_run, workdir, ignore=shutil.ignore_patterns("launcher.log"))
+  for step_dir in glob.glob(os.path.join(workdir, "checkpoints", "*", "state")):
+    for path in glob.glob(os.path.join(step_dir, "**", "d", "*"), recursive=True):
+      with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) // 3)
+  assert runs.run(workdir, *_common(shared), timeout=300) == 2, runs.tail(workdir)
+  lines = [line for line in open(os.path.join(workdir, "launcher.log")).read().splitlines()
+           if line.strip()]
+  assert lines[-1].startswith("error: every committed checkpoint left in "), lines[-5:]
+  assert "--config.ckpt.if_all_damaged=start_fresh" in lines[-1]
+  assert not any("Traceback" in line for line in lines)
+  failures = [e for e in runs.events(workdir) if e["event"] == "failure"]
+  assert len(failures) >= 1 and failures[0]["kind"] == "input"
+  assert not _processes_of(workdir)
+
+
+def test_a_coordinator_that_cannot_listen_stops_the_run_with_one_line(shared):
+  workdir = str(shared["base"] / "port_in_use")
+  with socket.socket() as busy:
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    port = busy.getsockname()[1]
+    code = runs.run(workdir, *_common(shared), f"--config.fault.port={port}", timeout=300)
+  assert code == 2, runs.tail(workdir)
+  last = [line for line in open(os.path.join(workdir, "launcher.log")).read().splitlines()
+          if line.strip()][-1]
+  assert last == (f"error: coordinator: cannot listen on 127.0.0.1:{port} (in use by another "
+                  "process, or not an address of this machine); choose another --port / "
+                  "config.fault.port (0: a free one) or --bind")
+  runs.wait_for(lambda: not _processes_of(workdir), 10, "the agents and workers to be gone")
+
+
+def test_a_coordinator_crash_loop_stops_the_launcher_without_orphans(shared):
+  workdir = str(shared["base"] / "coordinator_loop")
+  # The coordinator writes its address to coordinator.json when it starts serving; a directory
+  # in its place makes every start fail the same way.
+  os.makedirs(os.path.join(workdir, "coordinator.json"))
+  code = runs.run(workdir, *_common(shared), "--config.fault.max_coordinator_restarts=2",
+                  timeout=300)
+  assert code == 2, runs.tail(workdir)
+  last = [line for line in open(os.path.join(workdir, "launcher.log")).read().splitlines()
+          if line.strip()][-1]
+  assert last.startswith("error: the coordinator exited 3 times in a row without the run "
+                         "committing a step (config.fault.max_coordinator_restarts=2); its last "
+                         "error: internal error: IsADirectoryError: "), last
+  runs.wait_for(lambda: not _processes_of(workdir), 10, "the agents and workers to be gone")

@@ -114,6 +114,8 @@ def _last_error(log_path: str) -> str:
   except OSError:
     return "no log"
   for line in reversed(lines):
+    if line.startswith("error: "):   # launch.py's own one-line error
+      return line[len("error: "):][:300]
     if re.match(r"^[\w.]+(Error|Exception|Interrupt|Exit)\b", line):
       return line[:300]
   return lines[-1][:300] if lines else "no output"
@@ -123,4 +125,5 @@ def _error(run_paths: paths.RunPaths) -> str:
   for event in reversed(jsonl.read(run_paths.events)):
     if event["event"] == "gave_up":
       return event["error"]
-  return f"the coordinator gave up; see {run_paths.events} and {run_paths.logs}"
+  # It stopped before serving (bad input it found itself): its own error line.
+  return _last_error(run_paths.process_log("coordinator"))

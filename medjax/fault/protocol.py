@@ -100,7 +100,7 @@ def serve(handlers: dict[str, Callable[[dict], dict]], *, host: str, port: int, 
   if not token:
     where = "loopback" if is_loopback(host) else f"{host} (not loopback)"
     raise errors.InputError(f"coordinator: refusing to serve on {where} without a token; set "
-                     f"${TOKEN_ENV} or config.fault.token_file (every call must carry it)")
+                            f"${TOKEN_ENV} or config.fault.token_file (every call must carry it)")
   rpc = {name: grpc.unary_unary_rpc_method_handler(
       lambda request, context, fn=fn: fn(request), request_deserializer=_decode,
       response_serializer=_encode) for name, fn in handlers.items()}
@@ -108,14 +108,19 @@ def serve(handlers: dict[str, Callable[[dict], dict]], *, host: str, port: int, 
                        interceptors=[_Auth(token)])
   server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(SERVICE, rpc)])
   address = f"{host}:{port}"
-  if tls_cert:
-    with open(tls_cert, "rb") as c, open(tls_key, "rb") as k:
-      creds = grpc.ssl_server_credentials([(k.read(), c.read())])
-    bound = server.add_secure_port(address, creds)
-  else:
-    bound = server.add_insecure_port(address)
+  try:
+    if tls_cert:
+      with open(tls_cert, "rb") as c, open(tls_key, "rb") as k:
+        creds = grpc.ssl_server_credentials([(k.read(), c.read())])
+      bound = server.add_secure_port(address, creds)
+    else:
+      bound = server.add_insecure_port(address)
+  except RuntimeError:
+    bound = 0  # grpc raises for an address in use
   if not bound:
-    raise OSError(f"coordinator: cannot bind {address}")
+    raise errors.InputError(f"coordinator: cannot listen on {address} (in use by another "
+                            "process, or not an address of this machine); choose another "
+                            "--port / config.fault.port (0: a free one) or --bind")
   server.start()
   return server, bound
 

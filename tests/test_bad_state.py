@@ -1,0 +1,38 @@
+"""Damaged run state left on disk: each kind has a rule (DESIGN.md, "Bad input and damaged
+state"); the checkpoint rules are in test_train_parts.py, the real-process ones in test_fault.py."""
+
+import json
+import os
+
+import pytest
+
+from configs import quickstart
+from medjax import jsonl
+from medjax import lineage
+from medjax import paths
+from medjax.fault import coordinator
+from medjax.fault import policy
+
+
+@pytest.mark.parametrize("garbage", [b"\x00\x01 not json", b"[]", b'{"status": "exploded"}',
+                                     b'{"failures": [{"kind": 1, "nonsense": true}]}'])
+def test_a_garbled_coordinator_state_starts_fresh_after_the_newest_generation(tmp_path, garbage):
+  config = quickstart.get_config("tiny")
+  run = paths.RunPaths(str(tmp_path), config)
+  os.makedirs(run.generations)
+  for g in (1, 2, 3):
+    with open(run.generation_spec(g), "w") as f:
+      json.dump({"generation": g}, f)
+  store = lineage.LineageStore(run.lineage_store)
+  store.put_state("coordinator", {"status": "running"})
+  with open(os.path.join(run.lineage_store, "state", "coordinator"), "wb") as f:
+    f.write(garbage)
+  c = coordinator.Coordinator(config, str(tmp_path), token="t")
+  assert c.policy.state.status == policy.Status.WAITING
+  assert c.policy.state.generation == 3          # the next one started is 4: no spec reused
+  events = jsonl.read(run.events)
+  assert [e["event"] for e in events] == ["coordinator_state_damaged"]
+  assert events[0]["generation"] == 3
+  # The fresh state was saved: a second restart reads it without complaint.
+  again = coordinator.Coordinator(config, str(tmp_path), token="t")
+  assert again.policy.state.generation == 3 and again.policy.restored
