@@ -84,6 +84,11 @@ def _config(workdir: str):
 def main(argv):
   del argv
   role = _ROLE.value
+  if _CONFIG.value is not None and role != "worker":
+    # Every field checked before anything starts or is written (no jax imported yet: a bad
+    # config is answered in well under 2 s).
+    from medjax import config_check  # pylint: disable=import-outside-toplevel
+    config_check.validate(_CONFIG.value, role=role)
   workdir = _workdir()
   os.makedirs(workdir, exist_ok=True)
   if role == "worker":

@@ -1,5 +1,20 @@
 """Evaluation: predictions over a split, metrics (with the Bayes ceiling), plots, notebook loading.
 
+What is reported depends on the cohort (conventions in medjax/train/metrics.py):
+  every task    accuracy, macro F1, rare-class recall (classes under 5% of training records),
+                ECE, per-class F1, confusion, by modality subset, Table IV rows, 95% intervals.
+  2 classes     sensitivity and specificity of the positive class at the argmax decision
+                (p(positive) > 0.5), AUROC and AUPRC (average precision). The positive class is
+                the second class name: the second of config.data.classes when set, else of the
+                sorted label names ('1' of 0/1, 'yes' of no/yes); set config.data.classes to
+                choose it. No top-3 (1.0 by construction with 3 classes or fewer).
+  more classes  top-3 accuracy (above 3 classes) and the one-vs-rest macro AUROC.
+  synthetic     the same metrics of the Bayes-optimal posterior ('ceiling'); other cohorts have
+                no oracle, so summary.json has "ceiling": null and the reason under
+                "not_applicable".
+A metric that does not apply is null in summary.json (strict JSON: no NaN), with its reason in
+the enclosing "not_applicable" mapping; the terminal table shows "n/a (reason)" or leaves it out.
+
 In a notebook:
   from medjax import evaluate
   result = evaluate.load("runs/quickstart-...", split="test")
@@ -11,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 
 import jax
 import ml_collections
@@ -24,6 +40,8 @@ from medjax.data import manifest as manifest_lib
 from medjax.data import partition
 from medjax.train import metrics as metrics_lib
 from medjax.train import writers
+
+NO_ORACLE = "no oracle: the Bayes posterior exists for synthetic cohorts only"
 
 
 def predict(predict_fn, state, reader: loader.BatchReader, placement, rows: np.ndarray, *,
@@ -74,6 +92,9 @@ def evaluate_splits(splits, predict_fn, state, reader: loader.BatchReader, data,
     if split == "test" and ceiling is not None:
       results["ceiling"] = ceiling_metrics(manifest, rows, ceiling, bootstrap=bootstrap,
                                            seed=seed)
+    elif split == "test":
+      results["ceiling"] = None
+      results["not_applicable"] = {"ceiling": NO_ORACLE}
   return results, probs_by_split
 
 
@@ -85,6 +106,7 @@ def split_metrics(manifest, rows: np.ndarray, probs_NxK: np.ndarray, *, bootstra
                   seed: int = 0) -> dict:
   """All metrics for `rows`: overall, per class, per modality subset, Table IV rows, 95% CIs."""
   labels = manifest.labels[rows]
+  probs_NxK = probs_NxK.reshape(len(rows), len(manifest.class_names))  # (0, 0) when no rows
   rare = metrics_lib.rare_classes(manifest.labels[manifest.indices("train")],
                                   len(manifest.class_names))
   out = metrics_lib.classification(probs_NxK, labels, rare)
@@ -92,6 +114,11 @@ def split_metrics(manifest, rows: np.ndarray, probs_NxK: np.ndarray, *, bootstra
   out["table_iv"] = metrics_lib.table_iv(out["by_subset"])
   out["ci95"] = metrics_lib.bootstrap(probs_NxK, labels, samples=bootstrap, seed=seed)
   out["rare_classes"] = [manifest.class_names[k] for k in rare]
+  out["rare_rule"] = f"under {metrics_lib.RARE_FRACTION:.0%} of training records"
+  if len(manifest.class_names) == 2:
+    positive = manifest.class_names[metrics_lib.POSITIVE]
+    out["positive_class"] = positive
+    out["decision"] = f"argmax, i.e. p({positive}) > 0.5"
   return out
 
 
@@ -106,26 +133,86 @@ def ceiling_metrics(manifest, rows: np.ndarray, ceiling: dict[str, np.ndarray], 
   return split_metrics(manifest, rows, probs, **kw)
 
 
+def metric_keys(metrics: dict) -> list[str]:
+  """The overall metrics a table shows, in order, for one split's `split_metrics`.
+
+  Binary tasks: sensitivity, specificity, AUROC, AUPRC instead of top-3 and the macro AUROC.
+  Top-3 is left out with 3 classes or fewer (1.0 by construction).
+  """
+  if "sensitivity" in metrics:
+    return ["accuracy", "macro_f1", "sensitivity", "specificity", "auroc", "auprc",
+            "rare_recall", "ece"]
+  keys = ["accuracy", "macro_f1", "top3_accuracy", "rare_recall", "auroc_macro", "ece"]
+  if len(metrics.get("per_class_f1", ())) <= metrics_lib.TOP_K:
+    keys.remove("top3_accuracy")
+  return keys
+
+
+def _cell(value, width: int) -> str:
+  return "-".rjust(width) if value is None else f"{value:{width}.4f}"
+
+
 def format_summary(summary: dict) -> str:
-  """Model vs ceiling, overall and by subset, as a plain-text table."""
-  test, ceil = summary.get("test", {}), summary.get("ceiling")
-  lines = [f"{'test':<14}{'model':>8}{'ceiling':>9}{'ratio':>7}"]
-  for key in ("accuracy", "macro_f1", "top3_accuracy", "rare_recall", "auroc_macro", "ece"):
+  """Model vs ceiling, overall and by subset, as a plain-text table.
+
+  Without a ceiling (no oracle) its columns are left out and one line says why; a metric that
+  does not apply reads "n/a (reason)"; subsets without records are listed, not tabulated.
+  """
+  test, ceil = summary.get("test"), summary.get("ceiling")
+  if not test:
+    return "no test metrics (config.evals.splits has no 'test')"
+  reasons = test.get("not_applicable", {})
+  lines = [f"{'test':<14}{'model':>8}" + (f"{'ceiling':>9}{'ratio':>7}" if ceil else "")]
+  for key in metric_keys(test):
     m = test.get(key)
-    c = ceil.get(key) if ceil else None
-    ratio = f"{m / c:7.3f}" if (m is not None and c) else ""
-    lines.append(f"  {key:<12}{m:8.4f}" + (f"{c:9.4f}{ratio}" if c is not None else ""))
-  lines.append(f"{'by subset':<14}{'n':>6}{'acc':>8}{'ceiling':>9}")
-  for s, v in test.get("by_subset", {}).items():
-    c = ceil["by_subset"][s]["accuracy"] if ceil else float("nan")
-    lines.append(f"  {s:<12}{v['count']:6d}{v['accuracy']:8.4f}{c:9.4f}")
+    if m is None:
+      lines.append(f"  {key:<12}{'n/a':>8} ({reasons.get(key, 'not computed')})")
+      continue
+    line = f"  {key:<12}{m:8.4f}"
+    if ceil:
+      c = ceil.get(key)
+      line += _cell(c, 9) + (f"{m / c:7.3f}" if c else "")
+    lines.append(line)
+  if "positive_class" in test:
+    n = test["count"]
+    share = f" ({test['positives'] / n:.1%})" if n else ""
+    lines.append(f"positive class {test['positive_class']!r}: {test['positives']} of {n} "
+                 f"records{share}; the second class name (config.data.classes sets the order)")
+    lines.append(f"decision: {test['decision']}")
+  if not ceil:
+    why = summary.get("not_applicable", {}).get("ceiling", NO_ORACLE)
+    lines.append(f"Bayes ceiling n/a ({why})")
+  lines.append(f"{'by subset':<14}{'n':>6}{'acc':>8}" + (f"{'ceiling':>9}" if ceil else ""))
+  subsets = test.get("by_subset", {})
+  for s, v in subsets.items():
+    if v["count"] > 0:
+      c = _cell(ceil["by_subset"][s]["accuracy"], 9) if ceil else ""
+      lines.append(f"  {s:<12}{v['count']:6d}{_cell(v['accuracy'], 8)}{c}")
+  absent = [s for s, v in subsets.items() if v["count"] == 0]
+  if absent:
+    lines.append(f"  no records: {', '.join(absent)}")
   return "\n".join(lines)
 
 
+def strict_json(value):
+  """`value` with NaN and infinities as None and numpy scalars as Python ones (strict JSON)."""
+  if isinstance(value, dict):
+    return {k: strict_json(v) for k, v in value.items()}
+  if isinstance(value, (list, tuple)):
+    return [strict_json(v) for v in value]
+  if isinstance(value, (float, np.floating)):
+    return float(value) if math.isfinite(value) else None
+  if isinstance(value, np.integer):
+    return int(value)
+  if isinstance(value, np.bool_):
+    return bool(value)
+  return value
+
+
 def write_summary(workdir: str, summary: dict, class_names: list[str]) -> None:
-  """summary.json, the plots, and the summary table in the log."""
+  """summary.json (strict JSON), the plots, and the summary table in the log."""
   with open(paths.RunPaths(workdir).summary, "w") as f:
-    json.dump(summary, f, indent=2, default=float)
+    json.dump(strict_json(summary), f, indent=2, allow_nan=False, default=float)
   write_plots(workdir, summary, class_names)
   logging.info("summary\n%s", format_summary(summary))
 

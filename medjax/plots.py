@@ -68,10 +68,17 @@ def confusion(cm, class_names: list[str]):
   fig = Figure(figsize=(side, side))
   ax = fig.subplots()
   im = ax.imshow(norm, cmap="Blues", vmin=0, vmax=1)
-  ax.set_xticks(range(len(class_names)), class_names, rotation=90, fontsize=6)
-  ax.set_yticks(range(len(class_names)), class_names, fontsize=6)
+  many = len(class_names) > 10
+  fontsize = 6 if many else 9
+  ax.set_xticks(range(len(class_names)), class_names, rotation=90 if many else 0,
+                fontsize=fontsize)
+  ax.set_yticks(range(len(class_names)), class_names, fontsize=fontsize)
   ax.set_xlabel("predicted")
   ax.set_ylabel("true")
+  if len(class_names) <= 10:  # few classes: the counts themselves are readable in the cells
+    for (i, j), n in np.ndenumerate(cm.astype(np.int64)):
+      ax.text(j, i, str(n), ha="center", va="center", fontsize=9,
+              color="white" if norm[i, j] > 0.5 else "black")
   fig.colorbar(im, ax=ax, fraction=0.046, label="row-normalised")
   ax.set_title("Confusion matrix (test)")
   return fig

@@ -2,10 +2,20 @@
 
 Conventions (stated because papers differ):
   macro F1      mean F1 over the classes that occur in the evaluated labels.
-  rare recall   mean recall over the rare classes (under 5% of training records) that occur.
-  top-3         true class among the three most probable.
+  rare recall   mean recall over the rare classes (under 5% of training records, RARE_FRACTION)
+                that occur in the evaluated labels.
+  top-3         true class among the three most probable; reported only with more than 3 classes
+                (with 3 or fewer it is 1.0 by construction).
   AUROC         one-vs-rest, averaged over classes with both positives and negatives.
   ECE           15 equal-width confidence bins on the top-class probability.
+Binary tasks (2 classes) also get, for the positive class (class index 1, the second class name):
+  sensitivity   recall of the positive class at the argmax decision, i.e. p(positive) > 0.5.
+  specificity   recall of the negative class at the same decision.
+  AUROC         of p(positive); equal to the one-vs-rest macro AUROC with two classes.
+  AUPRC         average precision of p(positive): sum over thresholds of precision x recall step.
+
+A metric that is undefined or does not apply is None, never NaN (summary.json is strict JSON), and
+its reason is in the result's `not_applicable` mapping (metric -> short reason).
 """
 
 from __future__ import annotations
@@ -14,6 +24,9 @@ import numpy as np
 from scipy import stats
 
 SUBSETS = ("ILV", "IL", "IV", "LV", "I", "L", "V")
+RARE_FRACTION = 0.05  # a class is rare under this fraction of the training records
+POSITIVE = 1  # binary tasks: the positive class is the second class name
+TOP_K = 3
 
 
 def confusion_matrix(labels_N: np.ndarray, preds_N: np.ndarray, num_classes: int) -> np.ndarray:
@@ -31,27 +44,71 @@ def per_class_f1(cm_KxK: np.ndarray) -> np.ndarray:
     return np.where(denom > 0, 2 * tp / denom, np.nan)
 
 
-def macro_f1(labels_N, preds_N, num_classes) -> float:
+def macro_f1(labels_N, preds_N, num_classes) -> float | None:
   cm = confusion_matrix(labels_N, preds_N, num_classes)
   present = cm.sum(1) > 0
-  return float(np.mean(per_class_f1(cm)[present])) if present.any() else float("nan")
+  return float(np.mean(per_class_f1(cm)[present])) if present.any() else None
 
 
-def auroc_macro(probs_NxK: np.ndarray, labels_N: np.ndarray) -> float:
-  """Mean one-vs-rest AUROC (Mann-Whitney U with tied ranks averaged)."""
-  values = []
-  for k in range(probs_NxK.shape[1]):
-    positive = labels_N == k
-    n_pos, n_neg = int(positive.sum()), int((~positive).sum())
-    if n_pos == 0 or n_neg == 0:
-      continue
-    ranks = stats.rankdata(probs_NxK[:, k])
-    values.append((ranks[positive].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
-  return float(np.mean(values)) if values else float("nan")
+def auroc(scores_N: np.ndarray, positive_N: np.ndarray) -> float | None:
+  """AUROC of `scores_N` for the boolean `positive_N` (Mann-Whitney U, tied ranks averaged)."""
+  n_pos, n_neg = int(positive_N.sum()), int((~positive_N).sum())
+  if n_pos == 0 or n_neg == 0:
+    return None
+  ranks = stats.rankdata(scores_N)
+  return float((ranks[positive_N].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
+
+
+def auroc_macro(probs_NxK: np.ndarray, labels_N: np.ndarray) -> float | None:
+  """Mean one-vs-rest AUROC over the classes with both positives and negatives."""
+  values = [auroc(probs_NxK[:, k], labels_N == k) for k in range(probs_NxK.shape[1])]
+  values = [v for v in values if v is not None]
+  return float(np.mean(values)) if values else None
+
+
+def average_precision(scores_N: np.ndarray, positive_N: np.ndarray) -> float | None:
+  """AUPRC as average precision: sum_t (recall_t - recall_{t-1}) * precision_t over the distinct
+  score thresholds t, highest first (no interpolation; tied scores form one threshold)."""
+  n_pos = int(positive_N.sum())
+  if n_pos == 0:
+    return None
+  order = np.argsort(-scores_N, kind="stable")
+  scores, hits = scores_N[order], positive_N[order].astype(np.float64)
+  # The last index of each run of equal scores: one operating point per distinct threshold.
+  last = np.r_[np.flatnonzero(np.diff(scores) != 0), len(scores) - 1]
+  tp = np.cumsum(hits)[last]
+  precision = tp / (last + 1)
+  recall_step = np.diff(np.r_[0.0, tp]) / n_pos
+  return float(np.sum(recall_step * precision))
+
+
+def binary(probs_Nx2: np.ndarray, labels_N: np.ndarray) -> tuple[dict, dict]:
+  """Sensitivity, specificity (argmax, i.e. p(positive) > 0.5), AUROC and AUPRC of class 1.
+
+  Returns:
+    (metrics, not_applicable): values (None where undefined) and the reasons for the Nones.
+  """
+  positive = labels_N == POSITIVE
+  predicted = probs_Nx2.argmax(1) == POSITIVE
+  n_pos, n_neg = int(positive.sum()), int((~positive).sum())
+  score = probs_Nx2[:, POSITIVE]
+  out = {
+      "sensitivity": float(np.mean(predicted[positive])) if n_pos else None,
+      "specificity": float(np.mean(~predicted[~positive])) if n_neg else None,
+      "auroc": auroc(score, positive),
+      "auprc": average_precision(score, positive),
+      "positives": n_pos,
+      "negatives": n_neg,
+  }
+  why = {"sensitivity": "no positive records", "specificity": "no negative records",
+         "auroc": "needs positive and negative records", "auprc": "no positive records"}
+  return out, {k: r for k, r in why.items() if out[k] is None}
 
 
 def expected_calibration_error(probs_NxK: np.ndarray, labels_N: np.ndarray,
-                               bins: int = 15) -> float:
+                               bins: int = 15) -> float | None:
+  if len(labels_N) == 0:
+    return None
   confidence = probs_NxK.max(1)
   correct = probs_NxK.argmax(1) == labels_N
   edges = np.linspace(0.0, 1.0, bins + 1)
@@ -64,41 +121,73 @@ def expected_calibration_error(probs_NxK: np.ndarray, labels_N: np.ndarray,
   return float(ece)
 
 
-def rare_classes(train_labels_N: np.ndarray, num_classes: int, threshold: float = 0.05):
+def top_k_accuracy(probs_NxK: np.ndarray, labels_N: np.ndarray, k: int) -> float | None:
+  """True class among the k most probable; None when k >= K (1.0 by construction) or no rows."""
+  if k >= probs_NxK.shape[1] or len(labels_N) == 0:
+    return None
+  top = np.argsort(-probs_NxK, axis=1)[:, :k]
+  return float(np.mean(np.any(top == labels_N[:, None], axis=1)))
+
+
+def rare_classes(train_labels_N: np.ndarray, num_classes: int,
+                 threshold: float = RARE_FRACTION) -> np.ndarray:
   """Classes under `threshold` of the training records."""
   counts = np.bincount(train_labels_N, minlength=num_classes)
   return np.flatnonzero(counts < threshold * max(len(train_labels_N), 1))
 
 
-def core(probs_NxK: np.ndarray, labels_N: np.ndarray) -> dict[str, float]:
-  """accuracy and macro F1: the metrics reported per subset and bootstrapped."""
-  preds = probs_NxK.argmax(1)
-  return {"accuracy": float(np.mean(preds == labels_N)) if len(labels_N) else float("nan"),
+def core(probs_NxK: np.ndarray, labels_N: np.ndarray) -> dict[str, float | None]:
+  """accuracy and macro F1: the metrics reported per subset and bootstrapped (None if no rows)."""
+  preds = probs_NxK.argmax(1) if len(labels_N) else np.zeros(0, np.int64)
+  return {"accuracy": float(np.mean(preds == labels_N)) if len(labels_N) else None,
           "macro_f1": macro_f1(labels_N, preds, probs_NxK.shape[1])}
 
 
 def classification(probs_NxK: np.ndarray, labels_N: np.ndarray, rare_K: np.ndarray) -> dict:
-  """The full set of metrics for one set of predictions."""
+  """The full set of metrics for one set of predictions.
+
+  Every key is always present (readers index it); a None value has its reason in
+  out['not_applicable']. Binary tasks add 'sensitivity', 'specificity', 'auroc', 'auprc',
+  'positives' and 'negatives'.
+  """
   num_classes = probs_NxK.shape[1]
   preds = probs_NxK.argmax(1)
   cm = confusion_matrix(labels_N, preds, num_classes)
-  top3 = np.argsort(-probs_NxK, axis=1)[:, :3]
   recall = np.diag(cm) / np.maximum(cm.sum(1), 1)
   rare_present = [k for k in rare_K if cm[k].sum() > 0]
-  return {
+  out = {
       **core(probs_NxK, labels_N),
-      "top3_accuracy": float(np.mean(np.any(top3 == labels_N[:, None], axis=1))),
-      "rare_recall": float(np.mean(recall[rare_present])) if rare_present else float("nan"),
+      "top3_accuracy": top_k_accuracy(probs_NxK, labels_N, TOP_K),
+      "rare_recall": float(np.mean(recall[rare_present])) if rare_present else None,
       "auroc_macro": auroc_macro(probs_NxK, labels_N),
       "ece": expected_calibration_error(probs_NxK, labels_N),
       "count": int(len(labels_N)),
       "per_class_f1": [None if np.isnan(f) else float(f) for f in per_class_f1(cm)],
       "confusion": cm.tolist(),
   }
+  reasons = {}
+  if num_classes == 2:
+    values, reasons = binary(probs_NxK, labels_N)
+    out.update(values)
+  if out["top3_accuracy"] is None:
+    reasons["top3_accuracy"] = (f"{num_classes} classes" if num_classes <= TOP_K
+                                else "no records")
+  if out["rare_recall"] is None:
+    reasons["rare_recall"] = (
+        f"no class under {RARE_FRACTION:.0%} of training records" if len(rare_K) == 0
+        else f"none of the {len(rare_K)} rare classes in these records")
+  for key in ("accuracy", "macro_f1", "auroc_macro", "ece"):
+    if out[key] is None:
+      reasons[key] = "no records" if not len(labels_N) else "one class in the records"
+  out["not_applicable"] = reasons
+  return out
 
 
 def by_subset(probs_NxK, labels_N, subsets_N: np.ndarray) -> dict[str, dict]:
-  """accuracy, macro F1 and count for each available-modality subset (ILV, IL, ..., V)."""
+  """accuracy, macro F1 and count for each available-modality subset (ILV, IL, ..., V).
+
+  Every subset is present; one without records has count 0 and None metrics.
+  """
   out = {}
   for s in SUBSETS:
     rows = subsets_N == s
@@ -114,24 +203,40 @@ def table_iv(subset_metrics: dict[str, dict]) -> dict[str, dict]:
     counts = np.array([subset_metrics[s]["count"] for s in members], np.float64)
     entry = {"count": int(counts.sum())}
     for metric in ("accuracy", "macro_f1"):
+      # None (no records) becomes NaN here and is left out of the weighted mean.
       values = np.array([subset_metrics[s][metric] for s in members], np.float64)
       ok = (counts > 0) & ~np.isnan(values)
       entry[metric] = float(np.sum(values[ok] * counts[ok]) / counts[ok].sum()) if ok.any() \
-          else float("nan")
+          else None
     out[name] = entry
   return out
 
 
+def _resampled(probs_NxK, labels_N) -> dict[str, float | None]:
+  out = core(probs_NxK, labels_N)
+  if probs_NxK.shape[1] == 2:
+    values, _ = binary(probs_NxK, labels_N)
+    out.update({k: values[k] for k in ("sensitivity", "specificity", "auroc", "auprc")})
+  return out
+
+
 def bootstrap(probs_NxK, labels_N, *, samples: int = 1000, seed: int = 0) -> dict[str, list]:
-  """95% percentile intervals of accuracy and macro F1 over resampled records."""
+  """95% percentile intervals over resampled records: accuracy and macro F1, and for binary
+  tasks sensitivity, specificity, AUROC and AUPRC.
+
+  A resample where a metric is undefined (no positives drawn, say) is left out of that metric's
+  interval; [None, None] when more than half of them are, or there are no records.
+  """
   rng = np.random.default_rng(seed)
   n = len(labels_N)
-  draws = {"accuracy": [], "macro_f1": []}
+  keys = list(_resampled(probs_NxK[:0], labels_N[:0]))
   if n == 0:
-    return {k: [float("nan")] * 2 for k in draws}
+    return {k: [None, None] for k in keys}
+  draws = {k: [] for k in keys}
   for _ in range(samples):
     idx = rng.integers(0, n, n)
-    for k, v in core(probs_NxK[idx], labels_N[idx]).items():
-      draws[k].append(v)
+    for k, v in _resampled(probs_NxK[idx], labels_N[idx]).items():
+      if v is not None:
+        draws[k].append(v)
   return {k: [float(np.percentile(v, 2.5)), float(np.percentile(v, 97.5))]
-          for k, v in draws.items()}
+          if len(v) * 2 >= samples and v else [None, None] for k, v in draws.items()}
