@@ -108,7 +108,8 @@ class Manifest:
         f.write(json.dumps({
             "id": str(self.record_ids[i]),
             "label": int(self.labels[i]),
-            "label_name": self.class_names[self.labels[i]],
+            # -1: no labels.csv (an ingest-only cohort); training refuses such a cohort.
+            "label_name": self.class_names[self.labels[i]] if self.labels[i] >= 0 else None,
             "modalities": group_name(self.modality_mask[i]),
             "num_images": int(self.num_images[i]),
             "image_files": self.image_files[i],
