@@ -39,8 +39,31 @@ def get_config(arg=None):
   data.max_images = 4
   data.split = (0.7, 0.1, 0.2)
   data.on_error = "quarantine"   # malformed table rows: 'quarantine' (report, go on) or 'raise'
+  # Plausible (low, high) per lab analyte or vitals channel name; values outside are set to
+  # missing and counted. Entries add to (or, as None, remove) the built-in ranges of hr, sbp,
+  # dbp, rr, spo2 and temp (medjax/data/tables.py DEFAULT_VALUE_RANGES); labs have none built in.
+  data.value_ranges = ml_collections.ConfigDict()
+  # Merge patient ids that differ only by letter case (tables and DICOM). Off: they are kept as
+  # different patients and counted in the ingest summary. On, record ids hash the casefolded id.
+  data.ids_case_insensitive = False
   data.salt_file = ""         # pseudonymisation salt; default <workdir>/secrets/id_salt
   data.scan_workers = 0       # header-scan processes; 0: one per CPU core
+  # DICOM budgets, checked on the file size and header before any pixel is decoded; a file over
+  # one is quarantined with the numbers and the field to raise. Rows x Columns x Frames x
+  # Samples: 2**29 = 537M holds a 2000-frame 512x512 CT (524M) or a 4096x3328 mammogram (14M)
+  # many times, and refuses a 65535x65535 header (4.3G). Decoded bytes (x BitsAllocated/8): the
+  # same CT at 16 bits is 1000 MiB; 65535x65535 x 16 bits would be 8 GiB.
+  data.max_pixels = 2**29
+  data.max_decoded_mb = 1024
+  data.max_file_mb = 2048     # above any file the byte budget admits (plus its header)
+  # Compressed (encapsulated) and deflated files are decoded in child processes, where a crash,
+  # a runaway allocation or a hang costs that one file: 'compressed', 'all' or 'none'.
+  data.isolate_decoding = "compressed"
+  # Each child's address-space limit. Decoding takes ~300 MB plus ~22 bytes per pixel (float64
+  # windowing), so 2048 decodes ~80M pixels (a 300-frame 512x512 CT); raise it for larger files.
+  data.decode_memory_mb = 2048
+  data.decode_timeout_s = 120.0   # per file in a child (a 120-frame colour JPEG takes ~8 s)
+  data.decode_workers = 2     # children at most (the cache decodes from up to 2 threads)
   data.cache_dir = ""         # node-local decoded cache; default <workdir>/cache
   data.cache_memory_mb = 1024  # also hold a host's cached records in memory when they fit
   data.prefetch = "auto"      # read ahead: 'thread', 'inline' (training thread), 'auto' (CPU: inline)

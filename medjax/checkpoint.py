@@ -211,9 +211,10 @@ class Checkpointer:
     if saved_paths != wanted:
       missing = sorted(set(wanted) - set(saved_paths))[:5]
       extra = sorted(set(saved_paths) - set(wanted))[:5]
-      raise errors.InputError(f"checkpoint {step} in {self.directory} holds another state structure "
-                       f"(not in it: {missing}; only in it: {extra}); was it saved with another "
-                       "model config?")
+      raise errors.InputError(
+          f"checkpoint {step} in {self.directory} holds another state structure "
+          f"(not in it: {missing}; only in it: {extra}); was it saved with another "
+          "model config?")
     whole = _replicated_like(targets[0].sharding)
     saved = {"packed": {g: jax.ShapeDtypeStruct((n,), jnp.dtype(g), sharding=whole)
                         for g, n in layout["sizes"].items()},

@@ -36,3 +36,19 @@ def test_a_garbled_coordinator_state_starts_fresh_after_the_newest_generation(tm
   # The fresh state was saved: a second restart reads it without complaint.
   again = coordinator.Coordinator(config, str(tmp_path), token="t")
   assert again.policy.state.generation == 3 and again.policy.restored
+
+
+def test_a_damaged_salt_file_stops_ingest_with_one_line(tmp_path):
+  from medjax.data import ingest  # pylint: disable=import-outside-toplevel
+  from medjax import errors  # pylint: disable=import-outside-toplevel
+  path = str(tmp_path / "secrets" / "id_salt")
+  salt = ingest.load_or_create_salt(path)
+  assert len(salt) == 32 and ingest.load_or_create_salt(path) == salt
+  with open(path, "wb") as f:
+    f.write(salt[:5])              # a disk that filled up mid-write
+  with pytest.raises(errors.InputError) as e:
+    ingest.load_or_create_salt(path)
+  assert str(e.value) == (
+      f"{path}: the salt file is damaged (5 bytes, expected 32); restore it from a backup, or "
+      "delete it and ingest again (record ids change: start a new --workdir, as this run's "
+      "checkpoints and caches belong to the old ids)")

@@ -354,3 +354,21 @@ def test_a_coordinator_crash_loop_stops_the_launcher_without_orphans(shared):
                          "committing a step (config.fault.max_coordinator_restarts=2); its last "
                          "error: internal error: IsADirectoryError: "), last
   runs.wait_for(lambda: not _processes_of(workdir), 10, "the agents and workers to be gone")
+
+
+def test_no_raw_patient_id_in_anything_a_run_writes(clean_run):
+  with open(os.path.join(clean_run, "cohort", "labels.csv")) as f:
+    ids = [line.split(",")[0].strip() for line in f.read().splitlines()[1:] if line.strip()]
+  assert len(ids) > 100 and all(i.startswith("MRN") for i in ids)
+  pattern = re.compile(rb"MRN\d{7}")
+  checked = 0
+  for dirpath, _, names in os.walk(clean_run):
+    rel = os.path.relpath(dirpath, clean_run)
+    if rel.split(os.sep)[0] in ("cohort", "secrets"):
+      continue  # the input itself, and the salt
+    for name in names:
+      with open(os.path.join(dirpath, name), "rb") as f:
+        found = pattern.findall(f.read())
+      assert not found, f"{os.path.join(rel, name)} holds raw ids such as {found[:1]}"
+      checked += 1
+  assert checked > 50

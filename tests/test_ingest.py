@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -48,6 +49,13 @@ def test_ingest_links_by_patient_id_and_accounts_for_every_file(cohort, tmp_path
   # Table problems: duplicate row, non-numeric value, out-of-order vitals, label without data.
   table_lines = {(q["path"], q["line"]) for q in result.quarantine if q["stage"] == "tables"}
   assert {("labs.csv", 5), ("labs.csv", 6), ("vitals.csv", 6), ("labels.csv", 8)} <= table_lines
+  tables = result.summary["tables"]
+  assert [tables[f]["rows_quarantined"] for f in ("labels.csv", "labs.csv", "vitals.csv")] == [
+      1, 1, 1]
+  assert tables["values_not_a_number"] == {"Na": 1} and tables["ids"]["labels_without_data"] == 1
+  text = ingest.format_summary(result.summary)
+  assert "values set to missing: not a number Na 1" in text
+  assert "labs.csv: 1 of 5 rows set aside" in text
 
 
 def test_no_raw_identifiers_leave_ingest(cohort, tmp_path):
@@ -96,3 +104,26 @@ def test_manifest_round_trip(cohort, tmp_path):
   assert loaded.manifest.image_files == result.manifest.image_files
   first = json.loads(open(os.path.join(workdir, "ingest", "manifest.jsonl")).readlines()[1])
   assert set(first) >= {"id", "label", "modalities", "image_files", "cost_ms", "split"}
+
+
+def _summary(classes):
+  return {"patients": sum(classes.values()), "splits": {"train": 1, "val": 0, "test": 1},
+          "dicom_files": 0, "images": 0, "quarantined": 0, "groups": {}, "missing": {},
+          "classes": classes, "quarantine_reasons": {}}
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 37, 100])
+def test_class_line_reads_correctly_for_any_class_count(k):
+  classes = {f"c{i:03d}": 3 * (k - i) for i in range(k)}
+  line = next(x for x in ingest.format_summary(_summary(classes)).splitlines()
+              if x.startswith("classes"))
+  named = re.findall(r"c\d{3}", line)
+  assert len(named) == len(set(named)), line   # no class listed twice
+  assert line.startswith(f"classes {k}: ")
+  if k <= 8:
+    assert named == list(classes) and "largest" not in line
+    total = sum(classes.values())
+    assert f"c000 {3 * k} ({100 * 3 * k / total:.1f}%)" in line
+  else:
+    assert named == ["c000", "c001", "c002", f"c{k - 1:03d}", f"c{k - 2:03d}", f"c{k - 3:03d}"]
+    assert "; smallest " in line and line.index("largest") < line.index("smallest")

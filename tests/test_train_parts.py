@@ -299,3 +299,15 @@ def test_a_garbled_lineage_record_is_skipped_for_the_previous_step(tmp_path, gar
   assert step == 2
   np.testing.assert_array_equal(np.asarray(state["w"]), 2.0)
   ckpt.close()
+
+
+def test_checkpoints_of_another_ingest_are_refused(tmp_path):
+  directory, store = _committed_run(tmp_path, [2])
+  ckpt, (_, _, step) = _restore(directory, store, records="aaaa")
+  assert step == 2
+  ckpt.close()
+  ckpt, _ = _restore(directory, store, records="aaaa")     # the same ingest: fine
+  ckpt.close()
+  with pytest.raises(errors.InputError, match=r"^the cohort's records changed since this run's "
+                     r"checkpoints were written \(ingest fingerprint aaaa in .*, now bbbb"):
+    _restore(directory, store, records="bbbb")

@@ -31,6 +31,7 @@ import zlib
 import numpy as np
 import tensorstore as ts
 
+from medjax.data import decoder as decoder_lib
 from medjax.data import records
 
 FORMAT_VERSION = 1
@@ -72,13 +73,17 @@ class Cache:
     memory_mb: memory for recently read records, on top of the on-disk cache.
     wait_limit_s: how long a read-only process waits for a record the writer has promised
       before decoding it itself.
+    decoder: DICOM budgets and decoder isolation (`medjax.data.decoder`; default: the config
+      defaults).
   """
 
   def __init__(self, path, manifest, tables, shapes: records.Shapes, data_root: str, *,
                read_only: bool = False, process: int = 0, run: str = "",
-               memory_mb: int = 256, wait_limit_s: float = 300.0):
+               memory_mb: int = 256, wait_limit_s: float = 300.0,
+               decoder: decoder_lib.Decoder | None = None):
     self.path, self.manifest, self.tables, self.shapes = path, manifest, tables, shapes
     self.data_root, self.read_only = data_root, read_only
+    self.decoder = decoder or decoder_lib.default()
     self.wait_limit_s = wait_limit_s
     self.rejected: dict[str, dict] = {}
     self._row_of = {rid: i for i, rid in enumerate(manifest.record_ids)}
@@ -293,7 +298,7 @@ class Cache:
     """Reads one record from shared storage (called without the lock held)."""
     t0 = time.perf_counter()
     rec, rejected, nbytes = records.decode(self.manifest, row, self.tables, self.data_root,
-                                           self.shapes)
+                                           self.shapes, self.decoder)
     seconds = time.perf_counter() - t0
     with self._cond:
       c = self.counters

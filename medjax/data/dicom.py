@@ -1,12 +1,24 @@
 """DICOM files -> headers and float32 images in [0, 1]; anything unusable is a RejectedFile.
 
 `read_header` parses the header without loading pixel data and rejects, with a short reason:
-files that are not DICOM (a file without preamble/'DICM' is accepted only if, read as a bare
-dataset, it has a SOP Class UID or pixel data); truncated files (any element whose declared
+paths that are not regular files (FIFOs, sockets, devices, directories: refused from os.lstat and
+os.stat, never opened; a symlink is followed only to a regular file, and only into `roots` when
+given); files over the budgets (`Budgets`: file size; Rows x Columns x Frames x Samples; decoded
+bytes; a deflated dataset that inflates past the byte budget, found by a bounded streaming
+inflate); files that are not DICOM (a file without preamble/'DICM' is accepted only if, read as a
+bare dataset, it has a SOP Class UID or pixel data); truncated files (any element whose declared
 length runs past the end of the file, or an undefined-length element, such as encapsulated pixel
 data, whose delimiter is missing); objects without Pixel Data (SR, RT Plan, RT Struct, ECG...);
-malformed image geometry; native pixel data shorter than Rows x Columns x Frames x Samples x
-BitsAllocated / 8; transfer syntaxes no installed plugin decodes; missing or empty PatientID.
+malformed image geometry; BitsAllocated not 1, 8, 16, 32 or 64, BitsStored over it, HighBit not
+in [BitsStored - 1, BitsAllocated - 1]; native pixel data shorter than Rows x Columns x Frames x
+Samples x BitsAllocated / 8, or longer than twice that plus 1 MiB; a JPEG, JPEG-LS or JPEG 2000
+first frame whose codestream size is not Rows x Columns (read from its first 8 KB); transfer
+syntaxes no installed plugin decodes; missing or empty PatientID. All of it is decided before
+any pixel data is read, so a small file that claims a huge image is refused without allocating it.
+
+Decoders of compressed data can still crash or allocate without bound on what these checks do
+not see; `medjax.data.decoder` runs them in child processes, where that costs one file. This
+module decodes in the calling process.
 
 `load_image` makes the same checks except PatientID (it needs only pixels), then decodes with
 pydicom's plugins (native, deflate, big endian, RLE, JPEG, JPEG-LS, JPEG 2000). Every failure,
@@ -43,44 +55,39 @@ Output: float32, (H, W), or (F, H, W) when NumberOfFrames > 1.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
+from collections.abc import Sequence
 
 import numpy as np
 import pydicom
 from pydicom import dataelem
 from pydicom import errors
+from pydicom import filereader
 from pydicom import uid as uids
 from pydicom.pixels import utils as pixel_utils
 
+from medjax.data import dicom_limits
 from medjax.data import dicom_pixels
+
+# The limits' public names, part of this module's API.
+RejectedFile = dicom_limits.RejectedFile
+Budgets = dicom_limits.Budgets
+check_path = dicom_limits.check_path
 
 # Elements longer than this stay on disk until asked for, so headers never load pixel data.
 _DEFER_BYTES = 1024
 _PIXEL_DATA = 0x7FE00010
 _FLOAT_PIXEL_DATA = (0x7FE00008, 0x7FE00009)
 _UNDEFINED_LENGTH = 0xFFFFFFFF
-
-
-class RejectedFile(Exception):
-  """A file that cannot be used as an image; the only exception this module raises.
-
-  Attributes:
-    path: the file.
-    reason: short human-readable reason, e.g. 'truncated pixel data: 4096 of 8192 bytes'.
-  """
-
-  def __init__(self, path: str, reason: str):
-    super().__init__(f"{path}: {reason}")
-    self.path = str(path)
-    self.reason = reason
-
-  def __reduce__(self):  # the default would re-call __init__ with the message alone
-    return type(self), (self.path, self.reason)
+_BITS_ALLOCATED = (1, 8, 16, 32, 64)
+# Native pixel data may carry a pad byte or a stray extra frame; more than this is not an image.
+_NATIVE_SLACK = 1 << 20
 
 
 @dataclasses.dataclass(frozen=True)
 class Header:
-  """What ingest needs to know about an image file; no names, dates or UIDs.
+  """What ingest needs to know about an image file; no names, dates or UIDs (one, hashed).
 
   Attributes:
     patient_id: raw PatientID. Callers hash it; never log it (it is left out of repr()).
@@ -91,6 +98,8 @@ class Header:
     photometric: PhotometricInterpretation as stored, e.g. 'MONOCHROME1', 'YBR_FULL_422'.
     pixel_bytes: Pixel Data length as stored; for encapsulated (undefined length) data, the
       bytes from its start to the end of the file.
+    bits_allocated: BitsAllocated.
+    instance: a hash of SOPInstanceUID (to find one instance stored twice); '' when absent.
   """
   patient_id: str = dataclasses.field(repr=False)
   modality: str
@@ -102,13 +111,18 @@ class Header:
   transfer_syntax: str
   photometric: str
   pixel_bytes: int
+  bits_allocated: int
+  instance: str = dataclasses.field(repr=False)
 
 
-def read_header(path: str | os.PathLike) -> Header:
+def read_header(path: str | os.PathLike, budgets: Budgets | None = None, *,
+                roots: Sequence[str] = ()) -> Header:
   """Reads and checks a DICOM header without loading or decoding its pixel data.
 
   Args:
     path: the file.
+    budgets: size limits (default: `Budgets()`).
+    roots: directories a symlink's target must lie in (empty: anywhere).
 
   Returns:
     The file's Header.
@@ -117,19 +131,24 @@ def read_header(path: str | os.PathLike) -> Header:
     RejectedFile: see the module docstring for the reasons; nothing else is raised.
   """
   path = os.fspath(path)
-  _, header = _guarded(path, _inspect)
+  budgets = budgets or Budgets()
+  _, header = _guarded(path, budgets, roots, lambda f, size: _inspect(path, f, size, budgets))
   if not header.patient_id.strip():
     raise RejectedFile(path, "missing PatientID")
   return header
 
 
-def load_image(path: str | os.PathLike) -> np.ndarray:
+def load_image(path: str | os.PathLike, budgets: Budgets | None = None, *,
+               roots: Sequence[str] = ()) -> np.ndarray:
   """Decodes a DICOM image to float32 in [0, 1] by the rules in the module docstring.
 
-  PatientID is not required here; use `read_header` to vet files for a cohort.
+  PatientID is not required here; use `read_header` to vet files for a cohort. This decodes in
+  the calling process; `medjax.data.decoder.Decoder.load_image` isolates the risky decoders.
 
   Args:
     path: the file.
+    budgets: size limits (default: `Budgets()`), checked before pixel data is read.
+    roots: directories a symlink's target must lie in (empty: anywhere).
 
   Returns:
     float32 array, (H, W), or (F, H, W) for multi-frame files.
@@ -138,33 +157,63 @@ def load_image(path: str | os.PathLike) -> np.ndarray:
     RejectedFile: for every failure, including ones raised inside pydicom or its plugins.
   """
   path = os.fspath(path)
-  return _guarded(path, _load)
+  budgets = budgets or Budgets()
+  return _guarded(path, budgets, roots, lambda f, size: _load(path, f, size, budgets))
 
 
-def _guarded(path, fn):
+def transfer_syntax(path: str | os.PathLike, budgets: Budgets | None = None, *,
+                    roots: Sequence[str] = ()) -> uids.UID | None:
+  """The transfer syntax in the file meta, read without parsing the dataset; None if it has none.
+
+  For choosing where to decode a file: the path checks and the file-size budget apply, the
+  rest of the file is not read. A bare dataset (no preamble or file meta) gives None.
+
+  Raises:
+    RejectedFile: the path is not a regular file within budget.
+  """
+  path = os.fspath(path)
+
+  def meta(f, size):
+    del size
+    try:
+      filereader.read_preamble(f, False)
+      return filereader._read_file_meta_info(f).get("TransferSyntaxUID")  # pylint: disable=protected-access
+    except Exception:  # pylint: disable=broad-except  # no usable file meta: the full read decides
+      return None
+  return _guarded(path, budgets or Budgets(), roots, meta)
+
+
+def _guarded(path: str, budgets: Budgets, roots: Sequence[str], fn):
   try:
-    return fn(path)
+    checked = check_path(path, budgets, roots)
+    with dicom_limits.opened(path, checked, budgets) as (f, size):
+      return fn(f, size)
   except RejectedFile:
     raise
+  except MemoryError as e:
+    raise RejectedFile(path, "out of memory while decoding") from e
   except Exception as e:  # pylint: disable=broad-except  # callers get RejectedFile, always
-    raise RejectedFile(path, f"unreadable: {_describe(e)}") from e
+    raise RejectedFile(path, f"unreadable: {dicom_limits.describe(e)}") from e
 
 
-def _load(path: str) -> np.ndarray:
-  ds, header = _inspect(path)
+def _load(path: str, f, size: int, budgets: Budgets) -> np.ndarray:
+  ds, header = _inspect(path, f, size, budgets)
   ts = ds.file_meta.TransferSyntaxUID
   try:
     arr, props = pydicom.pixels.get_decoder(ts).as_array(ds)
+  except MemoryError as e:
+    raise RejectedFile(path, f"out of memory while decoding {header.transfer_syntax} pixel "
+                       "data") from e
   except Exception as e:  # pylint: disable=broad-except
     raise RejectedFile(path, f"undecodable {header.transfer_syntax} pixel data: "
-                       f"{_describe(e)}") from e
+                       f"{dicom_limits.describe(e)}") from e
   return dicom_pixels.to_unit_range(arr, ds, props)
 
 
-def _inspect(path: str):
+def _inspect(path: str, f, size: int, budgets: Budgets):
   """Returns (dataset with pixel data deferred, Header) or raises RejectedFile."""
-  ds = _read(path)
-  _check_lengths(path, ds)
+  ds = _read(path, f, budgets)
+  _check_lengths(path, ds, size)
   sop_class = ds.get("SOPClassUID")
   sop_name = getattr(sop_class, "name", None) or "unknown"
   if _PIXEL_DATA not in ds:
@@ -178,22 +227,51 @@ def _inspect(path: str):
   rows, columns = _positive_int(path, ds, "Rows"), _positive_int(path, ds, "Columns")
   frames = _positive_int(path, ds, "NumberOfFrames", default=1)
   samples = _positive_int(path, ds, "SamplesPerPixel", default=1)
-  _positive_int(path, ds, "BitsAllocated")
+  bits = _positive_int(path, ds, "BitsAllocated")
+  _check_bits(path, ds, bits)
+  dicom_limits.check_budgets(path, rows, columns, frames, samples, bits, budgets)
+  dicom_limits.check_codestream(path, f, ds.get_item(_PIXEL_DATA, keep_deferred=True), ts, rows,
+                                columns)
+  instance = str(ds.get("SOPInstanceUID") or "").strip()
   return ds, Header(
       patient_id=str(ds.get("PatientID") or ""), modality=str(ds.get("Modality") or ""),
       sop_class=sop_name, rows=rows, columns=columns, frames=frames, samples_per_pixel=samples,
       transfer_syntax=ts.name, photometric=photometric,
-      pixel_bytes=_pixel_bytes(path, ds, ts))
+      pixel_bytes=_pixel_bytes(path, ds, ts, size), bits_allocated=bits,
+      instance=hashlib.blake2b(instance.encode(), digest_size=16).hexdigest() if instance else "")
 
 
-def _read(path: str):
+def _check_bits(path: str, ds, bits: int) -> None:
+  if bits not in _BITS_ALLOCATED:
+    raise RejectedFile(path, f"invalid BitsAllocated {bits} (DICOM allows "
+                       f"{', '.join(map(str, _BITS_ALLOCATED))})")
+  if ds.get("BitsStored") in (None, ""):
+    return  # the decoder reports it if it needs it
+  stored = _positive_int(path, ds, "BitsStored")
+  if stored > bits:
+    raise RejectedFile(path, f"BitsStored {stored} is over BitsAllocated {bits}")
+  if ds.get("HighBit") in (None, ""):
+    return
   try:
-    ds = pydicom.dcmread(path, defer_size=_DEFER_BYTES)
+    high = int(ds.HighBit)
+  except (TypeError, ValueError):
+    high = -1
+  if not stored - 1 <= high < bits:
+    raise RejectedFile(path, f"HighBit {ds.HighBit!r} is not between BitsStored - 1 "
+                       f"({stored - 1}) and BitsAllocated - 1 ({bits - 1})")
+
+
+def _read(path: str, f, budgets: Budgets):
+  dicom_limits.check_deflated(path, f, budgets)
+  f.seek(0)
+  try:
+    ds = pydicom.dcmread(f, defer_size=_DEFER_BYTES)
   except errors.InvalidDicomError:
     # No preamble/'DICM'. Archives do hold such bare datasets, but so does any random file when
     # forced; a real one names its SOP class or carries pixel data.
     try:
-      ds = pydicom.dcmread(path, defer_size=_DEFER_BYTES, force=True)
+      f.seek(0)
+      ds = pydicom.dcmread(f, defer_size=_DEFER_BYTES, force=True)
     except Exception as e:  # pylint: disable=broad-except
       raise RejectedFile(path, "not a DICOM file") from e
     if "SOPClassUID" not in ds and _PIXEL_DATA not in ds:
@@ -202,18 +280,18 @@ def _read(path: str):
   if not len(ds):
     # pydicom drops every element (with only a warning) when the file ends inside an
     # undefined-length value, e.g. encapsulated pixel data without its sequence delimiter.
-    if len(pydicom.dcmread(path, stop_before_pixels=True)):
+    f.seek(0)
+    if len(pydicom.dcmread(f, stop_before_pixels=True)):
       raise RejectedFile(path, "truncated: file ends inside an undefined-length element "
                          "(encapsulated pixel data without its sequence delimiter?)")
     raise RejectedFile(path, "no data elements after the file meta (truncated or empty dataset)")
   return ds
 
 
-def _check_lengths(path: str, ds) -> None:
+def _check_lengths(path: str, ds, size: int) -> None:
   """Rejects the file if any still-unread element runs past the end of the file."""
   if ds.file_meta.get("TransferSyntaxUID") == uids.DeflatedExplicitVRLittleEndian:
     return  # offsets point into the inflated stream; a cut stream already failed to inflate
-  size = os.path.getsize(path)
   for tag in ds.keys():
     # keep_deferred: without it get_item reads (and so loads) a deferred value.
     elem = ds.get_item(tag, keep_deferred=True)
@@ -259,21 +337,22 @@ def _positive_int(path: str, ds, keyword: str, default: int | None = None) -> in
   return number
 
 
-def _pixel_bytes(path: str, ds, ts: uids.UID) -> int:
+def _pixel_bytes(path: str, ds, ts: uids.UID, size: int) -> int:
   elem = ds.get_item(_PIXEL_DATA, keep_deferred=True)
   if not isinstance(elem, dataelem.RawDataElement):  # already read, e.g. from a deflated file
     length, undefined = len(elem.value or b""), False
   else:
     length, undefined = elem.length, elem.length == _UNDEFINED_LENGTH
   if undefined:
-    length = os.path.getsize(path) - elem.value_tell
+    length = size - elem.value_tell
   if not ts.is_encapsulated:
     expected = pixel_utils.get_expected_length(ds, "bytes")
     if length < expected:
       raise RejectedFile(path, f"truncated pixel data: {length} of {expected} bytes")
+    if length > 2 * expected + _NATIVE_SLACK:
+      raise RejectedFile(path, f"native pixel data is {length} bytes, over twice the {expected} "
+                         "that Rows x Columns x Frames x Samples x BitsAllocated/8 give "
+                         "(inconsistent header)")
   return length
 
 
-def _describe(e: BaseException) -> str:
-  # Plugin errors span several lines (one per plugin tried); keep one line, bounded.
-  return " ".join(f"{type(e).__name__}: {e}".split())[:300]

@@ -9,7 +9,8 @@ Input layout under `config.data.root` (each table optional):
 
 Output under `<workdir>/ingest/`: manifest.jsonl, tables.npz, quarantine.jsonl, summary.json,
 and ceiling.npz for synthetic cohorts. Every input DICOM file is either referenced by the manifest
-or listed in the quarantine report with its reason. Raw PatientIDs never leave this module: rows
+or listed in the quarantine report with its reason, and so is every data line of labels.csv (the
+table rules are in medjax/data/tables.py). Raw PatientIDs never leave this module: rows
 are keyed by a salted hash, and the salt stays in a private file.
 """
 
@@ -22,12 +23,15 @@ import hashlib
 import hmac
 import json
 import logging
+import multiprocessing
 import os
+import re
 import secrets
 import time
 
 import numpy as np
 
+from medjax import errors
 from medjax import jsonl
 from medjax import paths
 from medjax import secretfile
@@ -52,10 +56,16 @@ def load_or_create_salt(path: str) -> bytes:
 
   Reusing it keeps record ids, and so caches and checkpoints' lineage, stable across runs.
   """
-  salt = secretfile.read_or_create(path, lambda: secrets.token_bytes(32))
+  try:
+    salt = secretfile.read_or_create(path, lambda: secrets.token_bytes(32))
+  except OSError as e:
+    raise errors.InputError(f"{path}: cannot read or create the salt file ({e.strerror}); fix "
+                            "its permissions or set config.data.salt_file") from e
   if len(salt) < 16:
-    raise ValueError(f"{path}: salt file holds {len(salt)} bytes, expected at least 16; "
-                     "delete it to make a new one (record ids will change)")
+    raise errors.InputError(
+        f"{path}: the salt file is damaged ({len(salt)} bytes, expected 32); restore it from a "
+        "backup, or delete it and ingest again (record ids change: start a new --workdir, as "
+        "this run's checkpoints and caches belong to the old ids)")
   return salt
 
 
@@ -64,35 +74,77 @@ def pseudonym(patient_id: str, salt: bytes) -> str:
   return ID_PREFIX + hmac.new(salt, patient_id.encode(), hashlib.sha256).hexdigest()[:20]
 
 
-def _scan_one(args: tuple[str, str]) -> tuple[str, dicom.Header | None, str | None]:
-  root, rel = args
+def _scan_one(args: tuple[str, str, tuple[str, ...], dicom.Budgets]
+              ) -> tuple[str, dicom.Header | None, str | None]:
+  root, rel, roots, budgets = args
   try:
-    return rel, dicom.read_header(os.path.join(root, rel)), None
+    # read_header refuses FIFOs, sockets, devices and directories from os.lstat/os.stat without
+    # opening them, follows a symlink only to a regular file inside `roots`, and checks the
+    # budgets before anything but the header is read.
+    return rel, dicom.read_header(os.path.join(root, rel), budgets, roots=roots), None
   except dicom.RejectedFile as e:
     return rel, None, e.reason
 
 
-def scan_dicom(dicom_root: str, workers: int = 0) -> tuple[list[tuple[str, dicom.Header]],
-                                                            list[dict]]:
-  """Reads every file's header (no pixels). Returns (accepted, quarantine entries)."""
-  rels = []
-  for dirpath, _, filenames in os.walk(dicom_root):
+def scan_dicom(dicom_root: str, workers: int = 0, budgets: dicom.Budgets | None = None
+               ) -> tuple[list[tuple[str, dicom.Header]], list[dict]]:
+  """Reads every file's header (no pixels). Returns (accepted, quarantine entries).
+
+  Only regular files are read; a symlinked file only when its target is inside the cohort root
+  (the parent of `dicom_root`) or `dicom_root`. Directory symlinks are not followed (so a loop
+  cannot hang the walk) and are quarantined, as are directories that cannot be listed. Of a
+  patient's files holding the same SOPInstanceUID (one instance stored twice, e.g. re-exported
+  or transcoded), the first by path is kept and the others are quarantined; the same UID under
+  two PatientIDs is left to each patient (files are linked by PatientID alone).
+
+  Args:
+    dicom_root: the cohort's dicom/ folder.
+    workers: header-scan processes (0: one per CPU core).
+    budgets: size limits (`config.data.max_pixels` etc.; default: `dicom.Budgets()`).
+  """
+  budgets = budgets or dicom.Budgets()
+  roots = (os.path.dirname(os.path.abspath(dicom_root)), dicom_root)
+
+  def entry(path: str, reason: str) -> dict:
+    rel = os.path.relpath(path, dicom_root)
+    return {"path": "dicom" if rel == "." else os.path.join("dicom", rel), "stage": "scan",
+            "reason": reason}
+
+  rels, rejected = [], []
+  def unlisted(e: OSError) -> None:
+    rejected.append(entry(e.filename, f"directory not readable ({e.strerror}); its files were "
+                          "not scanned"))
+  for dirpath, dirnames, filenames in os.walk(dicom_root, onerror=unlisted, followlinks=False):
+    for name in dirnames:
+      if os.path.islink(os.path.join(dirpath, name)):
+        rejected.append(entry(os.path.join(dirpath, name), "symlink to a directory; not "
+                              "followed (put the files, or links to them, under dicom/)"))
     for name in filenames:
       rels.append(os.path.relpath(os.path.join(dirpath, name), dicom_root))
   rels.sort()
   workers = workers or os.cpu_count() or 1
-  jobs = [(dicom_root, r) for r in rels]
+  jobs = [(dicom_root, r, roots, budgets) for r in rels]
   if workers > 1 and len(rels) > 500:
-    with concurrent.futures.ProcessPoolExecutor(workers) as pool:
+    # Not fork: the caller may have started JAX's threads (a forked copy can deadlock on them).
+    with concurrent.futures.ProcessPoolExecutor(
+        workers, mp_context=multiprocessing.get_context("forkserver")) as pool:
       results = list(pool.map(_scan_one, jobs, chunksize=64))
   else:
     results = [_scan_one(j) for j in jobs]
-  accepted, rejected = [], []
+  accepted, kept = [], {}
   for rel, header, reason in results:
+    key = (header.patient_id, header.instance) if header is not None else None
     if header is None:
       rejected.append({"path": os.path.join("dicom", rel), "stage": "scan", "reason": reason})
+    elif header.instance and key in kept:
+      rejected.append({"path": os.path.join("dicom", rel), "stage": "scan",
+                       "reason": "duplicate SOPInstanceUID (same instance as "
+                                 f"{os.path.join('dicom', kept[key])})"})
     else:
+      if header.instance:
+        kept[key] = rel
       accepted.append((rel, header))
+  rejected.sort(key=lambda q: q["path"])
   return accepted, rejected
 
 
@@ -140,7 +192,9 @@ def run(config, workdir: str, root: str) -> Ingested:
   t0 = time.perf_counter()
 
   dicom_root = os.path.join(root, "dicom")
-  headers, quarantine = (scan_dicom(dicom_root, data.scan_workers) if os.path.isdir(dicom_root)
+  headers, quarantine = (scan_dicom(dicom_root, data.scan_workers,
+                                    dicom.Budgets.from_config(data))
+                         if os.path.isdir(dicom_root)
                          else ([], []))
   scan_s = time.perf_counter() - t0
   logging.info("ingest: scanned %d DICOM files in %.1f s (%d rejected)",
@@ -150,34 +204,50 @@ def run(config, workdir: str, root: str) -> Ingested:
     path = os.path.join(root, name)
     return path if os.path.exists(path) else None
 
-  labels_raw, label_lines = ({}, {})
+  fold = bool(data.ids_case_insensitive)
+  ranges = tables.value_ranges(data.value_ranges)
+  # DICOM PatientIDs are joined like the tables' ids: stripped, NFC, casefolded if configured.
+  dicom_ids = tables.normalize_ids([h.patient_id for _, h in headers], fold)
+  problems.known_ids.update(p.casefold() for p in dicom_ids)
+  labels_in = None
   if table("labels.csv"):
-    labels_raw, label_lines = tables.read_labels(table("labels.csv"), problems)
+    labels_in = tables.read_labels(table("labels.csv"), problems, tuple(data.classes), fold)
   analytes = list(data.analytes)
-  labs_raw: dict[str, np.ndarray] = {}
+  labs_in = tables.Labs(analytes, np.array([], object), np.zeros((0, len(analytes)), np.float32))
   if table("labs.csv"):
-    analytes, labs_raw = tables.read_labs(table("labs.csv"), analytes, dict(data.rename),
-                                          problems)
+    labs_in = tables.read_labs(table("labs.csv"), analytes, dict(data.rename), problems, ranges,
+                               fold)
+  analytes = labs_in.analytes
   channels = list(data.vitals_channels)
-  vitals_raw: dict[str, np.ndarray] = {}
-  vitals_late = 0
+  vitals_in = tables.Vitals(np.array([], object),
+                            np.zeros((0, data.vitals_steps, len(channels)), np.float32), 0)
   if table("vitals.csv"):
-    vitals_raw, vitals_late = tables.read_vitals(table("vitals.csv"), channels, data.vitals_steps,
-                                                 data.vitals_hours_per_step, problems)
+    vitals_in = tables.read_vitals(table("vitals.csv"), channels, data.vitals_steps,
+                                   data.vitals_hours_per_step, problems, ranges, fold)
+  vitals_late = vitals_in.late
 
+  problems.redact()
   files_by_patient: dict[str, list[tuple[str, int]]] = collections.defaultdict(list)
-  for rel, header in headers:
-    files_by_patient[header.patient_id].append((os.path.join("dicom", rel), header.frames))
-  labs_raw = {p: v for p, v in labs_raw.items() if not np.all(np.isnan(v))}
-  vitals_raw = {p: v for p, v in vitals_raw.items() if not np.all(np.isnan(v))}
-  with_data = set(files_by_patient) | set(labs_raw) | set(vitals_raw)
+  for (rel, header), pid in zip(headers, dicom_ids):
+    if pid:
+      files_by_patient[pid].append((os.path.join("dicom", rel), header.frames))
+    else:
+      quarantine.append({"path": os.path.join("dicom", rel), "stage": "link",
+                         "reason": "its PatientID is blank"})
+  labs_ids = labs_in.ids[~np.all(np.isnan(labs_in.values), axis=1)]
+  vitals_ids = vitals_in.ids[~np.all(np.isnan(vitals_in.values), axis=(1, 2))]
+  with_data = set(files_by_patient) | set(labs_ids) | set(vitals_ids)
+  id_counts = {"labels": 0, "labs": len(labs_ids), "vitals": len(vitals_ids),
+               "dicom": len(files_by_patient)}
 
-  if labels_raw:
-    for line in sorted(label_lines[p] for p in set(labels_raw) - with_data):
-      problems.report("labels.csv", line, "label for a patient with no data (no image, lab or "
-                      "vitals row); the patient is left out")
-    unlabeled = sorted(with_data - set(labels_raw))
-    for pid in unlabeled:
+  if labels_in is not None:
+    label_of = dict(zip(labels_in.ids.tolist(), labels_in.classes.tolist()))
+    no_data = np.array([p not in with_data for p in labels_in.ids], bool)
+    problems.extend([tables.Problem("labels.csv", int(line), "label for a patient with no data "
+                                    "(no image, lab or vitals row); the patient is left out")
+                     for line in labels_in.lines[no_data]])
+    unlabeled = with_data - set(label_of)
+    for pid in sorted(unlabeled):
       for path, _ in files_by_patient.get(pid, []):
         quarantine.append({"path": path, "stage": "link",
                            "reason": "its PatientID has no row in labels.csv"})
@@ -186,31 +256,46 @@ def run(config, workdir: str, root: str) -> Ingested:
       quarantine.append({"path": "labels.csv", "line": 0, "stage": "link",
                          "reason": f"{len(unlabeled)} patients with data have no label; their "
                                    "images and table rows are left out"})
-    patients = sorted(with_data & set(labels_raw))
-    class_names = list(data.classes) or sorted(set(labels_raw[p] for p in patients))
-    unknown = sorted(set(labels_raw[p] for p in patients) - set(class_names))
-    if unknown:
-      raise tables.TableError(f"labels.csv: classes {unknown[:5]} not in config.data.classes "
-                              f"({len(class_names)} names); add them or leave it empty")
+    patients = sorted(with_data & set(label_of))
+    # Unknown classes were set aside by read_labels when config.data.classes names them.
+    class_names = list(data.classes) or sorted(set(label_of[p] for p in patients))
     class_index = {c: i for i, c in enumerate(class_names)}
-    labels = np.array([class_index[labels_raw[p]] for p in patients], np.int32)
+    labels = np.array([class_index[label_of[p]] for p in patients], np.int32)
+    id_counts.update(labels=len(label_of), labels_without_data=int(no_data.sum()),
+                     data_without_label=len(unlabeled),
+                     labs_without_label=len(set(labs_ids) - set(label_of)),
+                     vitals_without_label=len(set(vitals_ids) - set(label_of)),
+                     dicom_without_label=len(set(files_by_patient) - set(label_of)))
+    if not patients and with_data:
+      logging.warning("ingest: labels.csv links no patient with data; see %s",
+                      run_paths.quarantine)
   else:
     patients = sorted(with_data)
     class_names = []
     labels = np.full(len(patients), -1, np.int32)
+  # Ids that differ only by letter case may be different patients: kept apart, but counted.
+  spellings = (set(labels_in.ids if labels_in is not None else ()) | set(labs_in.ids)
+               | set(vitals_in.ids) | set(files_by_patient))
+  case_only = sum(1 for k in collections.Counter(p.casefold() for p in spellings).values()
+                  if k > 1)
+  if case_only:
+    logging.warning("ingest: %d patient ids differ from another only by letter case; they are "
+                    "kept apart (set config.data.ids_case_insensitive=True if they are the same "
+                    "patients)", case_only)
 
   record_ids = np.array([pseudonym(p, salt) for p in patients], dtype=object).astype(str)
   if len(set(record_ids)) != len(record_ids):
     raise RuntimeError("ingest: two PatientIDs hash to the same record id; use a longer id")
   n, steps = len(patients), data.vitals_steps
+  row_of = {p: i for i, p in enumerate(patients)}
   labs = np.full((n, len(analytes)), np.nan, np.float32)
+  rows = np.array([row_of.get(p, -1) for p in labs_in.ids], np.int64)
+  labs[rows[rows >= 0]] = labs_in.values[rows >= 0]
   vitals = np.full((n, steps, len(channels)), np.nan, np.float32)
+  rows = np.array([row_of.get(p, -1) for p in vitals_in.ids], np.int64)
+  vitals[rows[rows >= 0]] = vitals_in.values[rows >= 0]
   image_files, num_images = [], np.zeros(n, np.int32)
   for i, pid in enumerate(patients):
-    if pid in labs_raw:
-      labs[i] = labs_raw[pid]
-    if pid in vitals_raw:
-      vitals[i] = vitals_raw[pid]
     files = sorted(files_by_patient.get(pid, []))
     image_files.append([f for f, _ in files])
     num_images[i] = sum(frames for _, frames in files)
@@ -235,9 +320,10 @@ def run(config, workdir: str, root: str) -> Ingested:
   _write_jsonl(run_paths.quarantine, quarantine)
   oracle = os.path.join(root, "oracle.npz")
   if os.path.exists(oracle):
-    _write_ceiling(oracle, run_paths.ceiling, manifest, patients, salt)
+    _write_ceiling(oracle, run_paths.ceiling, manifest, patients, salt, fold)
   summary = summarize(manifest, quarantine, len(headers) + sum(
       1 for q in quarantine if q["stage"] == "scan"), scan_s, vitals_late)
+  summary["tables"] = _tables_summary(problems, quarantine, id_counts, case_only, fold)
   summary["seconds"] = round(time.perf_counter() - t0, 3)
   with open(run_paths.ingest_summary, "w") as f:
     json.dump(summary, f, indent=2)
@@ -268,9 +354,10 @@ def load_ceiling(workdir: str) -> dict[str, np.ndarray] | None:
     return dict(f)
 
 
-def _write_ceiling(oracle_path, path, manifest, patients, salt):
+def _write_ceiling(oracle_path, path, manifest, patients, salt, fold_case=False):
   with np.load(oracle_path, allow_pickle=False) as f:
-    oracle_ids, posterior = [str(p) for p in f["patient_id"]], f["posterior"]
+    oracle_ids = tables.normalize_ids([str(p) for p in f["patient_id"]], fold_case).tolist()
+    posterior = f["posterior"]
     oracle_classes = [str(c) for c in f["class_names"]]
   row = {pid: i for i, pid in enumerate(oracle_ids)}
   columns = [oracle_classes.index(c) for c in manifest.class_names]
@@ -293,7 +380,7 @@ def summarize(manifest, quarantine, files_seen: int, scan_s: float, vitals_late:
   mask = manifest.modality_mask
   groups = collections.Counter(manifest_lib.group_name(m) for m in mask)
   n = max(len(manifest), 1)
-  reasons = collections.Counter(q["reason"].split(":")[0][:60] for q in quarantine)
+  reasons = collections.Counter(_reason_key(q) for q in quarantine)
   return {
       "patients": len(manifest),
       "splits": {s: int(np.sum(manifest.split == s)) for s in manifest_lib.SPLITS},
@@ -325,12 +412,93 @@ def format_summary(summary: dict) -> str:
            *[f"  {g:<14} {c:>8}" for g, c in summary["groups"].items()],
            "missing          fraction",
            *[f"  {m:<14} {v:>8.3f}" for m, v in summary["missing"].items()]]
-  classes = sorted(summary["classes"].items(), key=lambda kv: -kv[1])
-  if classes:
-    lines.append(f"classes {len(classes)}: largest "
-                 + ", ".join(f"{c} {k}" for c, k in classes[:3]) + "; smallest "
-                 + ", ".join(f"{c} {k}" for c, k in classes[-3:]))
+  if summary["classes"]:
+    lines.append(_class_line(summary["classes"]))
+  lines += _table_lines(summary.get("tables", {}))
   if summary["quarantine_reasons"]:
     lines.append("quarantine reasons")
     lines += [f"  {k:>5}  {r}" for r, k in summary["quarantine_reasons"].items()]
   return "\n".join(lines)
+
+
+def _reason_key(entry: dict) -> str:
+  """A quarantine reason without its particulars (line numbers, values), to count by kind."""
+  if entry.get("set_aside") == "values":
+    return "values set to missing"
+  head = re.sub(r"\([^)]*\)", "", entry["reason"].split(":")[0].split(";")[0])
+  head = re.sub(r"\d+", "N", re.sub(r"'[^']*'", "'...'", head))
+  return " ".join(head.split())[:60]
+
+
+def _class_line(classes: dict[str, int], spelled_out: int = 8) -> str:
+  """All classes with counts and shares when few; else the three largest and three smallest."""
+  ranked = sorted(classes.items(), key=lambda kv: (-kv[1], kv[0]))
+  total = max(sum(classes.values()), 1)
+
+  def show(items):
+    return ", ".join(f"{c} {k} ({100 * k / total:.1f}%)" for c, k in items)
+
+  if len(ranked) <= spelled_out:
+    return f"classes {len(ranked)}: {show(ranked)}"
+  return (f"classes {len(ranked)}: largest {show(ranked[:3])}; smallest "
+          f"{show(ranked[-3:][::-1])}")
+
+
+def _tables_summary(problems, quarantine, id_counts: dict, case_only: int, fold: bool) -> dict:
+  """summary['tables']: per file its format and row counts, values set aside, id linkage."""
+  out: dict = {}
+  set_aside = collections.Counter(q["path"] for q in quarantine
+                                  if q.get("stage") == "tables" and q.get("set_aside") == "row")
+  values: dict[str, dict[str, int]] = {k: {} for k in ("out_of_range", "not_a_number",
+                                                       "non_finite")}
+  for name, info in problems.files.items():
+    entry = {k: v for k, v in info.items() if k != "values"}
+    entry["rows_quarantined"] = set_aside.get(name, 0)
+    entry["values_set_missing"] = {kind: dict(cols) for kind, cols in
+                                   info.get("values", {}).items()}
+    for kind, cols in info.get("values", {}).items():
+      for col, k in cols.items():
+        values[kind][col] = values[kind].get(col, 0) + k
+    out[name] = entry
+  for kind, cols in values.items():
+    out[f"values_{kind}"] = cols
+  out["ids_case_only_mismatch"] = case_only
+  out["ids_case_insensitive"] = fold
+  out["ids"] = id_counts
+  return out
+
+
+def _table_lines(tables_summary: dict) -> list[str]:
+  """format_summary's lines about the tables: only what is not the default or not zero."""
+  lines = []
+  for name, info in tables_summary.items():
+    if not name.endswith(".csv"):
+      continue
+    notes = []
+    if info.get("encoding") not in ("utf-8", None):
+      notes.append(f"read as {info['encoding']} (not UTF-8)")
+    if info.get("delimiter", ",") != ",":
+      notes.append(f"delimiter {info['delimiter']!r}")
+    if info.get("decimal_commas"):
+      notes.append(f"{info['decimal_commas']} decimal commas read")
+    if info.get("rows_quarantined"):
+      notes.append(f"{info['rows_quarantined']} of {info.get('rows', 0)} rows set aside")
+    if info.get("rows_past_last_step"):
+      notes.append(f"{info['rows_past_last_step']} rows past the last step")
+    if notes:
+      lines.append(f"{name}: " + ", ".join(notes))
+  kinds = [("out_of_range", "out of range"), ("not_a_number", "not a number"),
+           ("non_finite", "not finite")]
+  parts = [f"{text} " + ", ".join(f"{c} {k}" for c, k in tables_summary[f"values_{kind}"].items())
+           for kind, text in kinds if tables_summary.get(f"values_{kind}")]
+  if parts:
+    lines.append("values set to missing: " + "; ".join(parts))
+  if tables_summary.get("ids_case_only_mismatch"):
+    lines.append(f"ids differing only by letter case: {tables_summary['ids_case_only_mismatch']} "
+                 "(kept apart; set config.data.ids_case_insensitive=True if they are the same "
+                 "patients)")
+  ids = tables_summary.get("ids", {})
+  if ids.get("labels_without_data") or ids.get("data_without_label"):
+    lines.append(f"labels without data {ids.get('labels_without_data', 0)}, patients with data "
+                 f"but no label {ids.get('data_without_label', 0)}")
+  return lines

@@ -49,8 +49,9 @@ class BatchReader:
   def local_rows(self, step_Wxb: np.ndarray) -> np.ndarray:
     b = step_Wxb.shape[1]
     if b % self.local_count:
-      raise errors.InputError(f"host batch {b} does not split over {self.local_count} processes; make "
-                       "config.data.batch_size a multiple of hosts x processes per host")
+      raise errors.InputError(
+          f"host batch {b} does not split over {self.local_count} processes; make "
+          "config.data.batch_size a multiple of hosts x processes per host")
     per = b // self.local_count
     return step_Wxb[self.host_index, self.local_index * per:(self.local_index + 1) * per]
 

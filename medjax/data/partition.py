@@ -161,10 +161,12 @@ def _check_rows(rows, num_rows: int, what: str) -> np.ndarray:
 
 def _check_sizes(num_partitions: int, host_batch_size: int) -> None:
   if num_partitions < 1:
-    raise errors.InputError(f"num_partitions={num_partitions}: an epoch needs at least one partition")
+    raise errors.InputError(
+        f"num_partitions={num_partitions}: an epoch needs at least one partition")
   if host_batch_size < 1:
-    raise errors.InputError(f"host_batch_size={host_batch_size}: each host needs at least one record "
-                     f"per step")
+    raise errors.InputError(
+        f"host_batch_size={host_batch_size}: each host needs at least one record "
+        f"per step")
 
 
 def _step_seed(seed: int, epoch: int, partition: int) -> int:
@@ -228,9 +230,10 @@ def plan_epoch(manifest: manifest_lib.Manifest, placement: placement_lib.Placeme
     raise ValueError(f"seed={seed}, epoch={epoch}: both must be >= 0")
   rows_R = manifest.indices("train") if rows is None else _check_rows(rows, len(manifest), "rows")
   if num_partitions > len(rows_R):
-    raise errors.InputError(f"num_partitions={num_partitions} but only {len(rows_R)} records to plan "
-                     f"for epoch {epoch}; lower num_partitions to at most {len(rows_R)}"
-                     + (" (rows is empty: nothing left to plan)" if not len(rows_R) else ""))
+    raise errors.InputError(
+        f"num_partitions={num_partitions} but only {len(rows_R)} records to plan "
+        f"for epoch {epoch}; lower num_partitions to at most {len(rows_R)}"
+        + (" (rows is empty: nothing left to plan)" if not len(rows_R) else ""))
   key_N = np.random.default_rng([seed, epoch, _DEAL_KEY]).random(len(manifest))
   owner_R = placement.owner_N[rows_R]
   # One stream: host by host, each host's rows by (group, label, key); position i of the stream

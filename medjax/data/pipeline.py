@@ -18,6 +18,7 @@ import numpy as np
 from medjax import paths
 from medjax import progress
 from medjax.data import cache as cache_lib
+from medjax.data import decoder as decoder_lib
 from medjax.data import ingest
 from medjax.data import manifest as manifest_lib
 from medjax.data import partition
@@ -91,11 +92,16 @@ def prepare(config, workdir: str) -> Prepared:
 
 def open_cache(run: paths.RunPaths, prepared: Prepared, host: str, *,
                read_only: bool = False, process: int = 0) -> cache_lib.Cache:
-  """`host`'s node-local cache; its counters belong to this run directory."""
+  """`host`'s node-local cache; its counters belong to this run directory.
+
+  Its decoder (budgets, isolation of compressed decoding) comes from `run.config.data`.
+  """
   run_id = hashlib.blake2b(os.path.abspath(run.workdir).encode(), digest_size=8).hexdigest()
+  decoder = (decoder_lib.Decoder.from_config(run.config.data) if run.config is not None
+             else None)
   return cache_lib.Cache(run.cache(host), prepared.manifest, prepared.ingested.tables,
                          prepared.shapes, prepared.root, read_only=read_only, process=process,
-                         run=run_id)
+                         run=run_id, decoder=decoder)
 
 
 def fill_cache(cache: cache_lib.Cache, rows: np.ndarray, desc: str, on_progress=None) -> int:

@@ -19,6 +19,7 @@ import os
 import numpy as np
 from PIL import Image
 
+from medjax.data import decoder as decoder_lib
 from medjax.data import dicom
 
 KEYS = ("images", "image_mask", "labs", "labs_mask", "vitals", "vitals_mask")
@@ -71,13 +72,21 @@ def letterbox(image_HxW: np.ndarray, size: int) -> np.ndarray:
   return np.clip(np.asarray(out, np.float32), 0.0, 1.0)
 
 
-def decode(manifest, row: int, tables: dict[str, np.ndarray], data_root: str,
-           shapes: Shapes) -> tuple[dict[str, np.ndarray], list[dict], int]:
+def decode(manifest, row: int, tables: dict[str, np.ndarray], data_root: str, shapes: Shapes,
+           decoder: decoder_lib.Decoder | None = None
+           ) -> tuple[dict[str, np.ndarray], list[dict], int]:
   """Decodes one record from shared storage.
+
+  Args:
+    decoder: budgets and decoder isolation (default: `decoder.default()`, config defaults).
 
   Returns:
     (record, rejected files as quarantine entries, bytes read from storage).
   """
+  decoder = decoder or decoder_lib.default()
+  # A symlinked image must resolve inside the cohort (or its dicom/ folder, which may itself be
+  # a link to another disk), as at scan time.
+  roots = (data_root, os.path.join(data_root, "dicom"))
   record = {k: v[0] for k, v in empty(shapes, 1).items()}
   rejected, nbytes, slot = [], 0, 0
   for rel in manifest.image_files[row]:
@@ -86,7 +95,7 @@ def decode(manifest, row: int, tables: dict[str, np.ndarray], data_root: str,
     path = os.path.join(data_root, rel)
     try:
       nbytes += os.path.getsize(path)
-      pixels = dicom.load_image(path)
+      pixels = decoder.load_image(path, roots)
     except (dicom.RejectedFile, OSError) as e:
       rejected.append({"path": rel, "stage": "decode", "reason": getattr(e, "reason", str(e))})
       continue

@@ -203,15 +203,18 @@ def _check_config(cfg) -> None:
            "frac_missing_vitals_steps", "frac_missing_vitals_cells")
   for name in fracs:
     if not 0.0 <= cfg[name] <= 1.0:
-      raise errors.InputError(f"config.data.synthetic.{name}={cfg[name]} is not a fraction in [0, 1]")
+      raise errors.InputError(
+          f"config.data.synthetic.{name}={cfg[name]} is not a fraction in [0, 1]")
   if cfg.frac_no_labs + cfg.frac_partial_labs > 1.0:
-    raise errors.InputError("config.data.synthetic: frac_no_labs + frac_partial_labs exceeds 1; lower one")
+    raise errors.InputError(
+        "config.data.synthetic: frac_no_labs + frac_partial_labs exceeds 1; lower one")
   if not 1.0 <= cfg.mean_images <= cfg.max_images:
     raise errors.InputError(f"config.data.synthetic.mean_images={cfg.mean_images} must lie in "
                      f"[1, max_images={cfg.max_images}]")
   if cfg.num_classes < 2 or not 0 <= 2 * cfg.rare_twins <= cfg.num_classes:
-    raise errors.InputError(f"config.data.synthetic: num_classes={cfg.num_classes} needs >= 2 classes "
-                     f"and >= 2 * rare_twins ({cfg.rare_twins})")
+    raise errors.InputError(
+        f"config.data.synthetic: num_classes={cfg.num_classes} needs >= 2 classes "
+        f"and >= 2 * rare_twins ({cfg.rare_twins})")
   if cfg.vitals_steps < 2 or cfg.num_analytes < 1 or cfg.num_patients < 1:
     raise errors.InputError("config.data.synthetic: need vitals_steps >= 2, num_analytes >= 1 and "
                      "num_patients >= 1")

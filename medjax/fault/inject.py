@@ -57,9 +57,10 @@ def parse(text: str) -> list[Fault]:
       assert kind in KINDS and key in ("step", "partition", "epoch") and pkey == "process"
       faults.append(Fault(kind, key, int(value), int(pvalue), i))
     except (ValueError, AssertionError) as e:
-      raise errors.InputError(f"config.fault.inject: cannot read {item!r}; write KIND@step=N:process=P, "
-                       f"KIND@partition=N:process=P or KIND@epoch=N:process=P with KIND in "
-                       f"{KINDS}") from e
+      raise errors.InputError(
+          f"config.fault.inject: cannot read {item!r}; write KIND@step=N:process=P, "
+          f"KIND@partition=N:process=P or KIND@epoch=N:process=P with KIND in "
+          f"{KINDS}") from e
   return faults
 
 

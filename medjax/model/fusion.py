@@ -67,7 +67,8 @@ class FusionModel(nnx.Module):
                num_analytes: int, vitals_steps: int, vitals_channels: int, rngs: nnx.Rngs):
     cfg = model_config
     if cfg.missing not in MISSING_POLICIES:
-      raise errors.InputError(f"config.model.missing={cfg.missing!r}: use one of {MISSING_POLICIES}")
+      raise errors.InputError(
+          f"config.model.missing={cfg.missing!r}: use one of {MISSING_POLICIES}")
     if cfg.fusion not in ("attention", "gated"):
       raise errors.InputError(f"config.model.fusion={cfg.fusion!r}: use 'attention' or 'gated'")
     dtype = jnp.dtype(cfg.dtype)

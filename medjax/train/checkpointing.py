@@ -119,7 +119,7 @@ class Preemption:
 def restore_or_start(ckpt: checkpoint_lib.Checkpointer, store: lineage_lib.LineageStore,
                      abstract_state, *, placement: str, hosts: tuple[str, ...], seed: int,
                      num_records: int, is_chief: bool, barrier,
-                     if_all_damaged: str = "stop") -> tuple:
+                     if_all_damaged: str = "stop", records: str = "") -> tuple:
   """(state or None, lineage, restored step or None): where training goes on from.
 
   Checkpoints newer than the newest committed step are work a failure discarded: the chief
@@ -130,7 +130,21 @@ def restore_or_start(ckpt: checkpoint_lib.Checkpointer, store: lineage_lib.Linea
   Without any committed checkpoint, training starts at epoch 0 (state None: the caller keeps its
   fresh state); when there are committed steps but every one is damaged, it stops with an
   InputError unless `if_all_damaged` is 'start_fresh' (config.ckpt.if_all_damaged).
+
+  `records` fingerprints the manifest's record ids in order: lineage bitmaps index manifest rows,
+  so checkpoints of one ingest must never be resumed under another (a re-ingest with another
+  salt or another cohort export); the first run stores it, later ones must match.
   """
+  if records:
+    saved = store.get_state("records")
+    if saved is not None and saved.get("fingerprint") != records:
+      raise errors.InputError(
+          f"the cohort's records changed since this run's checkpoints were written (ingest "
+          f"fingerprint {saved.get('fingerprint')} in {store.location}, now {records}: re-ingested "
+          "with another salt, cohort or table rules); resume with the ingest they were trained "
+          "on, or start a new --workdir")
+    if saved is None and is_chief:
+      store.put_state("records", {"fingerprint": records, "count": num_records})
   if is_chief:
     dropped = checkpoint_lib.discard_uncommitted(ckpt.directory, store.committed_steps())
     if dropped:

@@ -9,6 +9,7 @@ ledger and fault injection (`fault.ledger`, `fault.inject`).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 
@@ -100,7 +101,7 @@ def train_and_evaluate(config, workdir: str, topology: Topology = Topology(), ct
   restored, lineage, last_good = checkpointing.restore_or_start(
       ckpt, store, built.abstract, placement=data.placement_id, hosts=data.placement.hosts,
       seed=config.seed, num_records=len(manifest), is_chief=is_chief, barrier=barrier,
-      if_all_damaged=config.ckpt.if_all_damaged)
+      if_all_damaged=config.ckpt.if_all_damaged, records=records_fingerprint(manifest))
   if restored is not None:
     state = restored
   elif config.model.missing != "learned":
@@ -189,6 +190,11 @@ def train_and_evaluate(config, workdir: str, topology: Topology = Topology(), ct
     evaluate_lib.write_summary(workdir, summary, manifest.class_names)
   ctx.set_phase("done")
   return summary
+
+
+def records_fingerprint(manifest) -> str:
+  """The manifest's record ids in row order, hashed: what a lineage bitmap's rows mean."""
+  return hashlib.sha256("\n".join(manifest.record_ids).encode()).hexdigest()[:16]
 
 
 def cache_summary(data_config, counts: dict) -> dict:

@@ -1,0 +1,295 @@
+"""A CSV file read strictly: one physical line is one record (`load` -> header, rows, set-aside lines).
+
+The first pass works on bytes and physical lines: it settles the encoding (UTF-8 with or without
+BOM, UTF-16 with BOM, else cp1252), the line endings (LF, CRLF, CR), the delimiter (`,` `;` tab
+`|`, from the header line) and which lines are malformed (a NUL byte, an odd number of quotes, the
+wrong number of fields, bytes that do not decode). A quoted field cannot span lines, so one bad
+line never takes its neighbours with it. The second pass parses the good lines with pandas' C
+reader (lines holding quotes with the csv module, one at a time). `medjax.data.tables` gives the
+columns their meaning (ids, classes, values, times).
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import os
+import re
+import unicodedata
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+
+from medjax import errors
+
+DELIMITERS = (",", ";", "\t", "|")
+
+
+class TableError(errors.InputError):
+  """A table that cannot be read, or a bad row or value when the config asks to stop on one."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+  """A row set aside (`what='row'`), values set to missing ('values') or a column ignored."""
+  source: str
+  line: int
+  reason: str
+  what: str = "row"
+  count: int = 1
+  lines: tuple[int, ...] = ()
+
+  def as_dict(self) -> dict:
+    d = {"path": self.source, "line": self.line, "stage": "tables", "reason": self.reason,
+         "set_aside": self.what}
+    if self.what == "values":
+      d.update(count=self.count, lines=list(self.lines))
+    return d
+
+
+# -- the first pass: bytes -> checked physical lines ---------------------------------------------
+
+@dataclasses.dataclass
+class Lines:
+  """A table's header and body lines after the line-level checks."""
+  path: str
+  source: str
+  header: list[str]
+  header_line: int
+  delimiter: str
+  body: list[str]            # physical lines after the header (text)
+  first_line: int            # physical line number of body[0]
+  blank: np.ndarray          # (len(body),) bool
+  bad: dict[int, str]        # body index -> reason the line is set aside
+  quoted: np.ndarray         # (len(body),) bool: holds a quote (parsed with the csv module)
+  info: dict
+
+
+def refuse(path: str, what: str) -> TableError:
+  return TableError(f"{path}: {what}")
+
+
+def _decode(path: str, raw: bytes) -> tuple[str, dict, set[int]]:
+  """(text with '\\n' line ends, format info, indices of lines that are not valid UTF-8)."""
+  info = {"encoding": "utf-8", "bom": False}
+  if raw.startswith((b"\xff\xfe", b"\xfe\xff")):
+    try:
+      text = raw.decode("utf-16")
+    except UnicodeDecodeError:
+      raise refuse(path, "the file starts with a UTF-16 byte order mark but is not valid "
+                    "UTF-16; save it as CSV (UTF-8)") from None
+    info.update(encoding="utf-16", bom=True)
+    return _line_ends(text, info), info, set()
+  if raw.startswith(b"\xef\xbb\xbf"):
+    raw, info["bom"] = raw[3:], True
+  crlf = raw.count(b"\r\n")
+  info["line_endings"] = _ending_name(crlf, raw.count(b"\r") - crlf, raw.count(b"\n") - crlf)
+  raw = raw.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+  try:
+    return raw.decode("utf-8"), info, set()
+  except UnicodeDecodeError:
+    pass
+  # Not UTF-8 throughout. A file with valid multi-byte UTF-8 on at least as many lines as lines
+  # that fail is UTF-8 with damaged lines (set aside); otherwise it is cp1252 (Latin-1 for the
+  # five bytes cp1252 leaves undefined), as spreadsheet exports on Windows write it.
+  lines = raw.split(b"\n")
+  bad, good = set(), 0
+  for i, line in enumerate(lines):
+    if not line.isascii():
+      try:
+        line.decode("utf-8")
+        good += 1
+      except UnicodeDecodeError:
+        bad.add(i)
+  header = next((i for i, line in enumerate(lines) if line.strip(b" \t")), 0)
+  if good and good >= len(bad) and header not in bad:
+    text = "\n".join("" if i in bad else line.decode("utf-8") for i, line in enumerate(lines))
+    return text, info, bad
+  try:
+    text, info["encoding"] = raw.decode("cp1252"), "cp1252"
+  except UnicodeDecodeError:
+    text, info["encoding"] = raw.decode("latin-1"), "latin-1"
+  return text, info, set()
+
+
+def _ending_name(crlf: int, cr: int, lf: int) -> str:
+  kinds = [name for name, n in (("CRLF", crlf), ("CR", cr), ("LF", lf)) if n]
+  return "+".join(kinds) if kinds else "none"
+
+
+def _line_ends(text: str, info: dict) -> str:
+  crlf = text.count("\r\n")
+  info["line_endings"] = _ending_name(crlf, text.count("\r") - crlf, text.count("\n") - crlf)
+  return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+def _outside_quotes(line: str) -> str:
+  return re.sub(r'"[^"]*"', "", line)
+
+
+def _split_lines(path: str, raw: bytes) -> Lines:
+  source = os.path.basename(path)
+  if not raw:
+    raise refuse(path, "the file is empty; a table needs a header line naming its columns (or "
+                  "remove the file: every table is optional)")
+  text, info, undecodable = _decode(path, raw)
+  lines = text.split("\n")
+  if lines and lines[-1] == "":
+    lines.pop()
+  h = next((i for i, line in enumerate(lines) if line.strip(" \t")), None)
+  if h is None:
+    raise refuse(path, "the file holds only blank lines; a table needs a header line naming "
+                  "its columns (or remove the file: every table is optional)")
+  header_text = lines[h]
+  if any(ord(ch) < 32 and ch != "\t" for ch in header_text):
+    raise refuse(path, "not a text table (control or NUL bytes; binary data, or UTF-16 "
+                  "without a byte order mark?); export it as CSV (UTF-8)")
+  counts = {d: _outside_quotes(header_text).count(d) for d in DELIMITERS}
+  delimiter = max(DELIMITERS, key=lambda d: counts[d])   # ties: the earlier in DELIMITERS
+  if counts[delimiter] == 0:
+    delimiter = ","
+  info["delimiter"] = delimiter
+  try:
+    header = next(csv.reader([header_text], delimiter=delimiter, strict=True,
+                             skipinitialspace=True))
+  except csv.Error:
+    raise refuse(path, f"line {h + 1} (the header) has malformed quoting; fix the header "
+                  "line") from None
+  header = [unicodedata.normalize("NFC", name.strip()) for name in header]
+
+  body = lines[h + 1:]
+  n = len(body)
+  body_bytes = np.frombuffer("".join(line + "\n" for line in body).encode("utf-8"), np.uint8)
+  delims, quotes, nuls, content = _line_metrics(body_bytes, n, delimiter)
+  bad: dict[int, str] = {}
+  for i in sorted(undecodable):
+    if i > h:
+      bad[i - h - 1] = ("bytes that are not valid UTF-8 (the rest of the file is UTF-8); the row "
+                        "is set aside")
+  blank = (content == 0) & ~np.isin(np.arange(n), list(bad))
+  for i in np.flatnonzero((nuls > 0) & ~blank):
+    bad.setdefault(int(i), "NUL byte in the line; the row is set aside")
+  for i in np.flatnonzero((quotes % 2 == 1) & ~blank):
+    bad.setdefault(int(i), "unbalanced quote (an odd number of '\"'; a quoted field cannot span "
+                   "lines); the row is set aside")
+  plain = (quotes == 0) & ~blank
+  for i in np.flatnonzero(plain & (delims + 1 != len(header))):
+    bad.setdefault(int(i), f"{int(delims[i]) + 1} fields, the header has {len(header)}; the row "
+                   "is set aside")
+  quoted = (quotes > 0) & ~blank
+  quoted[list(bad)] = False
+  info["rows"] = int(n - blank.sum())
+  info["blank_lines"] = int(blank.sum() + h)
+  return Lines(path, source, header, h + 1, delimiter, body, h + 2, blank, bad, quoted, info)
+
+
+def _line_metrics(body_bytes: np.ndarray, n: int, delimiter: str):
+  """Per line: delimiters, quotes, NULs and other characters (bytes) outside whitespace."""
+  if n == 0:
+    return (np.zeros(0, np.int64),) * 4
+  data = body_bytes  # every line ends with "\n"
+  starts = np.concatenate([[0], np.flatnonzero(data == 10)[:-1] + 1])
+  assert len(starts) == n, (len(starts), n)
+  d = ord(delimiter)
+
+  def per_line(mask):
+    return np.add.reduceat(mask, starts, dtype=np.int64)
+
+  quote = data == ord('"')
+  empty = (data == 32) | (data == 9) | (data == 10) | (data == d)
+  return per_line(data == d), per_line(quote), per_line(data == 0), per_line(~empty)
+
+
+# -- the second pass: good lines -> a frame of cells ---------------------------------------------
+
+@dataclasses.dataclass
+class Frame:
+  source: str
+  delimiter: str
+  columns: list[str]       # header names ('' for an unnamed column)
+  frame: pd.DataFrame      # columns 0..k-1 as in `columns`; text columns as str, others inferred
+  lines: np.ndarray        # (rows,) physical line of each frame row, ascending
+  problems: list[Problem]  # the set-aside lines
+
+
+def find_column(lines: Lines, names: Sequence[str], what: str) -> int:
+  lower = [h.lower() for h in lines.header]
+  for name in names:
+    if name in lower:
+      return lower.index(name)
+  # The header is not echoed: a file without one would show its first row (patient ids).
+  raise refuse(lines.path, f"line {lines.header_line} is not a header with a {what} column "
+                f"(one of {list(names)}; {len(lines.header)} columns found); add a header line "
+                "naming the columns")
+
+
+def _check_header(lines: Lines) -> None:
+  seen: dict[str, int] = {}
+  for j, name in enumerate(lines.header):
+    if not name:
+      continue
+    key = name.casefold()
+    if key in seen:
+      raise refuse(lines.path, f"column {name!r} appears twice in the header (columns "
+                    f"{seen[key] + 1} and {j + 1}, names compared ignoring case); remove or "
+                    "rename one")
+    seen[key] = j
+
+
+def _parse(lines: Lines, text_columns: Sequence[int]) -> Frame:
+  """Parses the good lines; unquoted ones with pandas, quoted ones one by one with csv."""
+  k = len(lines.header)
+  bad = dict(lines.bad)
+  good = ~lines.blank
+  good[list(bad)] = False
+  plain_idx = np.flatnonzero(good & ~lines.quoted)
+  numeric = [j for j in range(k) if j not in set(text_columns)]
+  if len(plain_idx):
+    body = np.array(lines.body, dtype=object)
+    plain = pd.read_csv(
+        io.StringIO("\n".join(body[plain_idx])), sep=lines.delimiter, header=None,
+        names=list(range(k)), quoting=csv.QUOTE_NONE, engine="c", low_memory=False,
+        dtype={j: str for j in text_columns}, keep_default_na=False,
+        na_values={j: [""] for j in numeric}, skip_blank_lines=False)
+    if len(plain) != len(plain_idx):
+      raise RuntimeError(f"{lines.path}: parsed {len(plain)} rows from {len(plain_idx)} lines")
+  else:
+    plain = pd.DataFrame({j: pd.Series([], dtype=object) for j in range(k)})
+  rows, row_idx = [], []
+  for i in np.flatnonzero(good & lines.quoted):
+    try:
+      fields = next(csv.reader([lines.body[i]], delimiter=lines.delimiter, strict=True,
+                               skipinitialspace=True))
+    except csv.Error as e:
+      bad[int(i)] = f"malformed quoting ({e}); the row is set aside"
+      continue
+    if len(fields) != k:
+      bad[int(i)] = f"{len(fields)} fields, the header has {k}; the row is set aside"
+      continue
+    rows.append(fields)
+    row_idx.append(i)
+  frame, idx = plain, plain_idx
+  if rows:
+    quoted = pd.DataFrame(rows, columns=list(range(k)), dtype=object)
+    frame = pd.concat([plain.astype(object), quoted], ignore_index=True)
+    idx = np.concatenate([plain_idx, np.array(row_idx, np.int64)])
+    order = np.argsort(idx, kind="stable")
+    frame, idx = frame.iloc[order].reset_index(drop=True), idx[order]
+  for j in text_columns:
+    frame[j] = frame[j].fillna("").astype(object)
+  problems = [Problem(lines.source, i + lines.first_line, reason) for i, reason in bad.items()]
+  lines.info["malformed_lines"] = len(bad)
+  return Frame(lines.source, lines.delimiter, list(lines.header), frame,
+                idx.astype(np.int64) + lines.first_line, problems)
+
+
+def load(path: str, text_columns_of) -> tuple[Lines, Frame]:
+  """Reads `path`; `text_columns_of(lines)` names the columns kept as text (the rest numeric)."""
+  with open(path, "rb") as f:
+    raw = f.read()
+  lines = _split_lines(path, raw)
+  text_columns = text_columns_of(lines)
+  _check_header(lines)
+  return lines, _parse(lines, text_columns)

@@ -1,0 +1,273 @@
+"""Limits on a DICOM input, checked before it is parsed or decoded (used by `medjax.data.dicom`).
+
+Which paths may be opened at all (regular files; a symlink only to a regular file inside the
+cohort), the size budgets (`Budgets`: file size, pixels, decoded bytes), the inflated size of a
+deflated dataset (inflated a megabyte at a time), and a JPEG, JPEG-LS or JPEG 2000 codestream's
+frame size against Rows x Columns. Each failure is a `RejectedFile` whose reason names the
+numbers and the config field to raise.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import stat
+import struct
+import zlib
+from collections.abc import Sequence
+
+from pydicom import dataelem
+from pydicom import filereader
+from pydicom import uid as uids
+
+MB = 1 << 20
+_UNDEFINED_LENGTH = 0xFFFFFFFF
+# Elements other than pixel data that a deflated dataset may hold beyond the decoded-size budget.
+_DEFLATED_SLACK = 64 * MB
+# JPEG start-of-frame markers (SOF0-SOF15 but DHT, JPG and DAC) and JPEG-LS's SOF55.
+_SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC} | {0xF7}
+_CODESTREAMS = frozenset(uids.JPEGTransferSyntaxes + uids.JPEGLSTransferSyntaxes
+                         + uids.JPEG2000TransferSyntaxes)
+# Bytes of the first fragment read for its frame size; a codestream whose size marker comes
+# later is not checked here (the isolated decoder still contains what it does).
+_CODESTREAM_PEEK = 8192
+_ITEM = b"\xfe\xff\x00\xe0"
+_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+          (stat.S_ISDIR, "a directory"))
+
+
+class RejectedFile(Exception):
+  """A file that cannot be used as an image; the only exception `medjax.data.dicom` raises.
+
+  Attributes:
+    path: the file.
+    reason: short human-readable reason, e.g. 'truncated pixel data: 4096 of 8192 bytes'.
+  """
+
+  def __init__(self, path: str, reason: str):
+    super().__init__(f"{path}: {reason}")
+    self.path = str(path)
+    self.reason = reason
+
+  def __reduce__(self):  # the default would re-call __init__ with the message alone
+    return type(self), (self.path, self.reason)
+
+
+@dataclasses.dataclass(frozen=True)
+class Budgets:
+  """Limits checked on a file's size and header before any pixel data is read or decoded.
+
+  The defaults are `configs/default.py`'s (`config.data.max_pixels` etc.); see there for why.
+
+  Attributes:
+    max_pixels: Rows x Columns x NumberOfFrames x SamplesPerPixel.
+    max_decoded_mb: that times the bytes per decoded sample (BitsAllocated / 8, at least 1), MiB.
+    max_file_mb: the file's size on disk, MiB.
+  """
+  max_pixels: int = 1 << 29
+  max_decoded_mb: int = 1024
+  max_file_mb: int = 2048
+
+  @classmethod
+  def from_config(cls, data_config) -> Budgets:
+    """The budgets in `config.data` (a config saved before they existed gets the defaults)."""
+    return cls(**{f.name: int(data_config.get(f.name, f.default))
+                  for f in dataclasses.fields(cls)})
+
+
+def check_path(path: str | os.PathLike, budgets: Budgets | None = None,
+               roots: Sequence[str] = ()) -> os.stat_result:
+  """Refuses anything but a regular file within the file-size budget, from os.lstat/os.stat alone.
+
+  The path is never opened here: opening a FIFO blocks until a writer comes, and reading a
+  device such as /dev/zero never ends. A symlink is followed only to a regular file, and only
+  when its target lies inside one of `roots` (when given).
+
+  Returns:
+    The stat of the file (of the symlink's target for a symlink).
+
+  Raises:
+    RejectedFile: with the kind of thing found, or the size and the config field to raise.
+  """
+  path = os.fspath(path)
+  budgets = budgets or Budgets()
+  try:
+    st = os.lstat(path)
+  except OSError as e:
+    raise RejectedFile(path, f"unreadable: {describe(e)}") from e
+  link = stat.S_ISLNK(st.st_mode)
+  if link:
+    try:
+      st = os.stat(path)
+    except OSError as e:  # missing target, or a loop of links
+      raise RejectedFile(path, f"broken symlink ({e.strerror or type(e).__name__})") from e
+  if not stat.S_ISREG(st.st_mode):
+    kind = next((name for test, name in _KINDS if test(st.st_mode)), "a special file")
+    raise RejectedFile(path, f"{'symlink to ' if link else ''}{kind}, not a regular file; "
+                       "not read")
+  if link and roots and not _inside(os.path.realpath(path), roots):
+    raise RejectedFile(path, "symlink to a file outside the cohort root; not followed")
+  if st.st_size > budgets.max_file_mb * MB:
+    raise RejectedFile(path, f"file is {mb(st.st_size)} MB, over "
+                       f"config.data.max_file_mb={budgets.max_file_mb}; raise it if the file "
+                       "is genuine")
+  return st
+
+
+def _inside(target: str, roots: Sequence[str]) -> bool:
+  for root in roots:
+    root = os.path.realpath(root)
+    if os.path.commonpath([target, root]) == root:
+      return True
+  return False
+
+
+class _File:
+  """An open file as pydicom sees a buffer: deferred elements are read from this descriptor,
+  never by opening the path again (by then it could name something else)."""
+
+  def __init__(self, f):
+    self._f = f
+    self.read, self.seek, self.tell = f.read, f.seek, f.tell
+
+  @property
+  def closed(self) -> bool:
+    return self._f.closed
+
+
+@contextlib.contextmanager
+def opened(path: str, checked: os.stat_result, budgets: Budgets):
+  """Yields (file, size) for a path `check_path` passed, if it is still that regular file."""
+  # O_NONBLOCK: if a FIFO was swapped in since the check, open returns at once (then fails the
+  # identity check below) instead of waiting for a writer.
+  fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+  try:
+    now = os.fstat(fd)
+    if (not stat.S_ISREG(now.st_mode)
+        or (now.st_dev, now.st_ino) != (checked.st_dev, checked.st_ino)):
+      raise RejectedFile(path, "replaced by something else while being opened; not read")
+    if now.st_size > budgets.max_file_mb * MB:
+      raise RejectedFile(path, f"file grew to {mb(now.st_size)} MB, over "
+                         f"config.data.max_file_mb={budgets.max_file_mb}")
+    os.set_blocking(fd, True)
+    with open(fd, "rb", closefd=False) as f:
+      yield _File(f), now.st_size
+  finally:
+    os.close(fd)
+
+
+def check_budgets(path: str, rows: int, columns: int, frames: int, samples: int, bits: int,
+                  budgets: Budgets) -> None:
+  """Rejects an image over `budgets.max_pixels` or `budgets.max_decoded_mb`."""
+  pixels = rows * columns * frames * samples
+  shape = (f"{rows} x {columns} x {frames} frame{'s' * (frames != 1)} x {samples} "
+           f"sample{'s' * (samples != 1)}")
+  if pixels > budgets.max_pixels:
+    raise RejectedFile(path, f"image is {shape} = {pixels} pixels, over "
+                       f"config.data.max_pixels={budgets.max_pixels}; raise it if the file is "
+                       "genuine")
+  decoded = pixels * (max(bits, 8) // 8)
+  if decoded > budgets.max_decoded_mb * MB:
+    raise RejectedFile(path, f"image is {shape} at {bits} bits = {mb(decoded)} MB decoded, "
+                       f"over config.data.max_decoded_mb={budgets.max_decoded_mb}; raise it if "
+                       "the file is genuine")
+
+
+def check_codestream(path: str, f, pixel_data, ts: uids.UID, rows: int, columns: int) -> None:
+  """Rejects a JPEG, JPEG-LS or JPEG 2000 file whose first frame's size is not Rows x Columns.
+
+  Decoders size their output from one and fill it from the other: gdcm aborts the process on
+  such a JPEG-LS file, openjpeg allocates what a forged SIZ marker claims. Only the first bytes
+  of the first fragment are read (never the deferred pixel data element).
+
+  Args:
+    f: the open file.
+    pixel_data: the Pixel Data element as read, still deferred.
+  """
+  if ts not in _CODESTREAMS:
+    return
+  if (not isinstance(pixel_data, dataelem.RawDataElement)
+      or pixel_data.length != _UNDEFINED_LENGTH):
+    return
+  f.seek(pixel_data.value_tell)
+  offset_table = f.read(8)
+  if len(offset_table) < 8 or offset_table[:4] != _ITEM:
+    return  # the decoder reports malformed encapsulation
+  f.seek(struct.unpack("<I", offset_table[4:])[0], os.SEEK_CUR)
+  item = f.read(8)
+  if len(item) < 8 or item[:4] != _ITEM:
+    return
+  size = codestream_size(f.read(min(struct.unpack("<I", item[4:])[0], _CODESTREAM_PEEK)))
+  if size is not None and size != (rows, columns):
+    raise RejectedFile(path, f"{ts.name} codestream is {size[0]} x {size[1]} but Rows x Columns "
+                       f"is {rows} x {columns} (inconsistent header); not decoded")
+
+
+def codestream_size(head: bytes) -> tuple[int, int] | None:
+  """(rows, columns) from the start of a JPEG, JPEG-LS or JPEG 2000 codestream, if found there."""
+  soc = head.find(b"\xff\x4f\xff\x51")  # JPEG 2000: SOC then SIZ (also inside a JP2 box)
+  if soc >= 0:
+    if len(head) < soc + 24:
+      return None
+    width, height, x0, y0 = struct.unpack(">IIII", head[soc + 8:soc + 24])
+    return height - y0, width - x0
+  if head[:2] != b"\xff\xd8":
+    return None
+  i = 2
+  while i + 4 <= len(head):
+    if head[i] != 0xFF:
+      return None
+    marker = head[i + 1]
+    if marker == 0xFF:  # fill byte
+      i += 1
+      continue
+    if marker in _SOF:
+      if len(head) < i + 9:
+        return None
+      height, width = struct.unpack(">HH", head[i + 5:i + 9])
+      return (height, width) if height else None  # 0: a DNL marker gives it later
+    i += 2 + struct.unpack(">H", head[i + 2:i + 4])[0]
+  return None
+
+
+def check_deflated(path: str, f, budgets: Budgets) -> None:
+  """Rejects a deflated dataset that inflates past the byte budget, inflating 1 MiB at a time.
+
+  pydicom inflates the whole dataset in memory before parsing it, so a few MB of zeros deflated
+  would otherwise become gigabytes in the reading process.
+  """
+  f.seek(0)
+  try:
+    filereader.read_preamble(f, False)
+    meta = filereader._read_file_meta_info(f)  # pylint: disable=protected-access
+  except Exception:  # pylint: disable=broad-except  # not Part 10: the full read decides
+    return
+  if meta.get("TransferSyntaxUID") != uids.DeflatedExplicitVRLittleEndian:
+    return
+  limit = budgets.max_decoded_mb * MB + _DEFLATED_SLACK
+  inflate, total = zlib.decompressobj(-zlib.MAX_WBITS), 0
+  try:
+    while not inflate.eof:
+      chunk = inflate.unconsumed_tail or f.read(MB)
+      if not chunk:
+        return  # a cut stream: pydicom's own inflate reports it
+      total += len(inflate.decompress(chunk, MB))
+      if total > limit:
+        raise RejectedFile(path, f"deflated dataset inflates to over {limit // MB} MB, more than "
+                           f"config.data.max_decoded_mb={budgets.max_decoded_mb} (+"
+                           f"{_DEFLATED_SLACK // MB} MB for other elements) allows")
+  except zlib.error:
+    return  # reported by pydicom's own inflate
+
+
+def mb(nbytes: int) -> str:
+  """Bytes as MiB for a reason: one decimal under 10 MB."""
+  return f"{nbytes / MB:.1f}" if nbytes < 10 * MB else f"{nbytes / MB:.0f}"
+
+
+def describe(e: BaseException) -> str:
+  """An exception as one bounded line."""
+  # Plugin errors span several lines (one per plugin tried); keep one line, bounded.
+  return " ".join(f"{type(e).__name__}: {e}".split())[:300]

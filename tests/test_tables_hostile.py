@@ -1,0 +1,429 @@
+"""Hostile clinical tables: odd encodings and delimiters, malformed lines, absurd values, ids that
+differ by whitespace or case. Every labels.csv line ends in the manifest or in the quarantine
+report, and no raw patient id reaches any output."""
+
+import csv
+import io
+import json
+import logging
+import os
+import tempfile
+
+import numpy as np
+import pydicom
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from configs import default as default_config
+from configs import quickstart
+from medjax import errors
+from medjax.data import ingest
+from medjax.data import synthetic
+from medjax.data import synthetic_tables
+from medjax.data import tables
+from tests import testdata
+
+CHANNELS = ("hr", "sbp", "dbp", "rr", "spo2", "temp")
+
+
+def _write(tmp_path, name, data):
+  path = tmp_path / name
+  path.write_bytes(data if isinstance(data, bytes) else data.encode())
+  return str(path)
+
+
+def _labels(path, on_error="quarantine", **kw):
+  problems = tables.Problems(on_error)
+  labels, lines = tables.read_labels(path, problems, **kw).as_dicts()
+  return labels, lines, problems
+
+
+def _config(**data):
+  config = default_config.get_config()
+  config.data.vitals_steps = 6
+  config.data.split = (0.5, 0.0, 0.5)
+  config.data.scan_workers = 1
+  config.data.update(data)
+  return config
+
+
+def _dicom(path, patient_id):
+  ds = pydicom.dcmread(testdata.dicom_test_file("CT_small.dcm"))
+  ds.PatientID = patient_id
+  ds.SOPInstanceUID = pydicom.uid.generate_uid()
+  ds.file_meta.MediaStorageSOPInstanceUID = ds.SOPInstanceUID
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  ds.save_as(path)
+
+
+# -- rule 1: encodings, delimiters, line endings; unreadable files are refused ------------------
+
+@pytest.mark.parametrize("encoding,expected,bom", [
+    ("utf-8", "utf-8", False), ("utf-8-sig", "utf-8", True), ("cp1252", "cp1252", False),
+    ("utf-16", "utf-16", True)])
+def test_encodings_are_read_and_reported(tmp_path, encoding, expected, bom):
+  text = "patient_id,diagnosis\nP1,Hämoglobin niedrig\nP2,café\n"
+  labels, _, problems = _labels(_write(tmp_path, "labels.csv", text.encode(encoding)))
+  assert labels == {"P1": "Hämoglobin niedrig", "P2": "café"}
+  info = problems.files["labels.csv"]
+  assert (info["encoding"], info["bom"]) == (expected, bom) and not problems.items
+
+
+def test_latin1_file_is_reported_in_the_ingest_summary(tmp_path):
+  root = tmp_path / "cohort"
+  root.mkdir()
+  (root / "labels.csv").write_bytes("patient_id,diagnosis\nP1,grippe aviaire é\n".encode("cp1252"))
+  (root / "labs.csv").write_bytes(b"patient_id;Na\nP1;140,5\n")
+  result = ingest.run(_config(), str(tmp_path / "w"), str(root))
+  assert result.summary["tables"]["labels.csv"]["encoding"] == "cp1252"
+  assert result.summary["tables"]["labs.csv"]["delimiter"] == ";"
+  assert result.manifest.class_names == ["grippe aviaire é"]
+  assert result.tables["labs"][0, 0] == pytest.approx(140.5)   # decimal comma, ';' file
+  text = ingest.format_summary(result.summary)
+  assert "labels.csv: read as cp1252 (not UTF-8)" in text and "delimiter ';'" in text
+
+
+@pytest.mark.parametrize("delimiter", [",", ";", "\t", "|"])
+@pytest.mark.parametrize("eol", ["\n", "\r\n", "\r"])
+def test_delimiters_and_line_endings(tmp_path, delimiter, eol):
+  d = delimiter
+  text = eol.join([f"patient_id{d}diagnosis", f"P1{d}flu", f'"P{d}2"{d}"copd, severe"',
+                   f"P3{d}asthma"]) + eol
+  labels, lines, problems = _labels(_write(tmp_path, "labels.csv", text))
+  assert labels == {"P1": "flu", f"P{d}2": "copd, severe", "P3": "asthma"}
+  assert lines == {"P1": 2, f"P{d}2": 3, "P3": 4} and not problems.items
+  assert problems.files["labels.csv"]["delimiter"] == d
+
+
+@pytest.mark.parametrize("data,what", [
+    (b"", "empty"), (b"\n  \n\n", "only blank lines"), (bytes(range(256)) * 8, "not a text"),
+    (b"MRN001-SECRET,flu\nMRN002-SECRET,copd\n", "not a header"),
+    (b"patient_id,diagnosis,Diagnosis\nP1,a,b\n", "'Diagnosis' appears twice"),
+    (b"\xff\xfep\x00\x00\xd8", "not valid UTF-16")])
+def test_unreadable_files_are_refused_in_one_line(tmp_path, data, what):
+  path = _write(tmp_path, "labels.csv", data)
+  with pytest.raises(errors.InputError) as e:
+    tables.read_labels(path, tables.Problems("quarantine"))
+  message = str(e.value)
+  assert isinstance(e.value, tables.TableError) and what in message
+  assert path in message and "\n" not in message
+  assert "SECRET" not in message  # a header-less file's first row is never echoed
+
+
+def test_absent_tables_are_optional(tmp_path):
+  root = tmp_path / "cohort"
+  root.mkdir()
+  (root / "labels.csv").write_text("patient_id,diagnosis\nP1,flu\nP2,copd\n")
+  (root / "labs.csv").write_text("patient_id,Na\nP1,140\nP2,141\n")
+  result = ingest.run(_config(), str(tmp_path / "w"), str(root))   # no vitals.csv, no dicom/
+  assert len(result.manifest) == 2 and set(result.summary["tables"]) >= {"labs.csv"}
+  assert "vitals.csv" not in result.summary["tables"] and not result.quarantine
+
+
+# -- rule 2: a malformed line costs that line only ------------------------------------------------
+
+def test_unbalanced_quote_on_line_17_costs_line_17_only(tmp_path):
+  rows = [f"P{i},{'flu' if i % 2 else 'copd'}" for i in range(1, 41)]
+  rows[15] = 'P16,"copd'   # physical line 17
+  path = _write(tmp_path, "labels.csv", "patient_id,diagnosis\n" + "\n".join(rows) + "\n")
+  labels, _, problems = _labels(path)
+  assert len(labels) == 39 and "P16" not in labels and labels["P17"] == "flu"
+  assert [(p.line, p.what) for p in problems.items] == [(17, "row")]
+  assert "unbalanced quote" in problems.items[0].reason
+  with pytest.raises(tables.TableError, match=r"labels.csv:17: unbalanced quote"):
+    _labels(path, on_error="raise")
+
+
+@pytest.mark.parametrize("bad,reason", [
+    (b"P2\x00,copd", "NUL byte"), (b"P2,copd,extra", "3 fields, the header has 2"),
+    (b'P2,"co"pd', "malformed quoting"), (b"P2,copd\xe9", "not valid UTF-8"),
+    (b"P2", "1 fields, the header has 2")])
+def test_malformed_line_is_set_aside_with_line_and_reason(tmp_path, bad, reason):
+  data = ("patient_id,diagnosis\nP1,flu\n".encode() + bad + "\nP3,asthme sévère\n".encode()
+          + b"".join(f"P{i},flu\n".encode() for i in range(4, 30)))
+  labels, lines, problems = _labels(_write(tmp_path, "labels.csv", data))
+  assert "P1" in labels and labels["P3"] == "asthme sévère" and "P2" not in labels
+  assert len(labels) == 28 and lines["P3"] == 4
+  assert [p.line for p in problems.items] == [3] and reason in problems.items[0].reason
+  assert problems.files["labels.csv"]["encoding"] == "utf-8"
+
+
+def test_blank_lines_are_counted_not_quarantined(tmp_path):
+  labels, lines, problems = _labels(_write(tmp_path, "labels.csv",
+                                           "\npatient_id,diagnosis\nP1,flu\n\n , \nP2,copd\n"))
+  assert lines == {"P1": 3, "P2": 6} and not problems.items
+  assert problems.files["labels.csv"]["blank_lines"] == 3
+  assert problems.files["labels.csv"]["rows"] == 2
+
+
+# -- rule 4: non-finite, unparseable and absurd values --------------------------------------------
+
+def test_values_non_finite_unparseable_and_absurd_are_missing_and_counted(tmp_path):
+  path = _write(tmp_path, "vitals.csv",
+                "patient_id,hour,hr,sbp,dbp,rr,spo2,temp\n"
+                "P1,0,80,120,80,16,98,37\n"
+                "P1,1,inf,120,80,16,0.97,98.6\n"       # SpO2 as a fraction, temp in Fahrenheit
+                "P1,2,NaN,120,80,16,98,37\n"
+                "P1,3,abc,120,80,16,98,37\n"
+                "P1,4,1e400,999,80,16,98,37\n")
+  problems = tables.Problems("quarantine")
+  v = tables.read_vitals(path, CHANNELS, 6, 1.0, problems).values[0]
+  assert v[0].tolist() == [80, 120, 80, 16, 98, 37]
+  assert np.isnan(v[1:5, 0]).all() and np.isnan([v[1, 4], v[1, 5], v[4, 1]]).all()
+  assert v[1, 1] == 120 and v[4, 2] == 80   # only the bad cells are lost
+  assert problems.files["vitals.csv"]["values"] == {
+      "non_finite": {"hr": 3}, "not_a_number": {"hr": 1},
+      "out_of_range": {"spo2": 1, "temp": 1, "sbp": 1}}
+  entry = next(p for p in problems.items if "'hr'" in p.reason and p.what == "values"
+               and "finite" in p.reason)
+  assert (entry.line, entry.count, entry.lines) == (3, 3, (3, 4, 6))
+  with pytest.raises(tables.TableError, match=r"vitals.csv:3: column 'hr': value 'inf'"):
+    tables.read_vitals(path, CHANNELS, 6, 1.0, tables.Problems("raise"))
+
+
+def test_value_ranges_config():
+  assert tables.value_ranges(None) == tables.DEFAULT_VALUE_RANGES
+  config = default_config.get_config()
+  assert tables.value_ranges(config.data.value_ranges) == tables.DEFAULT_VALUE_RANGES
+  config.data.value_ranges.K = (1, 10)
+  config.data.value_ranges.hr = (20, 250)
+  config.data.value_ranges.temp = None
+  ranges = tables.value_ranges(config.data.value_ranges)
+  assert ranges["K"] == (1, 10) and ranges["hr"] == (20, 250) and "temp" not in ranges
+  with pytest.raises(errors.InputError, match=r"config.data.value_ranges.K=\(10, 1\)"):
+    tables.value_ranges({"K": (10, 1)})
+
+
+@pytest.mark.parametrize("num_patients", [300, 6000])
+def test_synthetic_cohorts_fall_inside_the_default_ranges(num_patients):
+  cfg = quickstart.get_config().data.synthetic
+  cfg.num_patients = num_patients
+  cohort = synthetic.sample_cohort(cfg)
+  for c, name in enumerate(synthetic.VITALS_CHANNELS):
+    low, high = tables.DEFAULT_VALUE_RANGES[name]
+    values = cohort.vitals[..., c]
+    assert low <= np.nanmin(values) and np.nanmax(values) <= high, name
+
+
+def test_quickstart_tiny_cohort_has_no_value_set_aside(tmp_path):
+  cfg = quickstart.get_config("tiny").data.synthetic
+  cohort = synthetic.sample_cohort(cfg)
+  synthetic_tables.write_tables(cohort, str(tmp_path), synthetic.VITALS_CHANNELS)
+  result = ingest.run(quickstart.get_config("tiny"), str(tmp_path / "w"), str(tmp_path))
+  # No DICOM was written: only patients with images alone are left out (label without data).
+  with_tables = cohort.modality_mask[:, 1:].any(1)
+  assert len(result.manifest) == with_tables.sum()
+  assert {q["reason"].split(" (")[0] for q in result.quarantine} <= {
+      "label for a patient with no data"}
+  t = result.summary["tables"]
+  assert not t["values_out_of_range"] and not t["values_not_a_number"]
+  assert not t["values_non_finite"]
+
+
+# -- rule 5: vitals times ----------------------------------------------------------------------
+
+def test_vitals_bad_times_set_their_row_aside(tmp_path):
+  path = _write(tmp_path, "vitals.csv",
+                "patient_id,hour,hr,sbp,dbp,rr,spo2,temp\n"
+                "P1,0,80,120,80,16,98,37\n"
+                "P1,-2,81,120,80,16,98,37\n"
+                "P1,soon,82,120,80,16,98,37\n"
+                "P1,2024-01-01T10:00:00,83,120,80,16,98,37\n"
+                "P1,,84,120,80,16,98,37\n"
+                "P1,2,85,120,80,16,98,37\n")
+  problems = tables.Problems("quarantine")
+  v = tables.read_vitals(path, CHANNELS, 4, 1.0, problems).values[0]
+  assert v[0, 0] == 80 and v[2, 0] == 85 and np.isnan(v[1, 0])
+  reasons = {p.line: p.reason for p in problems.items}
+  assert sorted(reasons) == [3, 4, 5, 6]
+  assert "negative time" in reasons[3] and "neither hours nor" in reasons[4]
+  assert "timestamp but the file's first time is hours" in reasons[5]
+  assert "2024" not in reasons[5]   # dates are withheld
+
+
+# -- rules 3, 6: labels, duplicates, unknown classes, ids' whitespace and case ------------------
+
+def test_labels_unknown_class_and_empty_fields_are_quarantined_not_fatal(tmp_path):
+  root = tmp_path / "cohort"
+  root.mkdir()
+  (root / "labels.csv").write_text("patient_id,diagnosis\nP1,flu\nP2,gout\nP3,\n,flu\nP1,flu\n"
+                                   "P4,copd\n")
+  (root / "labs.csv").write_text("patient_id,Na\nP1,140\nP2,141\nP3,142\nP4,143\n")
+  result = ingest.run(_config(classes=("flu", "copd")), str(tmp_path / "w"), str(root))
+  assert len(result.manifest) == 2 and result.manifest.class_names == ["flu", "copd"]
+  reasons = {q["line"]: q["reason"] for q in result.quarantine if q["path"] == "labels.csv"
+             and q["stage"] == "tables"}
+  assert sorted(reasons) == [3, 4, 5, 6]
+  assert "not in config.data.classes" in reasons[3] and "empty" in reasons[4]
+  assert "empty" in reasons[5] and "duplicate patient row (line 2" in reasons[6]
+  assert result.summary["tables"]["labels.csv"]["rows_quarantined"] == 4
+  assert result.summary["tables"]["ids"]["data_without_label"] == 2   # P2, P3 have labs only
+
+
+def test_ids_are_stripped_everywhere_and_case_differences_are_counted(tmp_path):
+  root = tmp_path / "cohort"
+  _dicom(str(root / "dicom" / "a.dcm"), " MRN-Alpha")   # leading space in the DICOM header
+  _dicom(str(root / "dicom" / "b.dcm"), "mrn-beta")
+  (root / "labels.csv").write_text("patient_id,diagnosis\n  MRN-Alpha ,flu\nMRN-Beta,copd\n"
+                                   "mrn-beta,flu\n MRN-Gamma,copd\n")
+  (root / "labs.csv").write_text("patient_id,Na\nMRN-ALPHA,140\n\tMRN-Gamma ,141\n")
+  result = ingest.run(_config(), str(tmp_path / "w"), str(root))
+  t = result.summary["tables"]
+  # MRN-Alpha (DICOM + label), mrn-beta (DICOM + label), MRN-Gamma (labs + label); MRN-Beta has
+  # no data; MRN-ALPHA's labs row has no label.
+  assert len(result.manifest) == 3 and sorted(result.manifest.num_images > 0) == [0, 1, 1]
+  assert t["ids_case_only_mismatch"] == 2 and t["ids"]["labels_without_data"] == 1
+  assert t["ids"]["data_without_label"] == 1
+  assert "ids differing only by letter case: 2" in ingest.format_summary(result.summary)
+
+  merged = ingest.run(_config(ids_case_insensitive=True), str(tmp_path / "w2"), str(root))
+  t = merged.summary["tables"]
+  assert len(merged.manifest) == 3 and t["ids_case_only_mismatch"] == 0
+  assert merged.manifest.modality_mask.sum(0).tolist() == [2, 2, 0]
+  dup = [q for q in merged.quarantine if q["path"] == "labels.csv" and q.get("line") == 4]
+  assert dup and "duplicate patient row (line 3" in dup[0]["reason"]
+
+
+# -- rule 7: every labels.csv line is in the manifest or in the quarantine report -----------------
+
+_ID_CHARS = list("aAzZ09 \t\"',;|-._éÉßİıü") + ["\u00a0", "\u0301", "Ω", "日"]
+_IDS = st.text(alphabet=_ID_CHARS, min_size=0, max_size=7)
+_ROWS = st.lists(st.tuples(
+    st.sampled_from(["good", "good", "good", "quote", "fields", "nul", "blank"]), _IDS,
+    st.sampled_from(["flu", "copd", " asthma ", "Flu", ""]), st.booleans()), min_size=1,
+    max_size=25)
+
+
+def _labels_file(rows, delimiter, eol, bom) -> bytes:
+  out = io.StringIO()
+  writer = csv.writer(out, delimiter=delimiter, lineterminator=eol)
+  writer.writerow(["patient_id", "diagnosis"])
+  for kind, pid, cls, _ in rows:
+    plain = pid.replace('"', "").replace(delimiter, "")
+    if kind == "good":
+      writer.writerow([pid, cls])
+    elif kind == "quote":
+      out.write(f'"{plain}{delimiter}flu{eol}')
+    elif kind == "fields":
+      writer.writerow([pid, "flu", "extra"])
+    elif kind == "nul":
+      out.write(f"{plain}\x00{delimiter}copd{eol}")
+    else:
+      out.write(f" {delimiter} {eol}")
+  return ("\ufeff" if bom else "").encode() + out.getvalue().encode()
+
+
+def _data_lines(data: bytes, delimiter: str) -> int:
+  text = data.decode("utf-8-sig").replace("\r\n", "\n").replace("\r", "\n")
+  lines = text.split("\n")[1:]
+  return sum(1 for line in lines if line.strip(" \t" + delimiter))
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(rows=_ROWS, delimiter=st.sampled_from([",", ";"]), eol=st.sampled_from(["\n", "\r\n"]),
+       bom=st.booleans())
+def test_every_labels_line_is_in_the_manifest_or_quarantined(rows, delimiter, eol, bom):
+  rows = rows + [("good", "anchor-patient", "flu", True)]
+  with tempfile.TemporaryDirectory() as tmp:
+    root = os.path.join(tmp, "cohort")
+    os.makedirs(root)
+    labels = _labels_file(rows, delimiter, eol, bom)
+    with open(os.path.join(root, "labels.csv"), "wb") as f:
+      f.write(labels)
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(["patient_id", "Na"])
+    writer.writerows([pid, "140"] for _, pid, _, has_labs in rows if has_labs)
+    with open(os.path.join(root, "labs.csv"), "w") as f:
+      f.write(out.getvalue())
+    result = ingest.run(_config(), os.path.join(tmp, "w"), root)
+  quarantined = [q["line"] for q in result.quarantine
+                 if q["path"] == "labels.csv" and q["stage"] == "tables"]
+  assert len(quarantined) == len(set(quarantined))   # one reason per line
+  data_lines = _data_lines(labels, delimiter)
+  assert len(result.manifest) + len(quarantined) == data_lines
+  assert result.summary["tables"]["labels.csv"]["rows"] == data_lines
+  assert len(result.manifest) >= 1
+
+
+# -- rule 8: no raw patient id in any output ----------------------------------------------------
+
+SECRETS = ["Quokka-Alpha-Zeta", "quokka-alpha-zeta", "Wombat-Bravo", "Numbat-Charlie",
+           "Dunnart-Delta", "Bilby-Echo", "Possum-Foxtrot", "Dingo-Golf", "Koala-Hotel",
+           "Emu-India"]
+
+
+def _secret_cohort(root):
+  os.makedirs(root)
+  _dicom(os.path.join(root, "dicom", "x.dcm"), " Possum-Foxtrot ")
+  _dicom(os.path.join(root, "dicom", "y.dcm"), "Koala-Hotel")   # no label
+  with open(os.path.join(root, "labels.csv"), "w") as f:
+    f.write("patient_id,diagnosis\n"
+            "Quokka-Alpha-Zeta,flu\n"
+            "quokka-alpha-zeta,copd\n"           # differs by case only
+            "  Wombat-Bravo ,flu\n"
+            '"Numbat-Charlie,copd\n'              # unbalanced quote
+            "Dunnart-Delta,flu,extra\n"          # a field too many
+            "Wombat-Bravo,copd\n"                # duplicate
+            "Bilby-Echo,Dingo-Golf\n"            # unknown class that is an id
+            "Possum-Foxtrot,flu\n"
+            "Emu-India,\n"                       # empty class
+            "Dingo-Golf,flu\n")                  # no data
+  with open(os.path.join(root, "labs.csv"), "w") as f:
+    f.write("patient_id,Na,K\nQuokka-Alpha-Zeta,140,Wombat-Bravo\nquokka-alpha-zeta,139,4\n"
+            "Wombat-Bravo,Bilby-Echo,4.1\nBilby-Echo,135,Possum-Foxtrot\nEmu-India,2,3\n")
+  with open(os.path.join(root, "vitals.csv"), "w") as f:
+    f.write("patient_id,hour,hr,sbp,dbp,rr,spo2,temp\nBilby-Echo,0,80,120,80,16,98,37\n"
+            "Bilby-Echo,Quokka-Alpha-Zeta,80,120,80,16,98,37\nWombat-Bravo,1,Emu-India,1,1,1,1,1\n"
+            "Koala-Hotel,0,1,1,1,1,1,1\n")
+
+
+def _found(text: str) -> list[str]:
+  folded = text.casefold()
+  return [s for s in SECRETS if s.casefold() in folded]
+
+
+def _output_text(path: str) -> str:
+  if path.endswith(".npz"):
+    with np.load(path) as f:
+      return " ".join(" ".join(map(str, f[k].ravel().tolist())) for k in f.files
+                      if f[k].dtype.kind in "US")
+  with open(path, "rb") as f:
+    return f.read().decode("utf-8", "replace")
+
+
+def test_no_raw_patient_id_in_any_output(tmp_path, caplog):
+  caplog.set_level(logging.DEBUG)
+  root = str(tmp_path / "cohort")
+  _secret_cohort(root)
+  workdir = str(tmp_path / "w")
+  result = ingest.run(_config(classes=("flu", "copd")), workdir, root)
+  # What the cohort must have exercised: every kind of row set aside, values set aside.
+  reasons = " | ".join(q["reason"] for q in result.quarantine)
+  for what in ("unbalanced quote", "3 fields", "duplicate patient row", "config.data.classes",
+               "empty", "no data", "not a number", "neither hours nor"):
+    assert what in reasons, what
+  assert "withheld" in reasons
+  assert result.summary["tables"]["ids_case_only_mismatch"] >= 1
+  outputs = [os.path.join(dp, f) for dp, _, fs in os.walk(workdir) for f in fs
+             if "secrets" not in dp]
+  assert {os.path.basename(p) for p in outputs} >= {"manifest.jsonl", "quarantine.jsonl",
+                                                      "summary.json", "tables.npz"}
+  for path in outputs:
+    assert not _found(_output_text(path)), path
+  assert not _found(caplog.text) and caplog.records
+  assert not _found(ingest.format_summary(result.summary))
+  assert not _found(json.dumps(result.summary) + json.dumps(result.quarantine))
+  # In raise mode the first problem becomes the error: one line, no id either.
+  with pytest.raises(errors.InputError) as e:
+    ingest.run(_config(on_error="raise"), str(tmp_path / "w2"), root)
+  assert "labels.csv:3:" not in str(e.value) and "labels.csv:5: unbalanced quote" in str(e.value)
+  assert not _found(str(e.value))
+
+
+# -- rule 9, 10: counts in the summary; speed ----------------------------------------------------
+
+def test_raise_mode_reports_the_lowest_line_of_the_file(tmp_path):
+  path = _write(tmp_path, "labs.csv", "patient_id,Na,K\nP1,140,4\nP2,13O,x\nP2,1,1\nP3,\"1\n")
+  with pytest.raises(tables.TableError, match=r"^labs.csv:3: column 'Na': value '13O'"):
+    tables.read_labs(path, (), {}, tables.Problems("raise"))
