@@ -2,6 +2,7 @@
 
 import collections
 import glob
+import ipaddress
 import json
 import os
 import re
@@ -266,8 +267,13 @@ def _reachable(client) -> bool:
 
 
 def _listeners(port: int) -> list[str]:
-  return [c.laddr.ip for c in psutil.net_connections("tcp")
-          if c.status == psutil.CONN_LISTEN and c.laddr.port == port]
+  """The addresses listening on `port` (an IPv4-mapped IPv6 address as its IPv4 form)."""
+  out = []
+  for c in psutil.net_connections("inet"):
+    if c.status == psutil.CONN_LISTEN and c.laddr.port == port:
+      ip = ipaddress.ip_address(c.laddr.ip.split("%")[0])
+      out.append(str(getattr(ip, "ipv4_mapped", None) or ip))
+  return out
 
 
 def _processes_of(workdir: str) -> list[psutil.Process]:
