@@ -138,6 +138,11 @@ def get_config(arg=None):
   fault.min_hosts = 1
   fault.replacement_wait_s = 60.0   # without elastic: how long to wait for a replacement host
   fault.timeout_training_s = 10.0   # hang: no progress for this long while training
+  # ... or, once warm, learned: silence past hang_factor x the longest recent step gap plus the
+  # heartbeat interval (at least hang_floor_s; twice that while heartbeats still come). 0: off.
+  fault.hang_factor = 5.0
+  fault.hang_floor_s = 1.5
+  fault.hang_warmup_steps = 20
   fault.timeout_compile_s = 180.0   # ... while compiling, restoring or checkpointing
   fault.timeout_start_s = 600.0     # ... while starting, preparing data or evaluating
   fault.host_timeout_s = 5.0        # lost host: no agent heartbeat for this long

@@ -81,7 +81,7 @@ class Run:
          "workers": [{"process_id": 0, "running": running}]}, self.now))
 
   def beat(self, pid: int, phase: str | None = None, *, progress: bool = True,
-           generation: int | None = None) -> dict:
+           generation: int | None = None, **extra) -> dict:
     """A worker's heartbeat, in `phase` (default: its last one, else training)."""
     phase = self.phase[pid] = phase or self.phase.get(pid, "training")
     if progress:
@@ -92,7 +92,7 @@ class Run:
     return self._do(self.policy.worker_heartbeat(
         {"generation": self.state.generation if generation is None else generation,
          "process_id": pid, "phase": phase, "step": self.step[pid], "counter": self.counter[pid],
-         "executed": self.executed[pid], "blocked_s": 0.5}, self.now))
+         "executed": self.executed[pid], "blocked_s": 0.5, **extra}, self.now))
 
   def exit(self, pid: int, code: int, host: str = "host-0", *,
            generation: int | None = None, reason: str = "") -> dict:
@@ -608,3 +608,62 @@ def test_a_crash_loop_error_carries_the_workers_reasons():
   assert run.status == Status.FAILED
   assert run.state.error.endswith("Last failures: error of worker 0 at step 2 (TypeError: bad "
                                   "operand)")
+
+
+def _warm(run, pid=0, gap_s=0.05, beats=25):
+  """A worker whose steps took `gap_s` for `beats` heartbeats of 0.25 s."""
+  for i in range(beats):
+    run.ms += 250
+    run.agent_beat("host-0")
+    run.beat(pid, gap_s=gap_s, gaps=min(i + 1, 200), beat_s=0.25)
+    run.tick()
+
+
+def test_hang_timeouts_are_learned_from_step_gaps_after_a_warm_up():
+  run = Run(workers_per_host=1)
+  run.start()
+  w = run.state.workers[0]
+  run.beat(0, gap_s=0.05, gaps=3, beat_s=0.25)
+  assert run.policy.hang_limits(w) == (10.0, 10.0)   # warming up: the fixed timeout
+  _warm(run)
+  # 5 x 0.05 + 0.25 = 0.5 s learned, under the floor: 1.5 s silent, 3 s stuck.
+  assert run.policy.hang_limits(w) == (1.5, 3.0)
+  run.beat(0, "checkpointing", gap_s=0.05, gaps=25, beat_s=0.25)
+  assert run.policy.hang_limits(w) == (180.0, 180.0)  # other phases keep their fixed timeouts
+
+
+def test_a_silent_worker_is_a_hang_in_under_two_seconds_once_warm():
+  run = Run(workers_per_host=1)
+  run.start()
+  _warm(run)
+  stopped_ms = run.ms
+  while run.status == Status.RUNNING:          # SIGSTOP: no heartbeat, no progress
+    run.ms += 50
+    run.agent_beat("host-0")
+    run.tick()
+  assert run.named("failure")[0]["kind"] == "hang"
+  assert (run.ms - stopped_ms) / 1000 < 2.0
+
+
+def test_a_slow_but_live_worker_is_not_a_hang():
+  run = Run(workers_per_host=1)
+  run.start()
+  _warm(run)
+  # Steps now take 2.5 s each (50x slower), heartbeats go on every 0.25 s.
+  gap, last_step_ms = 0.05, run.ms
+  for _ in range(400):                        # 100 s
+    run.ms += 250
+    run.agent_beat("host-0")
+    done = run.ms - last_step_ms >= 2500
+    if done:
+      gap, last_step_ms = 2.5, run.ms
+    run.beat(0, progress=done, gap_s=gap, gaps=200, beat_s=0.25)
+    run.tick()
+  assert run.status == Status.RUNNING and run.named("failure") == []
+
+
+def test_learned_timeouts_can_be_turned_off():
+  run = Run(workers_per_host=1, hang_factor=0.0)
+  run.start()
+  _warm(run)
+  assert run.policy.hang_limits(run.state.workers[0]) == (10.0, 10.0)

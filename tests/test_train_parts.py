@@ -124,12 +124,37 @@ def test_reporter_writes_every_step_at_the_interval():
   assert written == [1, 1, 1, 4, 4]
   reporter.flush()
   assert [r[1] for r in writer.rows] == [1, 2, 3, 4, 5] and bar.done == 5
-  # Progress is reported of finished steps only, at each flush.
-  assert progress == [(1, 0, 1), (4, 0, 1), (5, 0, 1)]
+  # Progress is reported of finished steps only: at each flush, and in between for the newest
+  # queued step already computed (these are).
+  assert progress == [(1, 0, 1), (2, 0, 1), (4, 0, 1), (5, 0, 1)]
   kind, step, scalars = writer.rows[3]
   assert kind == "train" and scalars["loss"] == pytest.approx(0.4)
   assert scalars["learning_rate"] == pytest.approx(1e-3) and "weight" not in scalars
   assert scalars["examples_per_s"] > 0 and scalars["partition"] == 1
+
+
+class _NotReady:
+  def __init__(self, value):
+    self.value = value
+
+  def is_ready(self):
+    return False
+
+  def __array__(self, dtype=None, copy=None):
+    return np.asarray(self.value, dtype)
+
+
+def test_reporter_reports_no_progress_for_steps_still_computing():
+  progress = []
+  reporter = reporting.Reporter(_Writer(), _Bar(), every=10, processes=1,
+                                record_ids=np.array(["r-a"]), resume_hint=lambda: "",
+                                on_progress=lambda *a: progress.append(a))
+  for step in range(1, 5):
+    metrics = {"loss": _NotReady(0.5), "learning_rate": np.float32(1e-3)} if step > 1 else \
+        _metrics(0.5)
+    reporter.step(global_step=step, epoch=0, partition=0, offset=step, rows=np.array([0]),
+                  metrics=metrics)
+  assert progress == [(1, 0, 0)]   # the first step's flush only
 
 
 def test_reporter_names_the_first_non_finite_step_by_pseudonym():

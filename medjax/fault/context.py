@@ -76,9 +76,13 @@ class Local:
 class Remote(Local):
   """Heartbeats and commits to the coordinator; survives its outages by buffering."""
 
-  def __init__(self, client, *, generation: int, process_id: int, interval_s: float = 0.5):
+  def __init__(self, client, *, generation: int, process_id: int, interval_s: float = 0.25):
     self.client, self.generation, self.process_id = client, generation, process_id
     self.phase, self.step, self.epoch, self.partition, self.counter = "starting", 0, 0, 0, 0
+    # Gaps between progress reports while training (seconds): the coordinator learns its hang
+    # timeout from the longest recent one.
+    self._gaps: collections.deque = collections.deque(maxlen=200)
+    self._last_progress: float | None = None
     self.blocked_s, self.executed = 0.0, 0
     self._stop = threading.Event()
     self._closed = threading.Event()
@@ -92,10 +96,15 @@ class Remote(Local):
   def set_phase(self, phase: str) -> None:
     self.phase = phase
     self.counter += 1
+    self._last_progress = None   # a gap across another phase is not a training step
     self._beat()
 
   def progress(self, step: int = 0, epoch: int = 0, partition: int = 0) -> None:
     first = self.phase != "training"
+    now = time.monotonic()
+    if not first and self._last_progress is not None:
+      self._gaps.append(now - self._last_progress)
+    self._last_progress = now
     self.phase = "training"
     self.step, self.epoch, self.partition = step, epoch, partition
     self.counter += 1
@@ -135,7 +144,9 @@ class Remote(Local):
           "generation": self.generation, "process_id": self.process_id, "phase": self.phase,
           "step": self.step, "epoch": self.epoch, "partition": self.partition,
           "counter": self.counter, "blocked_s": round(self.blocked_s, 4),
-          "executed": self.executed, "time": time.time()})
+          "executed": self.executed, "time": time.time(),
+          "gap_s": round(max(self._gaps), 4) if self._gaps else None,
+          "gaps": len(self._gaps), "beat_s": self._interval})
     except grpc.RpcError:
       if self._reachable:
         logging.warning("worker %d: coordinator unreachable; training goes on, reports are "

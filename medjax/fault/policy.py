@@ -74,6 +74,9 @@ class Worker:
   counter: int = -1
   last_seen: float | None = None
   last_progress: float | None = None
+  gap_s: float | None = None   # its longest recent gap between finished steps while training
+  gaps: int = 0                # how many gaps that is over (the warm-up)
+  beat_s: float = 0.0          # its heartbeat interval
 
 
 @dataclasses.dataclass
@@ -261,6 +264,7 @@ class Policy:
       w.last_progress = now
     w.last_seen, w.phase, w.step, w.counter = now, msg["phase"], msg["step"], msg["counter"]
     w.epoch, w.partition = msg.get("epoch"), msg.get("partition")
+    w.gap_s, w.gaps, w.beat_s = msg.get("gap_s"), msg.get("gaps", 0), msg.get("beat_s", 0.0)
     stats = s.gen_stats.setdefault(str(gen), {"started": now})
     if msg["phase"] == "training" and msg.get("executed", 0) > 0 and "first_step" not in stats:
       self._first_step(gen, msg["step"], stats, now)
@@ -324,16 +328,34 @@ class Policy:
             "checkpointing": f.timeout_compile_s,
             "training": f.timeout_training_s}.get(phase, f.timeout_start_s)
 
+  def hang_limits(self, w: Worker) -> tuple[float, float]:
+    """(silent, stuck) timeouts of a worker: no heartbeat at all, or heartbeats without progress.
+
+    Outside training, or before `fault.hang_warmup_steps` gaps between finished steps were seen
+    in this generation, both are the phase's fixed timeout. Then they are learned: silence past
+    `fault.hang_factor` x the worker's longest recent gap plus its heartbeat interval (at least
+    `fault.hang_floor_s`) is a hang; a worker that still heartbeats may only be slow, so it gets
+    twice that (at least twice the floor). The fixed timeout bounds both.
+    """
+    fixed = self._phase_timeout(w.phase)
+    f = self.f
+    if (w.phase != "training" or not f.hang_factor or w.gap_s is None
+        or w.gaps < f.hang_warmup_steps):
+      return fixed, fixed
+    learned = f.hang_factor * w.gap_s + w.beat_s
+    return (min(fixed, max(f.hang_floor_s, learned)),
+            min(fixed, max(2 * f.hang_floor_s, 2 * learned)))
+
   def _detect_hang(self, now: float) -> None:
-    """A worker silent, or alive without progress, past its phase's timeout."""
+    """A worker silent, or alive without progress, past its timeout (`hang_limits`)."""
     stale = []
     for pid, w in self.state.workers.items():
       if w.exit_code is not None:
         continue
-      limit = self._phase_timeout(w.phase)
+      silent_limit, stuck_limit = self.hang_limits(w)
       silent = now - (w.last_seen if w.last_seen is not None else now)
       stuck = now - (w.last_progress if w.last_progress is not None else now)
-      if silent > limit or stuck > limit:
+      if silent > silent_limit or stuck > stuck_limit:
         stale.append((-silent, -stuck, pid))
     if stale:
       # The culprit is the worker silent longest; the others are blocked waiting on it.

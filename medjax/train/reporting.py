@@ -8,6 +8,9 @@ metrics.jsonl row per step, advances the progress bar and reports progress to th
 context. So the host waits for the device once per interval, not once per step; a non-finite
 state is never checkpointed; and the progress the coordinator sees is of steps that finished
 (a step dispatched may still wait on a peer that is compiling), so its hang timeouts hold.
+Between flushes, each new dispatch also reports the newest queued step whose results are ready
+(`jax.Array.is_ready`, which does not wait): progress arrives step by step, so hang timeouts can
+be learned from step times (`medjax.fault.policy`).
 """
 
 from __future__ import annotations
@@ -35,6 +38,15 @@ class _Pending:
   metrics: dict         # device arrays
 
 
+def _finished(metrics: dict) -> bool:
+  """Whether a dispatched step's results are computed (no wait; False where it cannot tell)."""
+  loss = metrics.get("loss")
+  try:
+    return bool(loss.is_ready())
+  except AttributeError:
+    return False
+
+
 class Reporter:
   """Queues per-step metrics and writes them at the logging interval.
 
@@ -59,13 +71,23 @@ class Reporter:
     self._pending: list[_Pending] = []
     self._flushed = False   # the first step is flushed at once: it ends compiling
     self._since = time.perf_counter()
+    self._reported = -1     # the newest step reported as finished
 
   def step(self, *, global_step: int, epoch: int, partition: int, offset: int,
            rows: np.ndarray, metrics: dict) -> None:
-    """Queues one dispatched step; flushes at the interval."""
+    """Queues one dispatched step; flushes at the interval, and in between reports progress for
+    the newest queued step that has finished (asked without waiting for the device)."""
     self._pending.append(_Pending(global_step, epoch, partition, offset, rows, metrics))
     if len(self._pending) >= self.every or not self._flushed:
       self.flush()
+      return
+    for p in reversed(self._pending[:-1]):
+      if p.global_step <= self._reported:
+        break
+      if _finished(p.metrics):
+        self._reported = p.global_step
+        self.on_progress(p.global_step, p.epoch, p.partition)
+        break
 
   def flush(self) -> None:
     """Fetches the queued metrics (one device-to-host copy), checks and writes them."""
@@ -92,6 +114,7 @@ class Reporter:
           "generation": self.generation})
     self.bar.update(len(pending), loss=f"{float(fetched[-1]['loss']):.3f}")
     last = pending[-1]
+    self._reported = last.global_step
     self.on_progress(last.global_step, last.epoch, last.partition)
 
   def cache_counters(self, global_step: int, epoch: int, counts: dict, keys) -> None:
