@@ -147,12 +147,13 @@ def _rules() -> dict[str, tuple[Check, ...]]:
        "mean_images latent_dim_shared class_rank_shared image_latent_dim max_missing_panels"))
   each(_at_least(0), "seed data.cache_memory_mb model.fusion_layers optim.weight_decay "
        "optim.class_weight_power fault.replacement_wait_s fault.backoff_s fault.backoff_max_s "
-       "fault.max_failures_without_progress fault.max_coordinator_restarts " + syn(
+       "fault.max_failures_without_progress fault.max_coordinator_restarts fault.hang_factor "
+       "fault.hang_warmup_steps " + syn(
            "seed model_seed class_prior_exponent rare_twins twin_offset latent_dim_image "
            "class_sep vitals_trend junk_files"))
   each(_above(0), "data.vitals_hours_per_step data.decode_timeout_s optim.lr optim.clip_norm "
        "fault.timeout_training_s fault.timeout_compile_s fault.host_timeout_s fault.stop_grace_s "
-       "fault.agent_interval_s fault.coordinator_lost_s "
+       "fault.agent_interval_s fault.coordinator_lost_s fault.hang_floor_s "
        + syn("lab_noise vitals_noise image_noise"))
   each(_within(0, 1), "optim.warmup_fraction optim.end_lr_fraction " + syn(
       "frac_no_images frac_no_labs frac_partial_labs frac_no_vitals frac_missing_vitals_steps "
