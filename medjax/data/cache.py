@@ -41,6 +41,7 @@ FORMAT_VERSION = 1
 COUNTERS = ("hits", "misses", "damaged", "pfs_reads", "pfs_files", "pfs_bytes", "records_written",
             "decode_s", "dropped_stale", "moved_reads", "records_moved_in", "recache_s", "wait_s")
 _COMPRESSOR = {"id": "blosc", "cname": "lz4", "clevel": 1, "shuffle": 2}
+_PERSIST_S = 1.0   # how often a fill rewrites index.json and the counters
 
 
 def write_json(path: str, value) -> None:
@@ -98,6 +99,7 @@ class Cache:
     self._reserved: set[int] = set()      # slots being written outside the lock
     self._index_io = threading.Lock()     # orders index.json writes (snapshots taken locked)
     self._index_version = self._index_written = 0
+    self._persisted_at, self._dirty = 0.0, False
     self._held: dict[str, np.ndarray] | None = None   # hold_in_memory
     self._held_slot_N = np.zeros(0, np.int64)
     self._index_mtime = None
@@ -156,6 +158,9 @@ class Cache:
 
   def save_counters(self) -> dict:
     """Writes this process's counters beside the cache; returns a copy."""
+    if self._dirty:
+      self._dirty = False
+      self._save_index()   # the counters count records that the index must name
     with self._cond:
       counters = dict(self.counters)
     write_json(self._counters_path, counters)
@@ -361,8 +366,24 @@ class Cache:
     finally:
       with self._cond:
         self._reserved.difference_update(slots)
+    self._persist()
+
+  def _persist(self, force: bool = False) -> None:
+    """Writes index.json and the counters (which count what it names), at most every
+    `_PERSIST_S` unless forced: rewriting a large index after every batch of a fill cost more
+    than the fill. An entry not yet written is only decoded again after a crash."""
+    now = time.monotonic()
+    if not force and now - self._persisted_at < _PERSIST_S:
+      self._dirty = True
+      return
+    self._persisted_at, self._dirty = now, False
     self._save_index()
-    self.save_counters()   # with the index that they count
+    self.save_counters()
+
+  def flush(self) -> None:
+    """Writes what `_persist` held back (end of a fill, an epoch, a run)."""
+    if self._dirty:
+      self._persist(force=True)
 
   def _claim(self, rows) -> list[int]:
     """Rows to decode now: not cached, not being decoded by another thread (lock held)."""
@@ -396,6 +417,7 @@ class Cache:
       done += len(chunk)
       if progress is not None:
         progress(len(todo[start:start + batch]))
+    self.flush()
     return done
 
   # -- reading ---------------------------------------------------------------------------------
