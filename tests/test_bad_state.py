@@ -52,3 +52,4 @@ def test_a_damaged_salt_file_stops_ingest_with_one_line(tmp_path):
       f"{path}: the salt file is damaged (5 bytes, expected 32); restore it from a backup, or "
       "delete it and ingest again (record ids change: start a new --workdir, as this run's "
       "checkpoints and caches belong to the old ids)")
+

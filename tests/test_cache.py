@@ -113,3 +113,22 @@ def test_records_held_in_memory_read_the_same(tmp_path, ingested):
     for k in held:
       np.testing.assert_array_equal(held[k], reference[k])
   assert cache.counters["hits"] == 3 * len(rows) - 2
+
+
+@pytest.mark.parametrize("name,garbage", [("index.json", b"{\"r-1\": [0, "),
+                                          ("index.json", b"[1, 2, 3]"),
+                                          ("index.json", b'{"r-x": "nonsense"}'),
+                                          ("spec.json", b"\xff\xfe"),
+                                          ("images/.zarray", b"not json")])
+def test_damaged_cache_metadata_rebuilds_the_cache(tmp_path, ingested, name, garbage):
+  config, result, root = ingested
+  cache = _open(tmp_path, config, result, root)
+  rows = np.arange(len(result.manifest))
+  cache.ensure(rows)
+  expected = cache.read(rows)
+  with open(os.path.join(cache.path, name), "wb") as f:
+    f.write(garbage)
+  again = _open(tmp_path, config, result, root)
+  got = again.read(rows)      # decoded again where the cache lost them (float32, not float16)
+  for key, value in expected.items():
+    np.testing.assert_allclose(got[key], value, atol=1e-3)

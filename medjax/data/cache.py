@@ -44,6 +44,21 @@ _COMPRESSOR = {"id": "blosc", "cname": "lz4", "clevel": 1, "shuffle": 2}
 _PERSIST_S = 1.0   # how often a fill rewrites index.json and the counters
 
 
+def _read_json(path: str, kind: type):
+  """A cache metadata file's value, or None when it is absent or damaged (with a warning): a
+  cache is rebuilt from the cohort, never trusted when its own records of itself are garbled."""
+  if not os.path.exists(path):
+    return None
+  try:
+    with open(path, "rb") as f:
+      value = json.loads(f.read())
+  except (OSError, ValueError) as e:
+    logging.warning("cache: %s is damaged (%s); rebuilding from the cohort", path,
+                    type(e).__name__)
+    return None
+  return value if isinstance(value, kind) else None
+
+
 def write_json(path: str, value) -> None:
   """Writes `value` as JSON so that readers see the old file or the new one, never half of one."""
   with open(path + ".tmp", "w") as f:
@@ -156,6 +171,21 @@ class Cache:
         mask[:] = False
         mask[np.asarray(rows, np.int64)] = True
 
+  def promote(self) -> None:
+    """A read-only cache becomes its host's writer (a warm standby taking over from a writer
+    process that is gone). What it validated and holds in memory stays; it picks up the entries
+    and counters the writer saved since it opened, so it neither re-reads nor re-checks them
+    (each record's bytes are still checked against its crc32 on read)."""
+    with self._cond:
+      self._follow_writer()
+      self.read_only = False
+      self._expect_N[:] = False
+      if os.path.exists(self._counters_path):
+        with open(self._counters_path) as f:
+          saved = json.load(f)
+        if saved.get("run", "") == self.counters.get("run", ""):
+          self.counters.update(saved)
+
   def save_counters(self) -> dict:
     """Writes this process's counters beside the cache; returns a copy."""
     if self._dirty:
@@ -173,10 +203,7 @@ class Cache:
 
   def _open(self) -> None:
     spec_path = os.path.join(self.path, "spec.json")
-    spec = None
-    if os.path.exists(spec_path):
-      with open(spec_path) as f:
-        spec = json.load(f)
+    spec = _read_json(spec_path, dict)
     if spec != self._spec():
       if spec is not None:
         logging.warning("cache %s: built for %s, config wants %s; rebuilding it", self.path, spec,
@@ -192,12 +219,15 @@ class Cache:
           os.remove(target)
       with open(spec_path, "w") as f:
         json.dump(self._spec(), f)
-    self.index: dict[str, list] = {}
     index_path = os.path.join(self.path, "index.json")
+    self.index: dict[str, list] = _read_json(index_path, dict) or {}
+    if not all(isinstance(e, list) and len(e) == 3 and isinstance(e[0], int)
+               for e in self.index.values()):
+      logging.warning("cache %s: index.json holds malformed entries; starting an empty index "
+                      "(records are decoded again)", self.path)
+      self.index = {}
     if os.path.exists(index_path):
       self._index_mtime = os.stat(index_path).st_mtime_ns
-      with open(index_path) as f:
-        self.index = json.load(f)
     capacity = max([s for s, _, _ in self.index.values()], default=-1) + 1
     capacity = max(capacity, 64)
     s, m = self.shapes.image_size, self.shapes.max_images
@@ -209,9 +239,14 @@ class Cache:
     """Opens the array as it is on disk (it may have grown), or creates it with `shape`."""
     kvstore = {"driver": "file", "path": os.path.join(self.path, name)}
     if os.path.exists(os.path.join(self.path, name, ".zarray")):
-      array = ts.open({"driver": "zarr", "kvstore": kvstore, **self._memory}, open=True,
-                      dtype=dtype).result()
-      if list(array.shape[1:]) == list(shape[1:]):
+      try:
+        array = ts.open({"driver": "zarr", "kvstore": kvstore, **self._memory}, open=True,
+                        dtype=dtype).result()
+      except ValueError as e:   # damaged metadata: a cache can always be built again
+        logging.warning("cache %s: the %r array cannot be opened (%s); building it again",
+                        self.path, name, " ".join(str(e).split())[:200])
+        array = None
+      if array is not None and list(array.shape[1:]) == list(shape[1:]):
         return array
     if self.read_only:
       raise RuntimeError(f"cache {self.path}: no usable {name!r} array and this process may not "
