@@ -403,6 +403,12 @@ def set_aside(directory: str, steps: list[int]) -> str | None:
   return target
 
 
+def step_dirs(directory: str) -> list[int]:
+  """The step directories in `directory` (finalized or not), in order."""
+  names = os.listdir(directory) if os.path.isdir(directory) else []
+  return sorted(int(n.split(".")[0]) for n in names if n.split(".")[0].isdigit())
+
+
 def discard_uncommitted(directory: str, committed_steps: list[int]) -> list[int]:
   """Deletes step directories newer than the newest committed step: work a failure discarded.
 

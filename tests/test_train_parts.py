@@ -221,13 +221,14 @@ def test_a_step_left_uncommitted_by_a_crash_is_saved_again_after_restart(tmp_pat
   directory = str(tmp_path / "checkpoints")
   _save_steps(directory, [4])
   store = lineage.LineageStore(str(tmp_path / "lineage"))
+  store.put_state("records", {"fingerprint": "f", "count": 4})  # written by the first start
   ckpt = checkpoint.Checkpointer(directory, async_save=False)   # opened before the discard
   abstract = {"w": jax.ShapeDtypeStruct((2,), jnp.float32,
                                         sharding=jax.sharding.SingleDeviceSharding(
                                             jax.devices()[0]))}
   state, start, step = checkpointing.restore_or_start(
       ckpt, store, abstract, placement="p", hosts=("h",), seed=0, num_records=4,
-      is_chief=True, barrier=lambda name: None)
+      is_chief=True, barrier=lambda name: None, records="f")
   assert state is None and step is None and start.global_step == 0
   ckpt.save({"w": jnp.full((2,), 9.0)}, _lineage(4))
   ckpt.wait()
@@ -336,3 +337,17 @@ def test_checkpoints_of_another_ingest_are_refused(tmp_path):
   with pytest.raises(errors.InputError, match=r"^the cohort's records changed since this run's "
                      r"checkpoints were written \(ingest fingerprint aaaa in .*, now bbbb"):
     _restore(directory, store, records="bbbb")
+
+
+def test_checkpoints_unknown_to_the_lineage_store_are_never_deleted(tmp_path):
+  directory = str(tmp_path / "checkpoints")
+  _save_steps(directory, [2, 4])
+  store = lineage.LineageStore(str(tmp_path / "elsewhere"))   # a mistyped ckpt.lineage_store
+  with pytest.raises(errors.InputError, match=r"holds checkpoints \(steps \[2, 4\]\) but the "
+                     r"lineage store .* knows none of them"):
+    _restore(directory, store, records="f")
+  assert sorted(os.listdir(directory)) == ["2", "4"]
+  ckpt, (state, _, step) = _restore(directory, store, records="f", if_all_damaged="start_fresh")
+  assert state is None and step is None
+  assert sorted(n.split(".")[0] for n in os.listdir(directory + "-damaged")) == ["2", "4"]
+  ckpt.close()

@@ -135,6 +135,21 @@ def restore_or_start(ckpt: checkpoint_lib.Checkpointer, store: lineage_lib.Linea
   so checkpoints of one ingest must never be resumed under another (a re-ingest with another
   salt or another cohort export); the first run stores it, later ones must match.
   """
+  committed = store.committed_steps()
+  if not committed and store.get_state("records") is None:
+    # No commit and no trace of a start in this store, yet steps on disk: the store is not this
+    # run's (deleted, or config.ckpt.lineage_store changed). Discarding them as uncommitted
+    # would delete trained work.
+    on_disk = checkpoint_lib.step_dirs(ckpt.directory)
+    if on_disk and if_all_damaged != "start_fresh":
+      raise errors.InputError(
+          f"{ckpt.directory} holds checkpoints (steps {on_disk[:3]}"
+          f"{'...' if len(on_disk) > 3 else ''}) but the lineage store {store.location} knows "
+          "none of them (deleted, or config.ckpt.lineage_store changed?); point ckpt.lineage_store at the run's store, or "
+          "rerun with --config.ckpt.if_all_damaged=start_fresh to train from step 0 (they are "
+          f"then moved to {ckpt.directory}-damaged)")
+    if on_disk and is_chief:
+      checkpoint_lib.set_aside(ckpt.directory, on_disk)
   if records:
     saved = store.get_state("records")
     if saved is not None and saved.get("fingerprint") != records:
