@@ -90,6 +90,9 @@ def main(argv):
     from medjax import config_check  # pylint: disable=import-outside-toplevel
     config_check.validate(_CONFIG.value, role=role)
   workdir = _workdir()
+  if os.path.exists(workdir) and not os.path.isdir(workdir):
+    raise errors.InputError(f"--workdir={workdir} is a file, not a directory; give a new or "
+                            "existing run directory")
   os.makedirs(workdir, exist_ok=True)
   if role == "worker":
     from medjax.fault import worker  # pylint: disable=import-outside-toplevel
@@ -188,6 +191,12 @@ def _flag_error(e: Exception, config_file: str) -> str:
   if unknown:
     return (f"--config.*: no config field {unknown.group(1)!r}; did you mean "
             f"{unknown.group(2)!r}? (configs/default.py lists every field)")
+  if "Error whilst parsing config file" in text:
+    # config_flags folds the config file's own exception into the message, traceback and all.
+    lines = [l.strip() for l in str(e).splitlines() if l.strip()]
+    cause = next((l for l in reversed(lines) if re.match(r"^[\w.]+(Error|Exception)\b", l)),
+                 lines[-1] if lines else text)
+    return f"--config={config_file}: the config file raised {cause}"
   if isinstance(e, flags.Error):
     return text
   if isinstance(e, OSError) and "Failed loading config file" in text:
@@ -218,9 +227,7 @@ def _main(argv) -> int:
     os.environ["MEDJAX_DEBUG"] = "1"
   try:
     return main(argv)
-  except app.UsageError:
-    raise
-  except errors.InputError as e:
+  except (errors.InputError, app.UsageError) as e:
     _log_to_file(str(e))
     if errors.debug():
       raise

@@ -127,3 +127,44 @@ def test_class_line_reads_correctly_for_any_class_count(k):
   else:
     assert named == ["c000", "c001", "c002", f"c{k - 1:03d}", f"c{k - 2:03d}", f"c{k - 3:03d}"]
     assert "; smallest " in line and line.index("largest") < line.index("smallest")
+
+
+@pytest.mark.parametrize("make", ["fifo", "dev_zero", "directory"])
+def test_a_table_that_is_not_a_regular_file_is_refused_without_reading_it(cohort, tmp_path, make):
+  from medjax import errors  # pylint: disable=import-outside-toplevel
+  path = os.path.join(cohort, "labels.csv")
+  os.remove(path)
+  if make == "fifo":
+    os.mkfifo(path)
+  elif make == "dev_zero":
+    os.symlink("/dev/zero", path)
+  else:
+    os.mkdir(path)
+  with pytest.raises(errors.InputError, match=r"labels\.csv: .*; give a regular CSV file$"):
+    ingest.run(_config(), str(tmp_path / "work"), cohort)
+
+
+def test_dicom_that_is_a_file_and_a_garbled_oracle_are_refused(cohort, tmp_path):
+  from medjax import errors  # pylint: disable=import-outside-toplevel
+  with open(os.path.join(cohort, "oracle.npz"), "wb") as f:
+    f.write(b"PK\x03\x04 not a zip")
+  with pytest.raises(errors.InputError, match=r"oracle\.npz: not the synthetic generator's "):
+    ingest.run(_config(), str(tmp_path / "work"), cohort)
+  os.remove(os.path.join(cohort, "oracle.npz"))
+  import shutil  # pylint: disable=import-outside-toplevel
+  shutil.rmtree(os.path.join(cohort, "dicom"))
+  open(os.path.join(cohort, "dicom"), "w").close()
+  with pytest.raises(errors.InputError, match=r"dicom is not a directory"):
+    ingest.run(_config(), str(tmp_path / "work2"), cohort)
+
+
+def test_a_damaged_ingest_is_named_with_how_to_redo_it(cohort, tmp_path):
+  from medjax import errors  # pylint: disable=import-outside-toplevel
+  workdir = str(tmp_path / "work")
+  ingest.run(_config(), workdir, cohort)
+  manifest = os.path.join(workdir, "ingest", "manifest.jsonl")
+  with open(manifest, "r+b") as f:
+    f.truncate(os.path.getsize(manifest) // 2)
+  with pytest.raises(errors.InputError, match=r"ingest is damaged or incomplete \(.*\); run the "
+                     r"ingest again: --config.data.reingest=True"):
+    ingest.load(workdir)

@@ -28,6 +28,7 @@ import os
 import re
 import secrets
 import time
+import zipfile
 
 import numpy as np
 
@@ -192,8 +193,11 @@ def run(config, workdir: str, root: str) -> Ingested:
   t0 = time.perf_counter()
 
   dicom_root = os.path.join(root, "dicom")
-  headers, quarantine = (scan_dicom(dicom_root, data.scan_workers,
-                                    dicom.Budgets.from_config(data))
+  budgets = dicom.Budgets.from_config(data)
+  if os.path.lexists(dicom_root) and not os.path.isdir(dicom_root):
+    raise errors.InputError(f"{dicom_root} is not a directory; the cohort's DICOM files go in a "
+                            "dicom/ folder (any subfolders)")
+  headers, quarantine = (scan_dicom(dicom_root, data.scan_workers, budgets)
                          if os.path.isdir(dicom_root)
                          else ([], []))
   scan_s = time.perf_counter() - t0
@@ -201,8 +205,16 @@ def run(config, workdir: str, root: str) -> Ingested:
                len(headers) + len(quarantine), scan_s, len(quarantine))
 
   def table(name):
+    """The table's path, None when absent; anything but a regular file (a FIFO that would block
+    the read, a device, a directory, a link out of the cohort) or an oversized one is refused."""
     path = os.path.join(root, name)
-    return path if os.path.exists(path) else None
+    if not os.path.lexists(path):
+      return None
+    try:
+      dicom.check_path(path, budgets, roots=(root,))
+    except dicom.RejectedFile as e:
+      raise errors.InputError(f"{path}: {e.reason}; give a regular CSV file") from None
+    return path
 
   fold = bool(data.ids_case_insensitive)
   ranges = tables.value_ranges(data.value_ranges)
@@ -320,7 +332,12 @@ def run(config, workdir: str, root: str) -> Ingested:
   _write_jsonl(run_paths.quarantine, quarantine)
   oracle = os.path.join(root, "oracle.npz")
   if os.path.exists(oracle):
-    _write_ceiling(oracle, run_paths.ceiling, manifest, patients, salt, fold)
+    try:
+      _write_ceiling(oracle, run_paths.ceiling, manifest, patients, salt, fold)
+    except (OSError, ValueError, KeyError, IndexError, zipfile.BadZipFile) as e:
+      raise errors.InputError(f"{oracle}: not the synthetic generator's posterior file "
+                              f"({type(e).__name__}); delete it (only synthetic cohorts have "
+                              "one)") from None
   summary = summarize(manifest, quarantine, len(headers) + sum(
       1 for q in quarantine if q["stage"] == "scan"), scan_s, vitals_late)
   summary["tables"] = _tables_summary(problems, quarantine, id_counts, case_only, fold)
@@ -333,15 +350,21 @@ def run(config, workdir: str, root: str) -> Ingested:
 def load(workdir: str) -> Ingested:
   """Reads back what `run` wrote."""
   run_paths = paths.RunPaths(workdir)
-  manifest = manifest_lib.Manifest.load(run_paths.manifest)
-  with np.load(run_paths.tables) as f:
-    table_arrays = dict(f)
-  if not np.array_equal(table_arrays["record_ids"], manifest.record_ids):
-    raise RuntimeError(f"{run_paths.ingest}: tables.npz and manifest.jsonl disagree on record "
-                       "ids; run the ingest again (--config.mode=ingest)")
-  quarantine = jsonl.read(run_paths.quarantine)
-  with open(run_paths.ingest_summary) as f:
-    summary = json.load(f)
+  redo = ("run the ingest again: --config.data.reingest=True (record ids stay the same with the "
+          "same salt)")
+  try:
+    manifest = manifest_lib.Manifest.load(run_paths.manifest)
+    with np.load(run_paths.tables, allow_pickle=False) as f:
+      table_arrays = dict(f)
+    quarantine = jsonl.read(run_paths.quarantine)
+    with open(run_paths.ingest_summary) as f:
+      summary = json.load(f)
+  except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile) as e:
+    raise errors.InputError(f"{run_paths.ingest} is damaged or incomplete ({type(e).__name__}: "
+                            f"{' '.join(str(e).split())[:120]}); {redo}") from e
+  if not np.array_equal(table_arrays.get("record_ids"), manifest.record_ids):
+    raise errors.InputError(f"{run_paths.ingest}: tables.npz and manifest.jsonl disagree on "
+                            f"record ids; {redo}")
   return Ingested(manifest, table_arrays, quarantine, summary)
 
 
