@@ -1,0 +1,428 @@
+"""Bad-input cases of DICOM files (see bad_inputs.py).
+
+Every case writes the base cohort (`bad_inputs_lib.cohort`: 10 patients with labels, labs,
+vitals, 2 of them with a DICOM image), breaks one thing, and ingests it with
+`launch.py --config=configs/quickstart.py:tiny --config.mode=ingest` (scan, tables, manifest,
+placement and the decoded cache, so decode-stage problems show).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import struct
+
+import numpy as np
+
+from experiments import bad_inputs_lib as lib
+from experiments.bad_inputs_lib import ACCEPTED, CLEAR, IDS, QUARANTINED, Quarantined, case
+
+# -- DICOM --------------------------------------------------------------------------------------
+
+HOSTILE_ID = IDS[0]   # a patient with a label, labs and vitals: whatever passes the scan is decoded
+
+
+def _dicom(ctx, build, reason: str | None = None, stage: str | None = None,
+           name: str = "hostile.dcm", extra=(), expect_path: str | None = None, checks=(),
+           patients=10, error=None,
+           quarantined=True) -> lib.Plan:
+  """The base cohort plus dicom/hostile/<name>, written by build(path) (which may return the
+  exact reason to expect); ingested with decoding."""
+  root = lib.cohort(ctx.path("cohort"))
+  path = os.path.join(root, "dicom", "hostile", name)
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  got = build(path)
+  if reason is None:   # tests/hostile.py's builders return the exact reason; others: any reason
+    reason = got if isinstance(got, str) and not got.startswith("/") else ""
+  work = ctx.path("work")
+  rel = expect_path or f"dicom/hostile/{name}"
+  return lib.Plan(argv=lib.ingest_argv(root, work, *extra), workdir=work,
+                  raw_ids=[*IDS, HOSTILE_ID.lower()], cohort=root, patients=patients,
+                  quarantined=[Quarantined(rel, reason, stage=stage)] if quarantined else [],
+                  checks=list(checks), error=error, timeout=180)
+
+
+def _hostile():
+  from tests import hostile  # pylint: disable=import-outside-toplevel
+  return hostile
+
+
+def _image(pixels=None, **attrs):
+  h = _hostile()
+  ds = h.image_dataset(h.ramp(16) if pixels is None else pixels, HOSTILE_ID)
+  for k, v in attrs.items():
+    setattr(ds, k, v)
+  return ds
+
+
+def _saved(ds, path):
+  return _hostile().save(ds, path)
+
+
+@case("dicom", "control: base cohort, nothing hostile", ACCEPTED)
+def _(ctx):
+  root = lib.cohort(ctx.path("cohort"))
+  work = ctx.path("work")
+  return lib.Plan(argv=lib.ingest_argv(root, work), workdir=work, raw_ids=IDS, cohort=root,
+                  patients=10, checks=[lib.decoded(10)])
+
+
+@case("dicom", "control: a valid JPEG baseline file", ACCEPTED)
+def _(ctx):
+  def build(path):
+    import pydicom  # pylint: disable=import-outside-toplevel
+    from tests import testdata  # pylint: disable=import-outside-toplevel
+    ds = pydicom.dcmread(testdata.dicom_test_file("SC_rgb_jpeg_dcmtk.dcm"))
+    ds.PatientID = HOSTILE_ID
+    ds.save_as(path)
+  return _dicom(ctx, build, quarantined=False,
+                checks=[lib.referenced("dicom/hostile/hostile.dcm"), lib.decoded(10)])
+
+
+@case("dicom", "JPEG-LS: Rows/Columns disagree with the codestream", QUARANTINED)
+def _(ctx):
+  return _dicom(ctx, lambda p: _hostile().jpegls_geometry_mismatch(p, HOSTILE_ID))
+
+
+@case("dicom", "JPEG-LS: geometry lie past the header check (gdcm SIGABRT)", QUARANTINED,
+      quick=True)
+def _(ctx):
+  return _dicom(ctx, lambda p: _hostile().jpegls_geometry_mismatch(p, HOSTILE_ID, late_sof=True),
+                stage="decode", checks=[lib.decoded(10)])
+
+
+@case("dicom", "JPEG 2000: SIZ claims 40000 x 40000", QUARANTINED)
+def _(ctx):
+  return _dicom(ctx, lambda p: _hostile().j2k_size_bomb(p, HOSTILE_ID))
+
+
+@case("dicom", "RLE: 65535 x 65535 header bomb", QUARANTINED)
+def _(ctx):
+  return _dicom(ctx, lambda p: _hostile().rle_bomb(p, HOSTILE_ID))
+
+
+@case("dicom", "RLE: memory bomb within the header budgets", QUARANTINED)
+def _(ctx):
+  return _dicom(ctx, lambda p: _hostile().rle_memory_bomb(p, 4096, HOSTILE_ID),
+                stage="decode", extra=["--config.data.decode_memory_mb=512"],
+                checks=[lib.decoded(10)])
+
+
+@case("dicom", "deflate bomb (1 MB inflating to 1.1 GB)", QUARANTINED)
+def _(ctx):
+  return _dicom(ctx, lambda p: _hostile().deflate_bomb(p, patient_id=HOSTILE_ID))
+
+
+@case("dicom", "BitsAllocated 12", QUARANTINED)
+def _(ctx):
+  return _dicom(ctx, lambda p: _hostile().bits_allocated_12(p, HOSTILE_ID))
+
+
+@case("dicom", "BitsStored over BitsAllocated", QUARANTINED)
+def _(ctx):
+  return _dicom(ctx, lambda p: _hostile().bits_stored_over_allocated(p, HOSTILE_ID))
+
+
+@case("dicom", "BitsAllocated inconsistent with the pixel length", QUARANTINED)
+def _(ctx):
+  return _dicom(ctx, lambda p: _hostile().bits_allocated_vs_length(p, HOSTILE_ID))
+
+
+@case("dicom", "native pixel data far too long", QUARANTINED)
+def _(ctx):
+  return _dicom(ctx, lambda p: _hostile().pixel_data_far_too_long(p, HOSTILE_ID))
+
+
+@case("dicom", "file over the default max_file_mb (sparse 2 GB)", QUARANTINED)
+def _(ctx):
+  return _dicom(ctx, lambda p: _hostile().sparse_huge(p))
+
+
+@case("dicom", "genuine file over data.max_file_mb=1", QUARANTINED)
+def _(ctx):
+  return _dicom(ctx, lambda p: _saved(_image(np.zeros((1024, 1024), np.uint16)), p),
+                reason="over config.data.max_file_mb=1", extra=["--config.data.max_file_mb=1"])
+
+
+@case("dicom", "FIFO named x.dcm", QUARANTINED, quick=True)
+def _(ctx):
+  return _dicom(ctx, lambda p: _hostile().fifo(p))
+
+
+@case("dicom", "socket", QUARANTINED)
+def _(ctx):
+  return _dicom(ctx, lambda p: _hostile().socket_file(p))
+
+
+@case("dicom", "symlink to /dev/zero", QUARANTINED)
+def _(ctx):
+  return _dicom(ctx, lambda p: _hostile().link_to_dev_zero(p))
+
+
+@case("dicom", "symlink leaving the cohort root", QUARANTINED)
+def _(ctx):
+  return _dicom(ctx, lambda p: _hostile().link_outside(p, ctx.path("outside")))
+
+
+@case("dicom", "broken symlink", QUARANTINED)
+def _(ctx):
+  return _dicom(ctx, lambda p: _hostile().broken_link(p))
+
+
+@case("dicom", "symlink to itself", QUARANTINED)
+def _(ctx):
+  return _dicom(ctx, lambda p: _hostile().link_loop(p))
+
+
+@case("dicom", "directory symlink loop (to itself)", QUARANTINED)
+def _(ctx):
+  return _dicom(ctx, lambda p: _hostile().dir_link_loop(p), name="loop")
+
+
+@case("dicom", "directory symlink to the cohort's parent", QUARANTINED)
+def _(ctx):
+  return _dicom(ctx, lambda p: os.symlink("../../..", p), name="up",
+                reason="symlink to a directory")
+
+
+@case("dicom", "duplicate SOPInstanceUID", QUARANTINED)
+def _(ctx):
+  def build(path):
+    ds = _image(SOPInstanceUID="1.2.826.0.1.3680043.8.498.1")
+    _saved(ds, os.path.join(os.path.dirname(path), "a.dcm"))
+    _saved(ds, path)
+  return _dicom(ctx, build, name="b.dcm", reason="duplicate SOPInstanceUID",
+                checks=[lib.referenced("dicom/hostile/a.dcm")])
+
+
+@case("dicom", "truncated in the pixel data", QUARANTINED)
+def _(ctx):
+  def build(path):
+    _saved(_image(_hostile().ramp(64)), path)
+    with open(path, "r+b") as f:
+      f.truncate(os.path.getsize(path) * 6 // 10)
+  return _dicom(ctx, build, reason="truncated")
+
+
+@case("dicom", "truncated in the header", QUARANTINED)
+def _(ctx):
+  def build(path):
+    _saved(_image(), path)
+    with open(path, "r+b") as f:
+      f.truncate(200)
+  return _dicom(ctx, build)
+
+
+@case("dicom", "zero-length file", QUARANTINED)
+def _(ctx):
+  return _dicom(ctx, lambda p: lib.write(p, b""))
+
+
+@case("dicom", "random bytes", QUARANTINED)
+def _(ctx):
+  return _dicom(ctx, lambda p: lib.write(p, random.Random(3).randbytes(4096)))
+
+
+@case("dicom", "random bytes after a DICM preamble", QUARANTINED)
+def _(ctx):
+  return _dicom(ctx, lambda p: lib.write(p, bytes(128) + b"DICM"
+                                         + random.Random(4).randbytes(4096)))
+
+
+@case("dicom", "PNG named .dcm", QUARANTINED)
+def _(ctx):
+  return _dicom(ctx, lambda p: lib.write(p, b"\x89PNG\r\n\x1a\n" + random.Random(5).randbytes(900)))
+
+
+@case("dicom", "SR document (no pixels)", QUARANTINED)
+def _(ctx):
+  def build(path):
+    import pydicom  # pylint: disable=import-outside-toplevel
+    from pydicom import uid  # pylint: disable=import-outside-toplevel
+    ds = pydicom.Dataset()
+    ds.file_meta = pydicom.dataset.FileMetaDataset()
+    ds.SOPClassUID = "1.2.840.10008.5.1.4.1.1.88.11"   # Basic Text SR
+    ds.SOPInstanceUID = uid.generate_uid()
+    ds.PatientID, ds.Modality = HOSTILE_ID, "SR"
+    ds.file_meta.TransferSyntaxUID = uid.ExplicitVRLittleEndian
+    _saved(ds, path)
+  return _dicom(ctx, build, reason="no pixel data")
+
+
+@case("dicom", "RT plan (no pixels)", QUARANTINED)
+def _(ctx):
+  def build(path):
+    import pydicom  # pylint: disable=import-outside-toplevel
+    from tests import testdata  # pylint: disable=import-outside-toplevel
+    ds = pydicom.dcmread(testdata.dicom_test_file("rtplan.dcm"))
+    ds.PatientID = HOSTILE_ID
+    ds.save_as(path)
+  return _dicom(ctx, build, reason="no pixel data")
+
+
+@case("dicom", "missing PatientID", QUARANTINED)
+def _(ctx):
+  def build(path):
+    ds = _image()
+    del ds.PatientID
+    _saved(ds, path)
+  return _dicom(ctx, build, reason="PatientID")
+
+
+@case("dicom", "PatientID only whitespace", QUARANTINED)
+def _(ctx):
+  return _dicom(ctx, lambda p: _saved(_image(PatientID="   "), p), reason="PatientID")
+
+
+@case("dicom", "PatientID multi-valued", QUARANTINED)
+def _(ctx):
+  return _dicom(ctx, lambda p: _saved(_image(PatientID=f"{IDS[0]}\\{IDS[1]}"), p))
+
+
+@case("dicom", "float pixel data", QUARANTINED)
+def _(ctx):
+  def build(path):
+    ds = _image()
+    del ds.PixelData
+    ds.BitsAllocated = 32
+    for tag in ("BitsStored", "HighBit", "PixelRepresentation"):
+      delattr(ds, tag)
+    ds.FloatPixelData = np.linspace(0, 1, 256, dtype=np.float32).tobytes()
+    _saved(ds, path)
+  return _dicom(ctx, build)
+
+
+@case("dicom", "1-bit pixels", ACCEPTED)
+def _(ctx):
+  def build(path):
+    ds = _image()
+    bits = (np.add.outer(np.arange(16), np.arange(16)) % 2).astype(np.uint8)
+    ds.BitsAllocated, ds.BitsStored, ds.HighBit, ds.PixelRepresentation = 1, 1, 0, 0
+    ds.PixelData = np.packbits(bits.ravel(), bitorder="little").tobytes()
+    _saved(ds, path)
+  return _dicom(ctx, build, quarantined=False,
+                checks=[lib.referenced("dicom/hostile/hostile.dcm"), lib.decoded(10)])
+
+
+@case("dicom", "unsupported transfer syntax UID (JPEG XL)", QUARANTINED)
+def _(ctx):
+  def build(path):
+    from pydicom import encaps  # pylint: disable=import-outside-toplevel
+    ds = _image()
+    ds.PixelData = encaps.encapsulate([random.Random(6).randbytes(300)])
+    ds["PixelData"].VR = "OB"
+    # pydicom refuses to write a standard UID it does not know: write a private one of the same
+    # length, then put JPEG XL Lossless (1.2.840.10008.1.2.4.110, DICOM 2024) in its place.
+    ds.file_meta.TransferSyntaxUID = "1.3.6.1.4.1.99999.1.2.3"
+    ds.save_as(path, implicit_vr=False, little_endian=True, enforce_file_format=True)
+    with open(path, "rb") as f:
+      data = f.read().replace(b"1.3.6.1.4.1.99999.1.2.3", b"1.2.840.10008.1.2.4.110", 1)
+    lib.write(path, data)
+  return _dicom(ctx, build)
+
+
+@case("dicom", "private transfer syntax UID", QUARANTINED)
+def _(ctx):
+  def build(path):
+    from pydicom import encaps  # pylint: disable=import-outside-toplevel
+    ds = _image()
+    ds.PixelData = encaps.encapsulate([random.Random(7).randbytes(300)])
+    ds["PixelData"].VR = "OB"
+    ds.file_meta.TransferSyntaxUID = "1.3.6.1.4.1.99999.1.2"
+    ds.save_as(path, implicit_vr=False, little_endian=True, enforce_file_format=True)
+  return _dicom(ctx, build)
+
+
+@case("dicom", "multi-frame with NumberOfFrames too large", QUARANTINED)
+def _(ctx):
+  return _dicom(ctx, lambda p: _saved(_image(NumberOfFrames=5000), p), reason="truncated")
+
+
+@case("dicom", "Rows 0", QUARANTINED)
+def _(ctx):
+  return _dicom(ctx, lambda p: _saved(_image(Rows=0), p))
+
+
+@case("dicom", "Rows 0xFFFF (negative as a signed short)", QUARANTINED)
+def _(ctx):
+  return _dicom(ctx, lambda p: _saved(_image(Rows=0xFFFF), p))
+
+
+@case("dicom", "photometric interpretation unknown", QUARANTINED)
+def _(ctx):
+  return _dicom(ctx, lambda p: _saved(_image(PhotometricInterpretation="FOO"), p))
+
+
+@case("dicom", "SamplesPerPixel 3 with one sample of data", QUARANTINED)
+def _(ctx):
+  return _dicom(ctx, lambda p: _saved(_image(SamplesPerPixel=3, PlanarConfiguration=0), p))
+
+
+def _insert_before_pixels(path: str, element: bytes) -> None:
+  with open(path, "rb") as f:
+    data = f.read()
+  at = data.rfind(b"\xe0\x7f\x10\x00")
+  with open(path, "wb") as f:
+    f.write(data[:at] + element + data[at:])
+
+
+@case("dicom", "element claiming a 4 GB length", QUARANTINED)
+def _(ctx):
+  def build(path):
+    _saved(_image(), path)
+    _insert_before_pixels(path, struct.pack("<HH2sHI", 0x0009, 0x1010, b"UN", 0, 0xFFFFFFF0)
+                          + bytes(64))
+  return _dicom(ctx, build)
+
+
+@case("dicom", "Pixel Data length 0xFFFFFFF0", QUARANTINED)
+def _(ctx):
+  def build(path):
+    _saved(_image(), path)
+    with open(path, "rb") as f:
+      data = bytearray(f.read())
+    at = data.rfind(b"\xe0\x7f\x10\x00")
+    data[at + 8:at + 12] = struct.pack("<I", 0xFFFFFFF0)
+    with open(path, "wb") as f:
+      f.write(data)
+  return _dicom(ctx, build)
+
+
+@case("dicom", "Pixel Data only inside a sequence", QUARANTINED)
+def _(ctx):
+  def build(path):
+    import pydicom  # pylint: disable=import-outside-toplevel
+    ds = _image()
+    item = pydicom.Dataset()
+    item.PixelData = ds.PixelData
+    item["PixelData"].VR = "OW"
+    del ds.PixelData
+    ds.IconImageSequence = [item]
+    _saved(ds, path)
+  return _dicom(ctx, build, reason="no pixel data")
+
+
+@case("dicom", "file name with bytes that are not UTF-8", ACCEPTED)
+def _(ctx):
+  root = lib.cohort(ctx.path("cohort"))
+  d = os.path.join(root, "dicom", "hostile")
+  os.makedirs(d)
+  _saved(_image(), os.fsdecode(os.fsencode(d) + b"/scan\xff\xfe.dcm"))
+  work = ctx.path("work")
+  return lib.Plan(argv=lib.ingest_argv(root, work), workdir=work, raw_ids=IDS, cohort=root,
+                  patients=10, checks=[lib.decoded(10)])
+
+
+@case("dicom", "file name with a newline", ACCEPTED)
+def _(ctx):
+  return _dicom(ctx, lambda p: _saved(_image(), p), name="two\nlines.dcm", quarantined=False,
+                checks=[lib.referenced("dicom/hostile/two\nlines.dcm")])
+
+
+@case("dicom", "dicom/ is a regular file", CLEAR)
+def _(ctx):
+  root = lib.cohort(ctx.path("cohort"), images=0)
+  lib.write(os.path.join(root, "dicom"), b"not a folder\n")
+  work = ctx.path("work")
+  return lib.Plan(argv=lib.ingest_argv(root, work), workdir=work, raw_ids=IDS, cohort=root,
+                  error="dicom")
