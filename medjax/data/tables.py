@@ -212,6 +212,17 @@ def _ids(frame: csvfile.Frame, column: int, fold_case: bool,
   return ids, problems.known_ids
 
 
+def _first_rows(ids: np.ndarray, kept: np.ndarray, lines: np.ndarray, source: str,
+                found: list) -> np.ndarray:
+  """`kept` without later rows of a patient already kept; each such row is a Problem."""
+  dup = pd.Series(ids[kept], dtype=object).duplicated(keep="first").to_numpy()
+  first = _first_lines(ids[kept], lines[kept], np.flatnonzero(dup))
+  for i, line in zip(kept[dup], first):
+    found.append(Problem(source, int(lines[i]), f"duplicate patient row (line {line} has "
+                         "this patient); the row is set aside"))
+  return kept[~dup]
+
+
 def _first_lines(keys: np.ndarray, lines: np.ndarray, rows: np.ndarray) -> np.ndarray:
   """For each of `rows`, the line of the first row (in `lines` order) with the same key."""
   codes, _ = pd.factorize(np.asarray(keys))
@@ -289,12 +300,7 @@ def read_labels(path: str, problems: Problems, classes: Sequence[str] = (),
                            "the row is set aside"))
     keep &= ~unknown
   kept = np.flatnonzero(keep)
-  dup = pd.Series(ids[kept], dtype=object).duplicated(keep="first").to_numpy()
-  first = _first_lines(ids[kept], frame.lines[kept], np.flatnonzero(dup))
-  for i, line in zip(kept[dup], first):
-    found.append(Problem(source, int(frame.lines[i]), f"duplicate patient row (line {line} has "
-                         "this patient); the row is set aside"))
-  kept = kept[~dup]
+  kept = _first_rows(ids, kept, frame.lines, source, found)
   problems.files[source] = lines.info
   problems.extend(found)
   return Labels(ids[kept], names[kept], frame.lines[kept])
@@ -351,12 +357,7 @@ def read_labs(path: str, analytes: Sequence[str], rename: dict[str, str], proble
     found.append(Problem(source, int(frame.lines[i]), f"empty {frame.columns[cols['pid']]!r}; the "
                          "row is set aside"))
   kept = np.flatnonzero(~empty)
-  dup = pd.Series(ids[kept], dtype=object).duplicated(keep="first").to_numpy()
-  first = _first_lines(ids[kept], frame.lines[kept], np.flatnonzero(dup))
-  for i, line in zip(kept[dup], first):
-    found.append(Problem(source, int(frame.lines[i]), f"duplicate patient row (line {line} has "
-                         "this patient); the row is set aside"))
-  kept = kept[~dup]
+  kept = _first_rows(ids, kept, frame.lines, source, found)
   values = np.full((len(kept), len(analytes)), np.nan, np.float32)
   commas = 0
   for j, name in zip(columns, names):
