@@ -24,8 +24,14 @@ from medjax.fault import protocol
 
 
 def load_config(workdir: str) -> ml_collections.ConfigDict:
-  with open(paths.RunPaths(workdir).config_json) as f:
-    return ml_collections.ConfigDict(json.load(f))
+  """The run's config.json (written by the launcher or coordinator)."""
+  path = paths.RunPaths(workdir).config_json
+  try:
+    with open(path) as f:
+      return ml_collections.ConfigDict(json.load(f))
+  except (OSError, ValueError, TypeError) as e:
+    raise errors.InputError(f"{path} is damaged or unreadable ({type(e).__name__}); start the "
+                            "coordinator or launcher again with --config to write it") from e
 
 
 def wait_for_assignment(workdir: str) -> dict | None:
