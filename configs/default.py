@@ -105,6 +105,8 @@ def get_config(arg=None):
   optim.grad_accum = 1                  # average the gradients of k steps per update
   optim.class_weighted = False          # inverse-frequency loss weights for rare classes
   optim.class_weight_power = 0.5        # weight = count^-power (0.5: square-root balancing)
+  # Stop after this many epochs without an improvement of evals.validation_metric (0: never).
+  optim.early_stopping_patience = 0
 
   config.mesh = mesh = ml_collections.ConfigDict()
   mesh.data = -1                        # data-parallel axis size; -1: all devices fsdp leaves
@@ -120,10 +122,34 @@ def get_config(arg=None):
   # When every committed checkpoint is damaged: 'stop' (one line naming the damage) or
   # 'start_fresh' (train from step 0; the damaged checkpoints are moved aside, not deleted).
   ckpt.if_all_damaged = "stop"
+  # Keep the best-on-validation checkpoint (evals.validation_metric at each epoch end) beside the
+  # newest ones, and evaluate the test split on it.
+  ckpt.keep_best = False
 
   config.evals = evals = ml_collections.ConfigDict()
   evals.splits = ("val", "test")
   evals.bootstrap = 1000                # resamples for the 95% intervals
+  # What "better on validation" means for early stopping, the best checkpoint and sweeps:
+  # a key of the validation split's metrics (medjax/train/metrics.py): 'macro_f1', 'accuracy',
+  # 'top3_accuracy', 'rare_recall', 'auroc_macro' (binary tasks: 'auroc'); higher is better.
+  evals.validation_metric = "macro_f1"
+
+  # The monitor: per process, every interval_s, into metrics.jsonl (kind 'monitor') and
+  # TensorBoard: throughput, step time, host CPU and memory, accelerator utilisation, memory and
+  # power where NVML has them, energy where RAPL or NVML measure it.
+  config.monitor = monitor = ml_collections.ConfigDict()
+  monitor.interval_s = 5.0              # 0: off
+  # > 0: also an energy *estimate* from this nominal power (W) where nothing measures it,
+  # labelled as an estimate; 0: energy is "not measured" there.
+  monitor.nominal_power_w = 0.0
+
+  # A run started as one trial of a sweep (medjax/sweep; set by the sweep, not by hand): it
+  # reports evals.validation_metric at each epoch end to this Optuna study, whose pruner may
+  # stop it early.
+  config.trial = trial = ml_collections.ConfigDict()
+  trial.storage = ""                    # Optuna storage URL ('' : not a trial)
+  trial.study = ""
+  trial.number = -1
 
   config.fault = fault = ml_collections.ConfigDict()
   # Supervised runs have a coordinator process, one agent per host and worker processes; an
@@ -131,15 +157,21 @@ def get_config(arg=None):
   fault.supervised = True
   fault.local_hosts = 1       # hosts (agents) started on this machine by the local launcher
   fault.hosts = 0             # hosts a generation needs (0: local_hosts)
-  fault.workers_per_host = 2  # worker processes per host
-  fault.standby_workers = True  # agents keep workers with everything imported, for fast restarts
+  # Worker processes per host. 0: auto (medjax/fault/layout.py): one per accelerator, or on a
+  # CPU-only host one process whose single device uses every core (no gradient exchange).
+  fault.workers_per_host = 0
+  # Agents keep standby workers with everything imported (and, for a one-process generation on
+  # CPU, the data, model and compiled step built), for restarts in about a second.
+  fault.standby_workers = True
   fault.devices_per_worker = 1
   fault.elastic = False       # after a host is lost, go on with fewer hosts (>= min_hosts)
   fault.min_hosts = 1
   fault.replacement_wait_s = 60.0   # without elastic: how long to wait for a replacement host
   fault.timeout_training_s = 10.0   # hang: no progress for this long while training
-  # ... or, once warm, learned: silence past hang_factor x the longest recent step gap plus the
-  # heartbeat interval (at least hang_floor_s; twice that while heartbeats still come). 0: off.
+  # ... or, once warm (hang_warmup_steps steps), learned (medjax/fault/policy.py hang_limits):
+  # silence past hang_factor x the longest recent gap between heartbeats (at least hang_floor_s)
+  # is a frozen worker; heartbeats without a step past 2 x (hang_factor x the longest recent
+  # step gap + the heartbeat interval) (at least 2 x hang_floor_s) a stuck one. 0: off.
   fault.hang_factor = 5.0
   fault.hang_floor_s = 1.5
   fault.hang_warmup_steps = 20

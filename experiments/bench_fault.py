@@ -3,13 +3,14 @@ experiments/results/bench_fault.json.
 
   python experiments/bench_fault.py [--epochs 5] [--repeats 2] [--failure-epochs 15] [--parts A,B]
 
-A. Checkpoint overhead: the same supervised training (coordinator, agent, 2 worker processes) with
+A. Checkpoint overhead: the same supervised training (coordinator, agent, worker processes) with
    no checkpoints but the last, with checkpoints at partition boundaries (target: <= 1% more wall
    time; the lineage paper: 1.1%), and with checkpoints every k steps too (target: <= 3%).
 B. Failures: a quickstart-length run with 3 injected failures (SIGKILL, SIGSTOP past the hang
    timeout, SIGTERM): waste fraction (target <= 2%; the paper: under 5%), crash detection
    (target < 1 s), hang detection (target < timeout + 2 s), recovery (target < 20 s on CPU;
-   the paper: 43-47 s).
+   the paper: 43-47 s). experiments/bench_recovery.py breaks each recovery down by phase and
+   compares the supervised run with an unsupervised one.
 Training wall time is the chief worker's loop time (summary.json train.seconds): it excludes
 process start-up and data preparation, which do not depend on checkpointing. A warm-up run fills
 the shared compilation and decoded-record caches first, so no variant pays for compiling or
@@ -130,8 +131,9 @@ def bench_failures(args, base: str, common: list[str]) -> dict:
   clean = launch(f"{base}/clean", common + [f"--config.optim.epochs={args.failure_epochs}"],
                  args.config)
   total = clean["fault_tolerance"]["steps_committed"]
-  faults = (f"kill@step={total // 4}:process=1; sigstop@step={total // 2}:process=0; "
-            f"sigterm@step={3 * total // 4}:process=1")
+  # Process 0: the default layout on a CPU host is one worker process (medjax/fault/layout.py).
+  faults = (f"kill@step={total // 4}:process=0; sigstop@step={total // 2}:process=0; "
+            f"sigterm@step={3 * total // 4}:process=0")
   s = launch(f"{base}/faulty", common + [f"--config.optim.epochs={args.failure_epochs}",
                                          f"--config.fault.inject={faults}",
                                          f"--config.ckpt.every_steps={args.every_k}"],

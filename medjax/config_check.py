@@ -18,7 +18,8 @@ answers a bad config in well under 2 s). What it checks:
 - data.split: three fractions >= 0 that sum to 1, train and test > 0.
 - Topology: the global batch (data.batch_size) splits evenly over every device of every
   generation the run can have: hosts (fault.hosts, else fault.local_hosts; with fault.elastic
-  every count down to fault.min_hosts) x fault.workers_per_host x fault.devices_per_worker in
+  every count down to fault.min_hosts) x fault.workers_per_host (0: "auto", resolved for this
+  machine as the launcher will, `medjax.fault.layout`) x fault.devices_per_worker in
   supervised runs; the mesh (mesh.data x mesh.fsdp, or the CPU devices XLA_FLAGS asks for when
   JAX_PLATFORMS=cpu) in an unsupervised one. mesh.data x mesh.fsdp covers those devices. An
   ingest-only run needs a batch of at least one record per host; a local run starts
@@ -52,6 +53,7 @@ from medjax import errors
 from medjax.data import manifest  # these three import no jax; configs/default.py imports the
 from medjax.data import synthetic  # first two anyway
 from medjax.fault import inject
+from medjax.fault import layout
 
 FREE_FORM = ("data.rename", "data.value_ranges")
 ROLES = ("local", "coordinator", "agent", "worker")
@@ -142,11 +144,12 @@ def _rules() -> dict[str, tuple[Check, ...]]:
        "data.num_partitions data.batch_size data.max_pixels data.max_decoded_mb data.max_file_mb "
        "data.decode_workers model.d_model model.labs_hidden model.vitals_hidden "
        "model.heads model.mlp_dim optim.epochs mesh.fsdp fault.local_hosts "
-       "fault.workers_per_host fault.devices_per_worker fault.min_hosts "
+       "fault.devices_per_worker fault.min_hosts "
        "fault.jax_heartbeat_timeout_s " + syn("num_patients num_analytes max_images "
        "mean_images latent_dim_shared class_rank_shared image_latent_dim max_missing_panels"))
   each(_at_least(0), "seed data.cache_memory_mb model.fusion_layers optim.weight_decay "
        "optim.class_weight_power fault.replacement_wait_s fault.backoff_s fault.backoff_max_s "
+       "fault.workers_per_host "
        "fault.max_failures_without_progress fault.max_coordinator_restarts fault.hang_factor "
        "fault.hang_warmup_steps " + syn(
            "seed model_seed class_prior_exponent rare_twins twin_offset latent_dim_image "
@@ -541,13 +544,23 @@ class _Checker:
       self.add("data.batch_size", f"does not split evenly over {where}; make it a multiple of "
                                   f"{multiple} (or change {fields})")
 
+  def _workers_per_host(self) -> int:
+    """fault.workers_per_host, with 0 ("auto") resolved for this machine as the launcher will
+    (`medjax.fault.layout`: one process on a CPU host, one per accelerator)."""
+    if self.get("fault.workers_per_host"):
+      return self.get("fault.workers_per_host")
+    return layout.resolve(ml_collections.ConfigDict(
+        {"workers_per_host": 0,
+         "devices_per_worker": self.get("fault.devices_per_worker")})).workers_per_host
+
   def _devices(self, hosts_field: str) -> tuple[list[int], str, str]:
     """(device count of each possible generation, those words, the fields that set them)."""
     g = self.get
     if self._supervised():
       counts = self._host_counts()
-      wph, dpw = g("fault.workers_per_host"), g("fault.devices_per_worker")
-      shape = f"x {wph} workers_per_host x {dpw} devices_per_worker"
+      wph, dpw = self._workers_per_host(), g("fault.devices_per_worker")
+      auto = " (auto)" if not g("fault.workers_per_host") else ""
+      shape = f"x {wph} workers_per_host{auto} x {dpw} devices_per_worker"
       fields = f"config.{hosts_field}, workers_per_host or devices_per_worker"
       if len(counts) == 1:
         return ([counts[0] * wph * dpw], f"the {counts[0] * wph * dpw} devices of "
@@ -590,7 +603,7 @@ class _Checker:
     supervised = self._supervised()
     processes = None
     if self.ok("fault.hosts", "fault.local_hosts", "fault.workers_per_host"):
-      processes = ((g("fault.hosts") or g("fault.local_hosts")) * g("fault.workers_per_host")
+      processes = ((g("fault.hosts") or g("fault.local_hosts")) * self._workers_per_host()
                    if supervised else 1)
     for fault in faults:
       text, name = None, f"{fault.kind}@{fault.when}={fault.at}:process={fault.process}"

@@ -190,16 +190,33 @@ def test_batch_splits_over_every_device_of_a_supervised_run():
       "multiple of 4 (or change config.fault.local_hosts, workers_per_host or "
       "devices_per_worker)")
   assert _error(_config({"data.batch_size": 36, "fault.hosts": 2, "fault.local_hosts": 2,
-                         "fault.devices_per_worker": 4})) == (
+                         "fault.workers_per_host": 2, "fault.devices_per_worker": 4})) == (
       "config.data.batch_size=36: does not split evenly over the 16 devices of "
       "config.fault.hosts=2 hosts x 2 workers_per_host x 4 devices_per_worker; make it a "
       "multiple of 16 (or change config.fault.hosts, workers_per_host or devices_per_worker)")
   assert config_check.problems(_config({"data.batch_size": 48, "fault.local_hosts": 3})) == []
 
 
+def test_workers_per_host_auto_is_this_machines_layout(monkeypatch):
+  # 0 (the default): one worker process per CPU-only host, as the launcher will resolve it.
+  monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+  assert config_check.problems(_config({"data.batch_size": 30})) == []
+  assert _error(_config({"data.batch_size": 30, "fault.devices_per_worker": 4})) == (
+      "config.data.batch_size=30: does not split evenly over the 4 devices of "
+      "config.fault.local_hosts=1 hosts x 1 workers_per_host (auto) x 4 devices_per_worker; "
+      "make it a multiple of 4 (or change config.fault.local_hosts, workers_per_host or "
+      "devices_per_worker)")
+  assert _error(_config({"fault.inject": "kill@step=3:process=1"})) == (
+      "config.fault.inject='kill@step=3:process=1': fault 'kill@step=3:process=1' names process "
+      "1, but the run has 1 (0..0); it would never fire")
+  assert _error(_config({"fault.workers_per_host": -1})).startswith(
+      "config.fault.workers_per_host=-1: ")
+
+
 def test_batch_splits_over_every_generation_of_an_elastic_run():
   # 3 hosts that may shrink to 2: generations of 6 and 4 devices; 24 fits both, 18 only 6.
-  elastic = {"fault.local_hosts": 3, "fault.elastic": True, "fault.min_hosts": 2}
+  elastic = {"fault.local_hosts": 3, "fault.elastic": True, "fault.min_hosts": 2,
+             "fault.workers_per_host": 2}
   assert config_check.problems(_config({**elastic, "data.batch_size": 24})) == []
   assert _error(_config({**elastic, "data.batch_size": 18})) == (
       "config.data.batch_size=18: does not split evenly over the devices of every generation: "
@@ -279,7 +296,7 @@ def test_local_run_cannot_wait_for_hosts_it_does_not_start():
      "host_timeout_s (10) so that the coordinator, not jax.distributed, acts first"),
     ({"fault.backoff_max_s": 0.5},
      "config.fault.backoff_max_s=0.5: is below config.fault.backoff_s=1.0; raise it"),
-    ({"fault.inject": "kill@step=3:process=2"},
+    ({"fault.inject": "kill@step=3:process=2", "fault.workers_per_host": 2},
      "config.fault.inject='kill@step=3:process=2': fault 'kill@step=3:process=2' names process 2, "
      "but the run has 2 (0..1); it would never fire"),
     ({"fault.inject": "sigterm@partition=4:process=0"},

@@ -19,6 +19,9 @@ Status = policy.Status
 
 def fault_config(**overrides) -> ml_collections.ConfigDict:
   f = ml_collections.ConfigDict(default.get_config().fault.to_dict())
+  # The coordinator resolves the default (0, auto: medjax.fault.layout) before the policy sees
+  # it; these generations have 2 workers per host unless a test says otherwise.
+  f.workers_per_host = 2
   f.update(overrides)
   return f
 
@@ -386,13 +389,17 @@ def test_back_off_doubles_without_progress_and_resets_after_a_commit():
     run.settle()
     assert run.agent_beat("host-0", running=False)["action"] == "stop"
     waited.append(run.restart())
-  assert waited == [1000, 2000, 4000]   # the first tick not before the back-off's end
+  # No wait after the first failure (the next tick starts the next generation), then doubling.
+  assert waited == [1, 1000, 2000]   # the first tick not before the back-off's end
   assert run.state.strikes == 3
   run.commit(12)    # a new committed checkpoint: progress
   run.exit(1, -9)
   assert run.state.strikes == 1
-  assert run.settle() == pytest.approx(1.0)
+  assert run.settle() == 0.0
   assert run.named("failure")[-1]["committed_step"] == 12
+  assert run.end_backoff() == 1
+  run.exit(1, -9)   # a second failure without progress waits fault.backoff_s
+  assert run.settle() == pytest.approx(1.0)
 
 
 def test_back_off_is_capped():
@@ -403,7 +410,7 @@ def test_back_off_is_capped():
     run.exit(0, -9)
     backoffs.append(run.settle())
     run.restart()
-  assert backoffs == pytest.approx([1.0, 2.0, 3.0, 3.0])
+  assert backoffs == pytest.approx([0.0, 1.0, 2.0, 3.0])
 
 
 def test_a_crash_loop_stops_the_run_with_the_failures_named():
@@ -610,12 +617,13 @@ def test_a_crash_loop_error_carries_the_workers_reasons():
                                   "operand)")
 
 
-def _warm(run, pid=0, gap_s=0.05, beats=25):
-  """A worker whose steps took `gap_s` for `beats` heartbeats of 0.25 s."""
+def _warm(run, pid=0, gap_s=0.05, beats=25, beat_gap_s=0.27):
+  """A worker whose steps took `gap_s` for `beats` heartbeats of 0.25 s (`beat_gap_s` apart at
+  most)."""
   for i in range(beats):
     run.ms += 250
     run.agent_beat("host-0")
-    run.beat(pid, gap_s=gap_s, gaps=min(i + 1, 200), beat_s=0.25)
+    run.beat(pid, gap_s=gap_s, gaps=min(i + 1, 200), beat_s=0.25, beat_gap_s=beat_gap_s)
     run.tick()
 
 
@@ -626,8 +634,15 @@ def test_hang_timeouts_are_learned_from_step_gaps_after_a_warm_up():
   run.beat(0, gap_s=0.05, gaps=3, beat_s=0.25)
   assert run.policy.hang_limits(w) == (10.0, 10.0)   # warming up: the fixed timeout
   _warm(run)
-  # 5 x 0.05 + 0.25 = 0.5 s learned, under the floor: 1.5 s silent, 3 s stuck.
+  # Silent: 5 x 0.27 s between heartbeats = 1.35 s, under the floor: 1.5 s. Stuck:
+  # 2 x (5 x 0.05 + 0.25) = 1 s, under twice the floor: 3 s.
   assert run.policy.hang_limits(w) == (1.5, 3.0)
+  # Steps with long gaps (a slow partition boundary) lengthen only the stuck timeout; a worker
+  # whose heartbeats came late (a loaded machine) gets longer silence.
+  _warm(run, gap_s=0.9)
+  assert run.policy.hang_limits(w) == pytest.approx((1.5, 9.5))
+  _warm(run, beat_gap_s=0.6)
+  assert run.policy.hang_limits(w) == pytest.approx((3.0, 3.0))
   run.beat(0, "checkpointing", gap_s=0.05, gaps=25, beat_s=0.25)
   assert run.policy.hang_limits(w) == (180.0, 180.0)  # other phases keep their fixed timeouts
 
@@ -635,7 +650,7 @@ def test_hang_timeouts_are_learned_from_step_gaps_after_a_warm_up():
 def test_a_silent_worker_is_a_hang_in_under_two_seconds_once_warm():
   run = Run(workers_per_host=1)
   run.start()
-  _warm(run)
+  _warm(run, gap_s=0.9)   # even with a slow step among the recent ones
   stopped_ms = run.ms
   while run.status == Status.RUNNING:          # SIGSTOP: no heartbeat, no progress
     run.ms += 50

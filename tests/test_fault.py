@@ -70,11 +70,16 @@ def _assert_exactly_once(workdir, epochs):
   assert s["fault_tolerance"]["exactly_once"] is True
 
 
+# The multi-process paths (jax.distributed, gloo, exactly once across processes, restore onto
+# another process count) need 2 worker processes per host; the default on CPU is 1.
+TWO_WORKERS = "--config.fault.workers_per_host=2"
+
+
 @pytest.fixture(scope="module")
 def clean_run(shared):
   """An uninterrupted supervised run: 1 host, 2 worker processes of 1 device each."""
   clean = str(shared["base"] / "clean")
-  assert runs.run(clean, *_common(shared)) == 0, runs.tail(clean)
+  assert runs.run(clean, *_common(shared), TWO_WORKERS) == 0, runs.tail(clean)
   return clean
 
 
@@ -85,7 +90,7 @@ def test_signals_recovery_exactly_once_and_same_parameters(shared, clean_run):
   # a loaded machine); the SIGTERM comes 13 steps before the end so that the agreement falls
   # inside training.
   faults = "kill@step=6:process=1; sigstop@step=13:process=0; sigterm@step=17:process=1"
-  code = runs.run(faulty, *_common(shared), f"--config.fault.inject={faults}")
+  code = runs.run(faulty, *_common(shared), TWO_WORKERS, f"--config.fault.inject={faults}")
   assert code == 0, runs.tail(faulty)
 
   ft = runs.summary(faulty)["fault_tolerance"]
@@ -114,8 +119,11 @@ def test_signals_recovery_exactly_once_and_same_parameters(shared, clean_run):
   assert os.path.exists(os.path.join(faulty, "loss_curve.png"))
   # Restarts took standby workers that had imported everything already.
   agent_log = runs.tail(faulty, os.path.join("logs", "agent-host-0.txt"), n=1000)
-  assert re.search(r"started generation [2-9] \(2 workers, 2 of them standbys\)", agent_log), \
+  assert re.search(r"started generation [2-9] \(2 workers, 2 of them standbys;", agent_log), \
       agent_log
+  # Two processes: no warm standby (jax.distributed starts before JAX), and the summary says so.
+  assert [f["recovery"]["path"] for f in ft["failures"]] == ["standby"] * 3, ft["failures"]
+  assert all("distributed_init" in f["recovery"]["phases_s"] for f in ft["failures"])
 
 
 def test_only_the_coordinator_prunes_checkpoints(clean_run):
@@ -289,7 +297,7 @@ def _processes_of(workdir: str) -> list[psutil.Process]:
 
 def test_services_bind_loopback_and_stray_connections_cost_nothing(shared):
   workdir = str(shared["base"] / "stray")
-  proc = runs.start(workdir, *_common(shared))
+  proc = runs.start(workdir, *_common(shared), TWO_WORKERS)   # jax.distributed's service
   try:
     spec_path = os.path.join(workdir, "generations", "gen-001.json")
     runs.wait_for(lambda: os.path.exists(spec_path), 300, "the first generation")
@@ -378,3 +386,59 @@ def test_no_raw_patient_id_in_anything_a_run_writes(clean_run):
       assert not found, f"{os.path.join(rel, name)} holds raw ids such as {found[:1]}"
       checked += 1
   assert checked > 50
+
+
+def _worker_of(workdir: str, generation: int, process: int = 0) -> psutil.Process:
+  """The worker process writing generation `generation`'s log (a standby handed it, or not)."""
+  log = f"gen-{generation:03d}-proc-{process:03d}.log"
+  for p in _processes_of(workdir):
+    try:
+      if ("--role=worker" in p.cmdline()
+          and any(f.path.endswith(log) for f in p.open_files())):
+        return p
+    except psutil.Error:
+      pass
+  raise AssertionError(f"no worker writes {log}")
+
+
+def test_a_crash_recovers_through_a_warm_standby_with_its_phases(shared):
+  """One worker process (the CPU default): its standby prepared data, model and compiled step
+  ahead, so the restart only restores; events and summary name the path and the phases."""
+  workdir = str(shared["base"] / "warm")
+  proc = runs.start(workdir, *_common(shared), "--config.optim.epochs=30")
+  standby_log = os.path.join(workdir, "logs", "standby-host-0.log")
+  try:
+    runs.wait_for(lambda: os.path.exists(standby_log)
+                  and "standby: prepared" in open(standby_log, errors="replace").read(), 240,
+                  "a warm standby")
+    assert proc.poll() is None, "training ended before the standby was ready"
+    worker = _worker_of(workdir, generation=1)
+    inject.record_external(workdir, "kill", process=0, pid=worker.pid)
+    worker.kill()
+    assert proc.wait(timeout=300) == 0, runs.tail(workdir)
+  finally:
+    if proc.poll() is None:
+      os.killpg(proc.pid, signal.SIGKILL)
+  ft = runs.summary(workdir)["fault_tolerance"]
+  (crash,) = ft["failures"]
+  assert crash["kind"] == "crash" and crash["detected_s"] < 1.0, crash
+  recovery = crash["recovery"]
+  assert recovery["path"] == "warm_standby", recovery
+  phases = recovery["phases_s"]
+  # Stopped, not backed off (the first failure since progress), handed over, restored, trained;
+  # data, model and compilation were done ahead, before the crash.
+  assert list(phases)[:4] == ["stop", "backoff", "agent", "handover"], phases
+  assert {"data_takeover", "restore", "first_step"} <= set(phases), phases
+  assert not {"data_setup", "model_build", "compile", "process_start"} & set(phases), phases
+  assert phases["backoff"] < 0.5, phases
+  ahead = recovery["prepared_ahead_s"]
+  assert ahead["compile"] > 0 and ahead["prepared_before_s"] > 0, ahead
+  assert recovery["compile_cache"] == "hit"
+  assert sum(phases.values()) == pytest.approx(crash["recovered_s"], abs=0.01)
+  assert crash["recovered_s"] < 10.0, recovery   # ~1 s on an idle machine (bench_recovery.py)
+  # events.jsonl: each generation's phases once, the second generation by the warm standby.
+  reports = [e for e in runs.events(workdir) if e["event"] == "generation_phases"]
+  assert [(e["generation"], e["path"]) for e in reports] == [(1, "standby"),
+                                                            (2, "warm_standby")], reports
+  assert reports[0]["phases"]["compile"] > 0 and "compile" not in reports[1]["phases"]
+  _assert_exactly_once(workdir, epochs=30)

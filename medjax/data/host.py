@@ -103,6 +103,18 @@ class HostData:
     recache.publish(self.run.cache_stats, self.topology.host, self.topology.local_index,
                     self.cache.save_counters())
 
+  def take_over(self, alive: Callable[[int], None] | None = None) -> None:
+    """A warm standby's data (`setup(standby=True)`) becomes its generation's: on the host's
+    first process the cache becomes the writer, picking up what the previous writer added since
+    the standby opened it and decoding any record the writer should have but lacks."""
+    if not (self.topology.cache_writer and self.cache.read_only):
+      return
+    self.cache.promote()
+    self.cache.configure(no_cache=self.rows.no_cache, moved=self.rows.moved_in)
+    self.cache.note_membership(self.rows.membership, len(self.rows.moved_in))
+    pipeline.fill_cache(self.cache, self.rows.prefill, f"decoding {self.topology.host}",
+                        on_progress=alive)
+
   def gathered_counters(self) -> dict:
     """Every host's published counters: {'hosts': {host: counters}, 'total': counters}."""
     return recache.gathered(self.run.cache_stats)
@@ -111,7 +123,8 @@ class HostData:
 def setup(config, workdir: str, topology: Topology = Topology(),
           host_history: list[list[str]] | None = None, *,
           barrier: Callable[[str], None] = lambda name: None,
-          alive: Callable[[int], None] | None = None, read_only: bool = False) -> HostData:
+          alive: Callable[[int], None] | None = None, read_only: bool = False,
+          standby: bool = False) -> HostData:
   """Builds `topology.host`'s data for the generation whose host sets so far are `host_history`.
 
   Args:
@@ -124,6 +137,9 @@ def setup(config, workdir: str, topology: Topology = Topology(),
       host's other processes open its cache after the first process filled it.
     alive: called with each count of records decoded (progress that is not a training step).
     read_only: open the cache without filling or writing it (evaluation of a finished run).
+    standby: a warm standby prepares while the host's cache writer of the running generation
+      still writes: it opens the cache read-only (and holds its records in memory) until
+      `HostData.take_over` makes it the writer.
   """
   prepared = pipeline.prepare(config, workdir)
   history = [list(h) for h in (host_history or [topology.hosts])]
@@ -135,18 +151,19 @@ def setup(config, workdir: str, topology: Topology = Topology(),
                                     vnodes=data.vnodes, method=data.placement_method)
   rows = recache.host_rows(data, prepared.manifest, walk, topology.host)
   run = paths.RunPaths(workdir, config)
-  writer = topology.cache_writer and not read_only
+  writer = topology.cache_writer and not read_only and not standby
   if writer:
     cache = pipeline.open_cache(run, prepared, topology.host)
     cache.configure(no_cache=rows.no_cache, moved=rows.moved_in)
     cache.note_membership(rows.membership, len(rows.moved_in))
     pipeline.fill_cache(cache, rows.prefill, f"decoding {topology.host}", on_progress=alive)
-  barrier("cache filled")
+  if not standby:
+    barrier("cache filled")
   if not writer:
     cache = pipeline.open_cache(run, prepared, topology.host, read_only=True,
                                 process=topology.local_index)
     cache.configure(no_cache=rows.no_cache, moved=rows.moved_in,
-                    expect=rows.background if not read_only else ())
+                    expect=rows.background if not (read_only or standby) else ())
   if not read_only:
     cache.hold_in_memory(rows.wanted, data.cache_memory_mb)
   return HostData(run=run, topology=topology, prepared=prepared, walk=walk, rows=rows,

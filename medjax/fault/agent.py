@@ -11,6 +11,14 @@ So that a restart does not wait for Python to import JAX and the rest (seconds),
 `fault.workers_per_host` standby worker processes that have imported everything and wait for an
 assignment on stdin; a new generation's workers are standbys given their process ids. Used
 standbys are replaced once the generation trains, so replacing them does not slow recovery.
+Where the generation is one process on a CPU host (the default layout there,
+`medjax.fault.layout`), the agent also tells its standby to prepare for the next generation of
+the same shape (`warm_key`): it builds the data, the model, the state and the compiled step
+ahead, so that a restart only restores the checkpoint and goes on ('warm_standby'). A standby
+prepared for another shape (the host set changed) is replaced; a generation of several processes
+takes unprepared standbys ('standby'), or new processes ('relaunch'). Replacement standbys run
+at the lowest CPU priority until they are handed a generation, where that priority can be given
+back (`priority_restorable`), so that their start-up does not slow the training that goes on.
 """
 
 from __future__ import annotations
@@ -23,12 +31,17 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 
 import grpc
 
+import psutil
+
 from medjax import paths
+from medjax.fault import layout as layout_lib
+from medjax.fault import phases as phases_lib
 from medjax.fault import protocol
 
 LAUNCH = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
@@ -51,13 +64,68 @@ def _die_with_parent() -> None:
     _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-def popen(args: list[str], *, log: str, env: dict | None = None,
-          stdin=None) -> subprocess.Popen:
-  """Starts `launch.py args` with stdout and stderr appended to `log`; it dies with us."""
+def _die_with_parent_at_low_priority() -> None:
+  _die_with_parent()
+  os.nice(19)
+  # SCHED_IDLE: it runs only on a core nothing else wants (nice 19 alone still takes a share).
+  os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+
+
+def popen(args: list[str], *, log: str, env: dict | None = None, stdin=None,
+          low_priority: bool = False) -> subprocess.Popen:
+  """Starts `launch.py args` with stdout and stderr appended to `log`; it dies with us.
+
+  `low_priority`: at nice 19 and SCHED_IDLE (a standby restores its priority when it is handed
+  a generation).
+  """
   with open(log, "a") as out:
     # The child has its own copy of the descriptor; ours closes here.
     return subprocess.Popen([sys.executable, LAUNCH, *args], env=env, stdin=stdin, stdout=out,
-                            stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
+                            stderr=subprocess.STDOUT,
+                            preexec_fn=(_die_with_parent_at_low_priority if low_priority
+                                        else _die_with_parent))
+
+
+def priority_restorable() -> bool:
+  """Whether a process of ours may take its priority back after lowering it (root with
+  CAP_SYS_NICE, or RLIMIT_NICE): asked of a throwaway thread, since nice values and scheduling
+  policies are per thread on Linux."""
+  result = []
+
+  def probe():
+    tid = threading.get_native_id()
+    try:
+      nice = os.getpriority(os.PRIO_PROCESS, tid)
+      os.setpriority(os.PRIO_PROCESS, tid, min(nice + 1, 19))
+      os.setpriority(os.PRIO_PROCESS, tid, nice)
+      os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+      os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
+      result.append(nice < 19)
+    except (OSError, AttributeError):
+      result.append(False)
+  thread = threading.Thread(target=probe, name="nice-probe")
+  thread.start()
+  thread.join()
+  return bool(result and result[0])
+
+
+def warm_key(spec: dict, host: str, platform: str) -> str | None:
+  """What a warm standby of `host` prepares for after generation `spec`: the next generation if
+  it has the same hosts and history. None where no standby can prepare: several processes
+  (jax.distributed must start before JAX does, so a standby cannot initialise JAX ahead), or an
+  accelerator (a second process would hold its memory too)."""
+  if spec["num_processes"] != 1 or host not in spec["hosts"] or platform != "cpu":
+    return None
+  return json.dumps({"hosts": spec["hosts"], "host_history": spec["host_history"],
+                     "host": host, "devices_per_worker": spec["devices_per_worker"]},
+                    sort_keys=True)
+
+
+@dataclasses.dataclass
+class Standby:
+  """A standby worker process; `prepared_for`: the `warm_key` it was told to prepare for."""
+  proc: subprocess.Popen
+  prepared_for: str | None = None
 
 
 @dataclasses.dataclass
@@ -68,12 +136,22 @@ class Worker:
   term_sent: float = 0.0
 
 
+def _suspended(pid: int) -> bool:
+  try:
+    return psutil.Process(pid).status() == psutil.STATUS_STOPPED
+  except psutil.Error:
+    return False
+
+
 class Agent:
   """Supervises one host's workers for the coordinator at `address`."""
 
   def __init__(self, address: str, token: str, *, host: str, workdir: str, fault_config,
                advertise: str = "127.0.0.1", tls_ca: str = ""):
     self.client = protocol.Client(address, token, tls_ca=tls_ca, timeout_s=2.0)
+    # A config that says "auto" (fault.workers_per_host=0) is resolved for this machine; the
+    # local launcher resolved it already (medjax.fault.layout).
+    fault_config, self.layout = layout_lib.resolved(fault_config)
     self.host, self.workdir, self.f, self.advertise = host, workdir, fault_config, advertise
     self.run_paths = paths.RunPaths(workdir)
     self.agent_id = uuid.uuid4().hex[:8]
@@ -81,7 +159,8 @@ class Agent:
     self.workers: list[Worker] = []
     self.stopping_since = 0.0
     self.registered = False
-    self.standby: list[subprocess.Popen] = []
+    self.standby: list[Standby] = []
+    self.low_priority = priority_restorable()
 
   def _worker_status(self) -> list[dict]:
     return [{"process_id": w.process_id, "pid": w.proc.pid, "running": w.proc.poll() is None,
@@ -96,51 +175,100 @@ class Agent:
 
   def _env(self, devices: int) -> dict:
     env = dict(os.environ)
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
-    env.setdefault("JAX_PLATFORMS", "cpu")
+    if self.layout.platform == "cpu":
+      env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+      env.setdefault("JAX_PLATFORMS", "cpu")
     return env
 
-  def _replenish(self) -> None:
-    """Starts standby workers until `workers_per_host` are ready (or getting ready)."""
+  def _replenish(self, spec: dict | None = None) -> None:
+    """Starts standby workers until `workers_per_host` are ready (or getting ready); with the
+    running generation's `spec`, at low priority, and tells them to prepare for the next
+    generation of its shape when they can (`warm_key`)."""
     if not self.f.standby_workers:
       return
-    self.standby = [p for p in self.standby if p.poll() is None]
+    self.standby = [s for s in self.standby if s.proc.poll() is None]
+    key = warm_key(spec, self.host, self.layout.platform) if spec is not None else None
+    for s in [s for s in self.standby if s.prepared_for not in (None, key)]:
+      s.proc.kill()   # prepared for a generation that will not come (the host set changed)
+      self.standby.remove(s)
     os.makedirs(self.run_paths.logs, exist_ok=True)
-    while len(self.standby) < self.f.workers_per_host:
-      self.standby.append(popen(["--role=worker", "--standby", f"--workdir={self.workdir}"],
-                                log=self.run_paths.process_log(f"standby-{self.host}"),
-                                env=self._env(self.f.devices_per_worker), stdin=subprocess.PIPE))
+    wanted = spec["workers_per_host"] if spec is not None else self.f.workers_per_host
+    while len(self.standby) < wanted:
+      self.standby.append(Standby(popen(
+          ["--role=worker", "--standby", f"--workdir={self.workdir}"],
+          log=self.run_paths.process_log(f"standby-{self.host}"),
+          env=self._env(self.f.devices_per_worker), stdin=subprocess.PIPE,
+          low_priority=spec is not None and self.low_priority)))
+    if key is None:
+      return
+    expected = {"hosts": spec["hosts"], "host_history": spec["host_history"], "host": self.host}
+    for s in self.standby:
+      if s.prepared_for is None and self._tell(s, {"prepare": expected}, close=False):
+        s.prepared_for = key
+
+  @staticmethod
+  def _tell(standby: Standby, message: dict, *, close: bool) -> bool:
+    """Writes one line to a standby's stdin; False if it is gone."""
+    try:
+      standby.proc.stdin.write((json.dumps(message) + "\n").encode())
+      standby.proc.stdin.flush()
+      if close:
+        standby.proc.stdin.close()
+      return True
+    except (BrokenPipeError, OSError, ValueError):
+      return False
+
+  def _take_standby(self, spec: dict) -> tuple[Standby | None, str]:
+    """The standby for one worker of `spec` and the recovery path it makes: one prepared for
+    this generation's shape ('warm_standby'), else an unprepared one ('standby'), else none
+    ('relaunch'). Standbys prepared for another shape cannot serve it and are replaced."""
+    key = warm_key(spec, self.host, self.layout.platform)
+    alive = [s for s in self.standby if s.proc.poll() is None]
+    if spec["devices_per_worker"] != self.f.devices_per_worker:
+      alive = []   # they were started with another device count
+    for path, pick in (("warm_standby", lambda s: key is not None and s.prepared_for == key),
+                       ("standby", lambda s: s.prepared_for is None)):
+      for s in alive:
+        if pick(s):
+          self.standby.remove(s)
+          return s, path
+    return None, "relaunch"
 
   def _start(self, spec: dict) -> None:
     self.generation = spec["generation"]
     host_index = spec["hosts"].index(self.host)
     os.makedirs(self.run_paths.logs, exist_ok=True)
-    ready = [p for p in self.standby if p.poll() is None]
-    if spec["devices_per_worker"] != self.f.devices_per_worker:
-      ready = []
-    used = 0
+    paths_taken = []
     for local in range(spec["workers_per_host"]):
       pid = host_index * spec["workers_per_host"] + local
-      assignment = {"generation": self.generation, "process_id": pid, "host_name": self.host,
-                    "coordinator": self.client.address}
-      proc = ready.pop(0) if ready else None
-      if proc is not None:
-        try:
-          proc.stdin.write((json.dumps(assignment) + "\n").encode())
-          proc.stdin.close()
-          self.standby.remove(proc)
-          used += 1
-        except (BrokenPipeError, OSError):
-          proc = None
+      standby, path = self._take_standby(spec)
+      proc = None
+      if standby is not None:
+        assignment = {"generation": self.generation, "process_id": pid, "host_name": self.host,
+                      "coordinator": self.client.address, "assigned_at": time.time(),
+                      "path": path, "nice": os.getpriority(os.PRIO_PROCESS, 0)}
+        if self._tell(standby, assignment, close=True):
+          proc = standby.proc
+        else:
+          standby.proc.kill()
+          path = "relaunch"
       if proc is None:
+        env = self._env(spec["devices_per_worker"])
+        env[phases_lib.ASSIGNED_AT_ENV] = repr(time.time())
         proc = popen(["--role=worker", f"--workdir={self.workdir}",
                       f"--generation={self.generation}", f"--process_id={pid}",
                       f"--host_name={self.host}", f"--coordinator={self.client.address}"],
-                     log=self.run_paths.worker_output(self.generation, pid),
-                     env=self._env(spec["devices_per_worker"]))
+                     log=self.run_paths.worker_output(self.generation, pid), env=env)
+      paths_taken.append(path)
       self.workers.append(Worker(pid, proc))
-    logging.info("agent %s: started generation %d (%d workers, %d of them standbys)", self.host,
-                 self.generation, len(self.workers), used)
+    # Standbys prepared for another shape will not serve the next generation either.
+    for s in [s for s in self.standby if s.prepared_for is not None
+              and s.prepared_for != warm_key(spec, self.host, self.layout.platform)]:
+      s.proc.kill()
+      self.standby.remove(s)
+    logging.info("agent %s: started generation %d (%d workers, %d of them standbys; paths %s)",
+                 self.host, self.generation, len(self.workers),
+                 sum(p != "relaunch" for p in paths_taken), paths_taken)
 
   def _stop_workers(self, now: float) -> bool:
     """Escalates SIGTERM -> SIGKILL on live workers; True once none is running."""
@@ -151,7 +279,8 @@ class Agent:
       self.stopping_since = now
     waited = now - self.stopping_since
     for w in alive:
-      if waited > self.f.stop_grace_s * 2:
+      if waited > self.f.stop_grace_s * 2 or _suspended(w.proc.pid):
+        # A stopped process (SIGSTOP) can act on nothing else: no need to wait for it.
         w.proc.send_signal(signal.SIGKILL)
       elif waited > self.f.stop_grace_s and not w.term_sent:
         w.term_sent = now
@@ -185,8 +314,8 @@ class Agent:
     try:
       return self._loop()
     finally:
-      for proc in self.standby:
-        proc.kill()
+      for s in self.standby:
+        s.proc.kill()
 
   def _loop(self) -> int:
     unreachable_since = None
@@ -222,10 +351,13 @@ class Agent:
             self.workers, self.stopping_since = [], 0.0
             self._start(reply["spec"])
         elif reply.get("training"):
-          self._replenish()
+          self._replenish(reply["spec"])
       elif action in ("stop", "exit"):
         if self._stop_workers(now):
           self.workers, self.stopping_since = [], 0.0
           if action == "exit":
             return 0
-      time.sleep(self.f.agent_interval_s)
+      # While a generation is being stopped or awaited, ask again soon: the next one starts as
+      # soon as the coordinator has it.
+      waiting = action == "stop" or (action == "run" and not self.workers)
+      time.sleep(self.f.agent_interval_s / 4 if waiting else self.f.agent_interval_s)

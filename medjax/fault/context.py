@@ -83,6 +83,10 @@ class Remote(Local):
     # timeout from the longest recent one.
     self._gaps: collections.deque = collections.deque(maxlen=200)
     self._last_progress: float | None = None
+    # Gaps between this worker's heartbeats as sent (its interval plus scheduling and RPC
+    # delays): the coordinator learns how long silence may last from the longest recent one.
+    self._beat_gaps: collections.deque = collections.deque(maxlen=200)
+    self._last_beat: float | None = None
     self.blocked_s, self.executed = 0.0, 0
     self._stop = threading.Event()
     self._closed = threading.Event()
@@ -139,6 +143,10 @@ class Remote(Local):
         self._pending.popleft()
 
   def _beat(self) -> None:
+    now = time.monotonic()
+    if self._last_beat is not None and self.phase == "training":
+      self._beat_gaps.append(now - self._last_beat)
+    self._last_beat = now
     try:
       reply = self.client.call("WorkerHeartbeat", {
           "generation": self.generation, "process_id": self.process_id, "phase": self.phase,
@@ -146,7 +154,8 @@ class Remote(Local):
           "counter": self.counter, "blocked_s": round(self.blocked_s, 4),
           "executed": self.executed, "time": time.time(),
           "gap_s": round(max(self._gaps), 4) if self._gaps else None,
-          "gaps": len(self._gaps), "beat_s": self._interval})
+          "gaps": len(self._gaps), "beat_s": self._interval,
+          "beat_gap_s": round(max(self._beat_gaps), 4) if self._beat_gaps else None})
     except grpc.RpcError:
       if self._reachable:
         logging.warning("worker %d: coordinator unreachable; training goes on, reports are "

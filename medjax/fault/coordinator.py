@@ -26,6 +26,7 @@ from medjax import errors
 from medjax import lineage as lineage_lib
 from medjax import paths
 from medjax.fault import inject
+from medjax.fault import layout
 from medjax.fault import policy as policy_lib
 from medjax.fault import protocol
 from medjax.fault import report
@@ -53,6 +54,9 @@ class Coordinator:
 
   def __init__(self, config, workdir: str, *, token: str, host: str = "127.0.0.1",
                port: int = 0):
+    # fault.workers_per_host=0 ("auto"): this machine's layout (the local launcher saved it
+    # resolved already; a coordinator started with --config resolves it here).
+    layout.resolve_config(config)
     self.config, self.run = config, paths.RunPaths(workdir, config)
     self.token, self.bind_host, self.port = token, host, port
     self.store = lineage_lib.LineageStore(self.run.lineage_store)

@@ -22,6 +22,7 @@ from medjax import jsonl
 from medjax import paths
 from medjax.data import pipeline
 from medjax.fault import agent as agent_lib
+from medjax.fault import layout as layout_lib
 from medjax.fault import protocol
 
 
@@ -44,6 +45,13 @@ def run(config, workdir: str) -> dict:
   """Runs the whole job locally; returns summary.json's contents."""
   run_paths = paths.RunPaths(workdir, config)
   os.makedirs(run_paths.logs, exist_ok=True)
+  # The process layout for this machine ("auto" by default), saved where the coordinator, the
+  # agents and the workers read the config.
+  chosen = layout_lib.resolve_config(config)
+  with open(run_paths.config_json, "w") as f:
+    f.write(config.to_json_best_effort(indent=2, sort_keys=True))
+  logging.info("local: %d worker process(es) per host x %d device(s) (%s)",
+               chosen.workers_per_host, chosen.devices_per_worker, chosen.reason)
   root = pipeline.cohort_root(config, workdir)
   pipeline.ingested(config, workdir, root)
   protocol.create_token_file(run_paths.token)

@@ -12,7 +12,8 @@ events.jsonl, the lineage store); tests/test_coordinator_policy.py drives it wit
               -> DONE        every worker exited 0
   STOPPING    -> BACKOFF     every host's workers are gone (or the stop timed out)
               -> FAILED      more than fault.max_failures_without_progress failures in a row
-  BACKOFF     -> WAITING     after fault.backoff_s * 2**(failures in a row - 1), capped
+  BACKOFF     -> WAITING     at once after the first failure in a row, then after
+                             fault.backoff_s * 2**(failures in a row - 2), capped
   RECOVERING  -> RUNNING     (a restarted coordinator) the agents still run the generation
               -> STOPPING    they do not, within 2 * fault.host_timeout_s
 """
@@ -77,6 +78,7 @@ class Worker:
   gap_s: float | None = None   # its longest recent gap between finished steps while training
   gaps: int = 0                # how many gaps that is over (the warm-up)
   beat_s: float = 0.0          # its heartbeat interval
+  beat_gap_s: float | None = None  # its longest recent gap between heartbeats while training
 
 
 @dataclasses.dataclass
@@ -265,7 +267,12 @@ class Policy:
     w.last_seen, w.phase, w.step, w.counter = now, msg["phase"], msg["step"], msg["counter"]
     w.epoch, w.partition = msg.get("epoch"), msg.get("partition")
     w.gap_s, w.gaps, w.beat_s = msg.get("gap_s"), msg.get("gaps", 0), msg.get("beat_s", 0.0)
+    w.beat_gap_s = msg.get("beat_gap_s")
     stats = s.gen_stats.setdefault(str(gen), {"started": now})
+    if msg.get("phases") and str(pid) not in stats.get("phases", {}):
+      # Sent once, with its first step: how the worker got here, phase by phase.
+      stats.setdefault("phases", {})[str(pid)] = msg["phases"]
+      self._emit("generation_phases", generation=gen, process_id=pid, **msg["phases"])
     if msg["phase"] == "training" and msg.get("executed", 0) > 0 and "first_step" not in stats:
       self._first_step(gen, msg["step"], stats, now)
     if pid == 0:
@@ -332,19 +339,26 @@ class Policy:
     """(silent, stuck) timeouts of a worker: no heartbeat at all, or heartbeats without progress.
 
     Outside training, or before `fault.hang_warmup_steps` gaps between finished steps were seen
-    in this generation, both are the phase's fixed timeout. Then they are learned: silence past
-    `fault.hang_factor` x the worker's longest recent gap plus its heartbeat interval (at least
-    `fault.hang_floor_s`) is a hang; a worker that still heartbeats may only be slow, so it gets
-    twice that (at least twice the floor). The fixed timeout bounds both.
+    in this generation, both are the phase's fixed timeout. Then they are learned, each from
+    what it watches:
+    - silent: a live worker's heartbeat thread beats every `beat_s` whatever its steps take, so
+      silence past `fault.hang_factor` x its longest recent gap between heartbeats (at least
+      `fault.hang_floor_s`) means the process is frozen (stopped, swapped out, wedged holding
+      the interpreter): a hang, caught in about the floor.
+    - stuck: heartbeats without a finished step may only be a slow step, so it gets twice
+      `fault.hang_factor` x its longest recent gap between finished steps plus the heartbeat
+      interval (at least twice the floor): a collective whose peer is gone, a deadlock.
+    The fixed timeout bounds both.
     """
     fixed = self._phase_timeout(w.phase)
     f = self.f
     if (w.phase != "training" or not f.hang_factor or w.gap_s is None
         or w.gaps < f.hang_warmup_steps):
       return fixed, fixed
-    learned = f.hang_factor * w.gap_s + w.beat_s
-    return (min(fixed, max(f.hang_floor_s, learned)),
-            min(fixed, max(2 * f.hang_floor_s, 2 * learned)))
+    beat_gap = w.beat_gap_s if w.beat_gap_s is not None else f.hang_factor * w.gap_s + w.beat_s
+    silent = max(f.hang_floor_s, f.hang_factor * beat_gap)
+    stuck = max(2 * f.hang_floor_s, 2 * (f.hang_factor * w.gap_s + w.beat_s))
+    return min(fixed, silent), min(fixed, stuck)
 
   def _detect_hang(self, now: float) -> None:
     """A worker silent, or alive without progress, past its timeout (`hang_limits`)."""
@@ -433,8 +447,13 @@ class Policy:
     self._emit("failure_reclassified", kind="host_lost", host=host)
 
   def backoff_s(self) -> float:
-    """fault.backoff_s, doubled per failure without a new committed step, capped."""
-    return min(self.f.backoff_s * 2 ** max(self.state.strikes - 1, 0), self.f.backoff_max_s)
+    """0 after the first failure since progress (a new committed step, or the run's first
+    failure): that restart waits for nothing. Then fault.backoff_s, doubled per further
+    failure without a new committed step, capped."""
+    strikes = self.state.strikes
+    if strikes <= 1:
+      return 0.0
+    return min(self.f.backoff_s * 2 ** (strikes - 2), self.f.backoff_max_s)
 
   def _wait_backoff(self, now: float) -> None:
     if now >= self.state.backoff_until:

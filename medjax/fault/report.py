@@ -17,6 +17,57 @@ from medjax.fault import ledger
 from medjax.fault import policy as policy_lib
 
 _FAILURE_KEYS = ("kind", "worker", "step", "detected_s", "recovered_s", "generation", "host")
+# A recovery's phases in the order they happen (medjax.fault.phases names the worker's).
+WORKER_PHASES = ("handover", "process_start", "distributed_init", "data_setup", "data_takeover",
+                 "model_build", "compile", "restore", "first_step")
+
+
+def recovery(events: list[dict], failure: policy_lib.Failure) -> dict | None:
+  """How a failure's recovery went, from events.jsonl: the path (warm_standby, standby,
+  relaunch) and seconds per phase, from detection to the next generation's first step.
+
+  stop: detection -> the generation's workers gone; backoff: -> the next generation started;
+  agent: -> its agent handed a worker the generation; then the worker's own phases
+  (`medjax.fault.phases`) of its slowest process; report: its first step -> the coordinator
+  heard of it; other: the rest of `recovered_s` (the worker's time between its phases).
+  """
+  after = [e for e in events if e.get("time", 0) >= failure.t_detect - 1e-3]
+  find = lambda name, test: next((e for e in after if e["event"] == name and test(e)), None)
+  started = find("generation_start", lambda e: e.get("generation", 0) > failure.generation)
+  if started is None:
+    return None
+  gen = started["generation"]
+  stopped = find("generation_stopped", lambda e: e.get("generation") == failure.generation)
+  first = find("first_step", lambda e: e.get("generation") == gen)
+  reports = sorted((e for e in after if e["event"] == "generation_phases"
+                    and e.get("generation") == gen), key=lambda e: e.get("process_id", 0))
+  # The first step waits for every process: the slowest one's phases are the recovery's.
+  report = max(reports, key=lambda e: e.get("total_s") or 0.0) if reports else {}
+  parts: dict[str, float] = {}
+  if stopped is not None and stopped["time"] <= started["time"]:
+    parts["stop"] = stopped["time"] - failure.t_detect
+    parts["backoff"] = started["time"] - stopped["time"]
+  else:
+    parts["stop_and_backoff"] = started["time"] - failure.t_detect
+  if report.get("assigned_at"):
+    parts["agent"] = report["assigned_at"] - started["time"]
+  for name in WORKER_PHASES:
+    if name in report.get("phases", {}):
+      parts[name] = report["phases"][name]
+  stepped = [e["first_step_at"] for e in reports if e.get("first_step_at")]
+  if first is not None and stepped:
+    parts["report"] = first["time"] - min(stepped)
+  if failure.recovered_s is not None:
+    parts["other"] = failure.recovered_s - sum(parts.values())
+  return {"path": report.get("path", "unknown"), "generation": gen,
+          "process": report.get("process_id"),
+          "phases_s": {k: round(max(v, 0.0) if k == "other" else v, 3)
+                       for k, v in parts.items()},
+          "compile_cache": report.get("compile_cache"),
+          "prepared_ahead_s": report.get("prepared") or None,
+          "paths_by_process": {str(e.get("process_id")): e.get("path") for e in reports},
+          **({"phases_by_process": {str(e.get("process_id")): e.get("phases") for e in reports}}
+             if len(reports) > 1 else {})}
 
 
 def fault_tolerance(run: paths.RunPaths, state: policy_lib.State,
@@ -31,8 +82,14 @@ def fault_tolerance(run: paths.RunPaths, state: policy_lib.State,
   training = sum(float(g.get("training_s", 0.0)) for g in stats)
   manifest = ingest.load(run.workdir).manifest
   check = ledger.exactly_once(run.workdir, final_step, manifest.indices("train"), final_epoch)
+  events = jsonl.read(run.events) if os.path.exists(run.events) else []
+  failures = []
+  for f in state.failures:
+    entry = {k: getattr(f, k) for k in _FAILURE_KEYS}
+    entry["recovery"] = recovery(events, f)
+    failures.append(entry)
   return {
-      "failures": [{k: getattr(f, k) for k in _FAILURE_KEYS} for f in state.failures],
+      "failures": failures,
       "restarts": max(state.generation - 1, 0),
       "steps_executed": executed,
       "steps_committed": int(final_step),
@@ -54,10 +111,8 @@ def plot_marks(run: paths.RunPaths, state: policy_lib.State) -> list[dict]:
 
 def write_summary(run: paths.RunPaths, state: policy_lib.State,
                   store: lineage_lib.LineageStore) -> dict:
-  """Adds the fault_tolerance block to summary.json and redraws the plots with the marks."""
-  # Imported here: evaluate pulls in the model and plotting (seconds), which a restarted
-  # coordinator should not wait for before it serves the agents again.
-  from medjax import evaluate  # pylint: disable=import-outside-toplevel
+  """Adds the fault_tolerance block to summary.json and redraws the loss curve with the marks
+  (the chief worker drew every plot already; without failures there is nothing to mark)."""
   summary = {}
   if os.path.exists(run.summary):
     with open(run.summary) as f:
@@ -65,6 +120,15 @@ def write_summary(run: paths.RunPaths, state: policy_lib.State,
   summary["fault_tolerance"] = fault_tolerance(run, state, store)
   with open(run.summary, "w") as f:
     json.dump(summary, f, indent=2, default=float)
-  evaluate.write_plots(run.workdir, summary, ingest.load(run.workdir).manifest.class_names,
-                       events=plot_marks(run, state))
+  marks = plot_marks(run, state)
+  if marks:
+    # Imported here: plotting takes seconds to import, which a restarted coordinator should not
+    # wait for before it serves the agents again.
+    from medjax import plots  # pylint: disable=import-outside-toplevel
+    from medjax.train import writers  # pylint: disable=import-outside-toplevel
+    rows = writers.read_metrics(run.workdir)
+    if rows:
+      figure = plots.loss_curve(rows, marks)
+      figure.savefig(run.plot("loss_curve"), dpi=110, bbox_inches="tight")
+      plots.close({"loss_curve": figure})
   return summary

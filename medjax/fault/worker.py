@@ -1,8 +1,12 @@
-"""A worker process: joins its generation's jax.distributed job and trains.
+"""A worker process: joins its generation's jax.distributed job (if it has several processes)
+and trains.
 
-Started by its host's agent with the generation number and its process id; the generation's spec
-(hosts, host history, process count, the jax.distributed address) is in
-<workdir>/generations/gen-<G>.json, the run's config in <workdir>/config.json.
+Started by its host's agent with the generation number and its process id, or a standby handed
+them on stdin; the generation's spec (hosts, host history, process count, the jax.distributed
+address) is in <workdir>/generations/gen-<G>.json, the run's config in <workdir>/config.json.
+A generation of one process needs no jax.distributed, so a standby can initialise JAX and build
+everything before its generation exists (a warm standby): the restart then restores and goes on.
+Each worker times its start-up phases and reports them once (`medjax.fault.phases`).
 """
 
 from __future__ import annotations
@@ -10,7 +14,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+import queue
 import sys
+import threading
+import time
 
 import jax
 import ml_collections
@@ -19,6 +26,8 @@ from medjax import errors
 from medjax import paths
 from medjax.fault import context
 from medjax.fault import inject
+from medjax.fault import layout as layout_lib
+from medjax.fault import phases as phases_lib
 from medjax.fault import policy
 from medjax.fault import protocol
 
@@ -34,24 +43,105 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
                             "coordinator or launcher again with --config to write it") from e
 
 
-def wait_for_assignment(workdir: str) -> dict | None:
-  """A standby worker: imports the trainer, then reads its assignment from stdin.
+# What a standby brought to its assignment (`wait_for_assignment` -> `run`): launch.py passes
+# only the generation, process id, host and coordinator on.
+_handover: dict = {}
 
-  Returns {generation, process_id, host_name, coordinator}, or None when stdin closes first. From
-  then on stdout and stderr go to the generation's log, like a worker started for it.
+
+def wait_for_assignment(workdir: str) -> dict | None:
+  """A standby worker: imports the trainer, then waits for lines from its agent on stdin.
+
+  A line {"prepare": {...}} (the agent sends it once its generation trains, when the next
+  generation can be one process: `agent.warm_key`) makes it a warm standby: it builds the data,
+  model, state and compiled step of that generation now (`loop.prepare(standby=True)`), so that
+  a restart only restores and trains. The assignment line {generation, process_id, host_name,
+  coordinator, assigned_at, path} ends the wait and is returned; None when stdin closes first.
+  From then on stdout and stderr go to the generation's log, like a worker started for it.
+
+  Lines are read on a thread of their own: an assignment that arrives while the standby is
+  still importing or preparing (at low priority) gives its priority back at once.
   """
+  lines: queue.Queue = queue.Queue()
+  threading.Thread(target=_read_lines, args=(lines,), name="standby-stdin", daemon=True).start()
   from medjax.train import loop  # pylint: disable=import-outside-toplevel,unused-import
-  line = sys.stdin.readline()
-  if not line.strip():
-    return None
-  job = json.loads(line)
+  while True:
+    job = lines.get()
+    if job is None:
+      return None
+    if "prepare" not in job:
+      break
+    _prepare(workdir, job["prepare"])
   sys.stdout.flush()
   sys.stderr.flush()
   path = paths.RunPaths(workdir).worker_output(job["generation"], job["process_id"])
   with open(path, "a") as log:
     os.dup2(log.fileno(), 1)
     os.dup2(log.fileno(), 2)
+  _handover.update(path=job.get("path", "standby"), assigned_at=job.get("assigned_at"))
   return job
+
+
+def _read_lines(lines: queue.Queue) -> None:
+  """The agent's lines (then None, at the assignment or when stdin closes)."""
+  while True:
+    line = sys.stdin.readline()
+    job = json.loads(line) if line.strip() else None
+    if job is not None and "prepare" not in job and "nice" in job:
+      _restore_priority(job["nice"])   # at once, even mid-preparation
+    lines.put(job)
+    if job is None or "prepare" not in job:
+      return
+
+
+def _restore_priority(nice: int) -> None:
+  """A standby started at low priority (`agent.popen`) trains at its agent's: every thread's
+  scheduling policy and nice value are set back (threads inherit their creator's, and XLA's
+  were created at low priority)."""
+  try:
+    tids = [int(t) for t in os.listdir("/proc/self/task")]
+  except OSError:
+    tids = [0]
+  for tid in tids:
+    try:
+      if os.sched_getscheduler(tid) != os.SCHED_OTHER:
+        os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
+      if os.getpriority(os.PRIO_PROCESS, tid) != nice:
+        os.setpriority(os.PRIO_PROCESS, tid, nice)
+    except OSError as e:
+      logging.warning("standby: could not restore the priority of thread %d: %s", tid, e)
+
+
+def _prepare(workdir: str, expected: dict) -> None:
+  """Builds what a generation of `expected` (hosts, host history, this host) needs, ahead."""
+  from medjax.train import loop  # pylint: disable=import-outside-toplevel
+  if _handover.get("prepared") is not None:
+    return
+  try:
+    if layout_lib.accelerators()[0] != "cpu":
+      return   # a second process on an accelerator would hold its memory twice
+    config = load_config(workdir)
+    _configure_jax(paths.RunPaths(workdir, config))
+    topology = loop.Topology(hosts=tuple(expected["hosts"]), host=expected["host"])
+    phases = phases_lib.Phases("warm_standby")
+    t0 = time.perf_counter()
+    prepared = loop.prepare(config, workdir, topology, None, expected["host_history"],
+                            standby=True, phases=phases)
+  except Exception:  # pylint: disable=broad-except  (the generation will prepare itself)
+    logging.exception("standby: preparing ahead failed; the assigned generation prepares itself")
+    return
+  _handover.update(prepared=prepared, prepared_phases=phases, prepared_at=time.time())
+  logging.info("standby: prepared %s for hosts %s in %.1f s (%s)", expected["host"],
+               expected["hosts"], time.perf_counter() - t0, phases.seconds)
+
+
+def _configure_jax(run_paths: paths.RunPaths) -> None:
+  if _handover.get("jax_configured"):
+    return
+  _handover["jax_configured"] = True
+  # Restarts reuse compiled programs instead of compiling from scratch.
+  jax.config.update("jax_compilation_cache_dir", run_paths.compilation_cache)
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+  jax.config.update("jax_cpu_collectives_implementation", "gloo")
 
 
 def _leave_error(run_paths: paths.RunPaths, generation: int, process_id: int,
@@ -64,32 +154,79 @@ def _leave_error(run_paths: paths.RunPaths, generation: int, process_id: int,
     logging.exception("worker %d: could not write the error file", process_id)
 
 
+def _leave_when_stuck(process_id: int, asked_to_stop: threading.Event,
+                     finished: threading.Event, grace_s: float) -> None:
+  """Exits the process when the coordinator asked it to stop and the training thread has not
+  stopped at a step boundary within `grace_s`: it is stuck (a hang, a collective whose peer is
+  gone), and waiting for the agent's SIGTERM and SIGKILL would only delay the next generation.
+  Nothing is lost: the next generation restores the newest committed checkpoint. (It sleeps
+  until then: no periodic wake-up competes with training.)"""
+  asked_to_stop.wait()
+  if finished.wait(grace_s):
+    return
+  logging.warning("worker %d: asked to stop %.1f s ago and still not at a step boundary; "
+                  "leaving", process_id, grace_s)
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os._exit(policy.EXIT_STOPPED)  # pylint: disable=protected-access
+
+
 def run(workdir: str, generation: int, process_id: int, host: str, coordinator: str) -> int:
   """Trains as process `process_id` of `generation`; returns the process exit code."""
   from medjax.train import loop  # pylint: disable=import-outside-toplevel
+  handover = dict(_handover)
+  assigned_at = handover.get("assigned_at")
+  if assigned_at is None and os.environ.get(phases_lib.ASSIGNED_AT_ENV):
+    assigned_at = float(os.environ[phases_lib.ASSIGNED_AT_ENV])
+  phases = phases_lib.Phases(handover.get("path", "relaunch"), assigned_at)
+  phases.since_assigned("handover" if "path" in handover else "process_start")
   config = load_config(workdir)
   run_paths = paths.RunPaths(workdir, config)
   with open(run_paths.generation_spec(generation)) as f:
     spec = json.load(f)
   token = protocol.load_token(run_paths.token)
   client = protocol.Client(coordinator, token, tls_ca=config.fault.tls_ca)
-  ctx = context.Remote(client, generation=generation, process_id=process_id)
-  # Restarts reuse compiled programs instead of compiling from scratch.
-  jax.config.update("jax_compilation_cache_dir", run_paths.compilation_cache)
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-  jax.config.update("jax_cpu_collectives_implementation", "gloo")
-  # jax.distributed's own failure detection waits longer than the coordinator's, so ours acts.
-  # Its service (in process 0) listens only on the address the first host advertises (loopback
-  # for local runs), never on every interface.
-  jax.distributed.initialize(spec["jax_address"], spec["num_processes"], process_id,
-                             heartbeat_timeout_seconds=config.fault.jax_heartbeat_timeout_s,
-                             initialization_timeout=int(config.fault.timeout_start_s),
-                             coordinator_bind_address=spec["jax_address"])
+  asked_to_stop, finished = threading.Event(), threading.Event()
+  ctx = context.Remote(phases_lib.Reporting(client, phases, on_stop=asked_to_stop.set),
+                       generation=generation, process_id=process_id)
+  threading.Thread(target=_leave_when_stuck,
+                   args=(process_id, asked_to_stop, finished, config.fault.stop_grace_s / 4),
+                   name="stop-watchdog", daemon=True).start()
   wph = spec["workers_per_host"]
   topology = loop.Topology(hosts=tuple(spec["hosts"]), host=host, local_index=process_id % wph,
                            local_count=wph)
+  prepared = handover.get("prepared")
+  if prepared is not None and not (spec["num_processes"] == 1
+                                   and prepared.serves(topology, spec["host_history"])):
+    logging.warning("worker %d: the standby was prepared for hosts %s, history %s; generation %d "
+                    "has %s, %s: preparing again", process_id, list(prepared.topology.hosts),
+                    prepared.host_history, generation, spec["hosts"], spec["host_history"])
+    if prepared.ckpt is not None:
+      prepared.ckpt.close()
+    prepared = None
+  if prepared is None:
+    if phases.path == "warm_standby":
+      phases.path = "standby"
+    _configure_jax(run_paths)
+  if spec["num_processes"] > 1:
+    # jax.distributed's own failure detection waits longer than the coordinator's, so ours
+    # acts. Its service (in process 0) listens only on the address the first host advertises
+    # (loopback for local runs), never on every interface. One process needs none of it.
+    with phases.phase("distributed_init"):
+      jax.distributed.initialize(spec["jax_address"], spec["num_processes"], process_id,
+                                 heartbeat_timeout_seconds=config.fault.jax_heartbeat_timeout_s,
+                                 initialization_timeout=int(config.fault.timeout_start_s),
+                                 coordinator_bind_address=spec["jax_address"])
+  logging.info("worker %d: generation %d by %s", process_id, generation, phases.path)
   try:
-    loop.train_and_evaluate(config, workdir, topology, ctx, host_history=spec["host_history"])
+    if prepared is None:
+      prepared = loop.prepare(config, workdir, topology, ctx, spec["host_history"],
+                              phases=phases)
+    else:
+      phases.adopt_prepared(handover["prepared_phases"], handover["prepared_at"])
+      with phases.phase("data_takeover"):
+        prepared.take_over(ctx)
+    loop.run_prepared(prepared, ctx, phases=phases)
   except loop.Stopped as e:
     logging.info("worker %d: %s", process_id, e)
     code = policy.EXIT_STOPPED
@@ -109,9 +246,14 @@ def run(workdir: str, generation: int, process_id: int, host: str, coordinator: 
     code = policy.EXIT_ERROR
     _leave_error(run_paths, generation, process_id, f"{type(e).__name__}: {e}")
   else:
+    finished.set()
+    asked_to_stop.set()
     ctx.close()
-    jax.distributed.shutdown()
+    if spec["num_processes"] > 1:
+      jax.distributed.shutdown()
     return 0
+  finished.set()
+  asked_to_stop.set()
   ctx.close()
   # Peers may be dead or stuck in a collective: leave without the distributed shutdown barrier.
   sys.stdout.flush()

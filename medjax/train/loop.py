@@ -1,6 +1,10 @@
 """The trainer, top to bottom: mesh -> data -> model and optimizer -> sharded state -> step
 functions -> checkpoint restore -> loop over the partition plan -> evaluation and summary.
 
+In two parts: `prepare` (everything before the restore, the compiled step included) and
+`run_prepared` (restore, loop, evaluation); `train_and_evaluate` is both. A warm standby worker
+prepares ahead of the generation it may replace (`medjax.fault.worker`).
+
 Each per-step concern lives in a named helper: the plan position and its lineage
 (`lineage.Cursor`), batches (`data.loader`), when to save and the commit path
 (`train.checkpointing`), metrics and progress at the logging interval (`train.reporting`), the
@@ -9,9 +13,11 @@ ledger and fault injection (`fault.ledger`, `fault.inject`).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import time
+from typing import Any, Callable
 
 import jax
 import numpy as np
@@ -27,6 +33,7 @@ from medjax.data import loader
 from medjax.fault import context
 from medjax.fault import inject
 from medjax.fault import ledger as ledger_lib
+from medjax.fault import phases as phases_lib
 from medjax.model import fusion
 from medjax.train import checkpointing
 from medjax.train import optim
@@ -48,8 +55,55 @@ class Stopped(Exception):
   """The coordinator asked this generation to stop at a step boundary."""
 
 
+@dataclasses.dataclass
+class Prepared:
+  """Everything the trainer builds before it restores a checkpoint (`prepare`).
+
+  A warm standby worker builds it for the generation it expects, before that generation exists,
+  then `run_prepared` only restores and trains (`medjax.fault.worker`).
+  """
+  config: Any
+  workdir: str
+  topology: Topology
+  host_history: list[list[str]] | None
+  barrier: checkpoint_lib.Barrier
+  mesh: jax.sharding.Mesh
+  batch_sharding: jax.sharding.NamedSharding
+  data: host_lib.HostData
+  reader: loader.BatchReader
+  steps_per_epoch: int
+  total_steps: int
+  state: dict
+  built: state_lib.Built
+  num_params: int
+  train_step: Callable
+  ckpt: checkpoint_lib.Checkpointer | None   # opened ahead by a standby (else by the restore)
+
+  def serves(self, topology: Topology, host_history: list[list[str]] | None) -> bool:
+    """Whether this preparation is the one a generation of `topology` and history needs."""
+    history = lambda h, t: [list(x) for x in (h or [t.hosts])]
+    return (topology == self.topology
+            and history(host_history, topology) == history(self.host_history, self.topology))
+
+  def take_over(self, ctx) -> None:
+    """A standby's preparation becomes its generation's: its cache becomes the host's writer."""
+    self.data.take_over(alive=lambda n: ctx.alive())
+
+
+class _Quiet:
+  """The context of a standby preparing before it has a generation: nothing to report."""
+  phase = "starting"
+
+  def set_phase(self, phase: str) -> None:
+    self.phase = phase
+
+  def alive(self) -> None:
+    pass
+
+
 def train_and_evaluate(config, workdir: str, topology: Topology = Topology(), ctx=None,
-                       host_history: list[list[str]] | None = None) -> dict:
+                       host_history: list[list[str]] | None = None,
+                       phases: phases_lib.Phases | None = None) -> dict:
   """Trains on the partition plan, checkpoints, evaluates; returns summary.json's contents.
 
   Args:
@@ -59,81 +113,162 @@ def train_and_evaluate(config, workdir: str, topology: Topology = Topology(), ct
     ctx: the fault-tolerance context (`medjax.fault.context`); None: a single-process run that
       commits its own lineage records.
     host_history: host sets of the placement generations so far (default: just this one).
+    phases: times the start-up phases (`medjax.fault.phases`), if given.
   """
-  run = paths.RunPaths(workdir, config)
-  store = lineage_lib.LineageStore(run.lineage_store)
-  ctx = ctx or context.Local(store, run.checkpoints, config.ckpt.max_to_keep)
-  is_chief = jax.process_index() == 0
-  barrier = checkpoint_lib.Barrier(config.fault.timeout_compile_s)
+  if ctx is None:
+    run = paths.RunPaths(workdir, config)
+    ctx = context.Local(lineage_lib.LineageStore(run.lineage_store), run.checkpoints,
+                        config.ckpt.max_to_keep)
+    use_compilation_cache(run)
+  prepared = prepare(config, workdir, topology, ctx, host_history, phases=phases)
+  return run_prepared(prepared, ctx, phases=phases)
+
+
+def prepare(config, workdir: str, topology: Topology = Topology(), ctx=None,
+            host_history: list[list[str]] | None = None, *, standby: bool = False,
+            phases: phases_lib.Phases | None = None) -> Prepared:
+  """Mesh -> data -> model and optimizer -> sharded state -> the compiled step.
+
+  `standby`: a warm standby prepares while the generation it will replace still trains: it opens
+  the host's cache without writing it (`host.setup`), and restores the newest committed
+  checkpoint once (discarded) so that Orbax and the restore's programs are loaded too.
+  """
+  ctx = ctx or _Quiet()
+  phases = phases or phases_lib.Phases()
   ctx.set_phase("preparing")
+  barrier = checkpoint_lib.Barrier(config.fault.timeout_compile_s)
 
   # Mesh.
   mesh = state_lib.make_mesh(config.mesh)
   batch_sharding = state_lib.batch_sharding(mesh)
-  global_batch = config.data.batch_size
 
   # Data: cohort, ingest, this generation's placement, this host's cache and reader.
-  data = host_lib.setup(config, workdir, topology, host_history,
-                        barrier=lambda name: barrier(name, config.fault.timeout_start_s),
-                        alive=lambda n: ctx.alive())
-  check_shapes(config, data.prepared, mesh)
-  manifest = data.manifest
-  reader = data.reader(class_weight_K=class_weights(config, manifest),
-                       complete_only=config.model.missing == "drop")
+  with phases.phase("data_setup"):
+    data = host_lib.setup(config, workdir, topology, host_history,
+                          barrier=lambda name: barrier(name, config.fault.timeout_start_s),
+                          alive=lambda n: ctx.alive(), standby=standby)
+    check_shapes(config, data.prepared, mesh)
+    manifest = data.manifest
+    reader = data.reader(class_weight_K=class_weights(config, manifest),
+                         complete_only=config.model.missing == "drop")
 
   # Model and optimizer, state created sharded, the jitted step.
-  steps_per_epoch = data.plan(0).num_steps
-  total_steps = config.optim.epochs * steps_per_epoch
-  tx, lr_schedule = optim.make(config.optim, total_steps)
-  state, built = state_lib.build(config.model, tx, mesh, num_classes=len(manifest.class_names),
-                                 shapes=data.prepared.shapes, seed=config.seed)
-  num_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(state["params"]))
+  with phases.phase("model_build"):
+    first_plan = data.plan(0)
+    steps_per_epoch = first_plan.num_steps
+    total_steps = config.optim.epochs * steps_per_epoch
+    tx, lr_schedule = optim.make(config.optim, total_steps)
+    state, built = state_lib.build(config.model, tx, mesh, num_classes=len(manifest.class_names),
+                                   shapes=data.prepared.shapes, seed=config.seed)
+    num_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(state["params"]))
   logging.info("model: %s parameters; %d steps per epoch, %d epochs, global batch %d on %d "
                "devices in %d processes", f"{num_params:,}", steps_per_epoch,
-               config.optim.epochs, global_batch, mesh.size, jax.process_count())
+               config.optim.epochs, config.data.batch_size, mesh.size, jax.process_count())
   train_step = step_lib.make_train_step(built.graphdef, tx, built, mesh, seed=config.seed,
                                         lr_schedule=lr_schedule,
                                         grad_accum=config.optim.grad_accum)
+  # Compiled now (from the persistent cache when it holds the program), on a batch of the real
+  # shapes: the first training step then only runs.
+  ctx.set_phase("compiling")
+  with phases.phase("compile"):
+    _, _, batch = next(iter(data_batches(config, reader, first_plan.steps[0], 0,
+                                         batch_sharding)))
+    train_step.lower(state, batch).compile()
+
+  ckpt = None
+  if standby:
+    with phases.phase("warm_restore"):
+      run = paths.RunPaths(workdir, config)
+      ckpt = checkpoint_lib.Checkpointer(run.checkpoints, async_save=config.ckpt.async_save)
+      _warm_restore(run, ckpt, built.abstract)
+  return Prepared(config=config, workdir=workdir, topology=topology, host_history=host_history,
+                  barrier=barrier, mesh=mesh, batch_sharding=batch_sharding, data=data,
+                  reader=reader, steps_per_epoch=steps_per_epoch, total_steps=total_steps,
+                  state=state, built=built, num_params=num_params, train_step=train_step,
+                  ckpt=ckpt)
+
+
+def use_compilation_cache(run: paths.RunPaths) -> None:
+  """A single-process run reads and fills the persistent compilation cache
+  (config.mesh.compilation_cache_dir) as workers do (`medjax.fault.worker`), unless this
+  process has one already: a resumed or repeated run does not compile again."""
+  if not jax.config.jax_compilation_cache_dir:
+    jax.config.update("jax_compilation_cache_dir", run.compilation_cache)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+
+
+def _warm_restore(run: paths.RunPaths, ckpt: checkpoint_lib.Checkpointer, abstract) -> None:
+  """Restores the newest committed checkpoint and drops it: the first restore of a process
+  loads Orbax and compiles the unpacking (seconds); the one after a failure then takes ~0.1 s."""
+  try:
+    store = lineage_lib.LineageStore(run.lineage_store)
+    restored = checkpoint_lib.restore_committed(run.checkpoints, store, abstract, ckpt)
+    if restored is not None:
+      jax.block_until_ready(restored[0])
+  except Exception as e:  # pylint: disable=broad-except  (a warm-up; the real restore decides)
+    logging.info("standby: warm-up restore skipped: %s", e)
+
+
+def run_prepared(prepared: Prepared, ctx, *, phases: phases_lib.Phases | None = None) -> dict:
+  """Checkpoint restore -> the loop over the partition plan -> evaluation; summary.json's dict."""
+  p, config, workdir = prepared, prepared.config, prepared.workdir
+  phases = phases or phases_lib.Phases()
+  run = paths.RunPaths(workdir, config)
+  store = lineage_lib.LineageStore(run.lineage_store)
+  is_chief = jax.process_index() == 0
+  barrier, data, reader, manifest = p.barrier, p.data, p.reader, p.data.manifest
+  global_batch, train_step = config.data.batch_size, p.train_step
 
   # Restore the newest committed checkpoint; a fresh start sets the fill values from data.
   ctx.set_phase("restoring")
-  ckpt = checkpoint_lib.Checkpointer(run.checkpoints, async_save=config.ckpt.async_save)
-  restored, lineage, last_good = checkpointing.restore_or_start(
-      ckpt, store, built.abstract, placement=data.placement_id, hosts=data.placement.hosts,
-      seed=config.seed, num_records=len(manifest), is_chief=is_chief, barrier=barrier,
-      if_all_damaged=config.ckpt.if_all_damaged, records=records_fingerprint(manifest))
-  if restored is not None:
-    state = restored
-  elif config.model.missing != "learned":
-    state = with_fill_values(state, built, reader, manifest.indices("train"), data.tables)
+  with phases.phase("restore"):
+    # Opening the checkpoint manager waits for every process (a barrier in Orbax).
+    ckpt = p.ckpt or checkpoint_lib.Checkpointer(run.checkpoints,
+                                                 async_save=config.ckpt.async_save)
+    restored, lineage, last_good = checkpointing.restore_or_start(
+        ckpt, store, p.built.abstract, placement=data.placement_id, hosts=data.placement.hosts,
+        seed=config.seed, num_records=len(manifest), is_chief=is_chief, barrier=barrier,
+        if_all_damaged=config.ckpt.if_all_damaged, records=records_fingerprint(manifest))
+    state = p.state
+    p.state = None   # the fresh state is donated by the first step (or replaced here)
+    if restored is not None:
+      state = restored
+    elif config.model.missing != "learned":
+      state = with_fill_values(state, p.built, reader, manifest.indices("train"), data.tables)
   cursor = lineage_lib.Cursor(lineage, len(manifest), generation=ctx.generation)
 
   # The loop: epochs -> partitions -> steps, from where the lineage says.
   writer = writers.MetricWriter(workdir, enabled=is_chief)
-  bar = progress.Progress(total_steps, "training", unit="step")
+  bar = progress.Progress(p.total_steps, "training", unit="step")
   bar.update(cursor.global_step)
+
+  def on_progress(*args) -> None:
+    phases.first_step_done()   # before the context's report: its heartbeat carries the phases
+    ctx.progress(*args)
+
   reporter = reporting.Reporter(
       writer, bar, every=config.log_every_steps, processes=jax.process_count(),
-      record_ids=manifest.record_ids, generation=ctx.generation, on_progress=ctx.progress,
+      record_ids=manifest.record_ids, generation=ctx.generation, on_progress=on_progress,
       resume_hint=lambda: f"last good checkpoint: {saver.last_saved} in {run.checkpoints}")
   saver = checkpointing.Saver(ckpt, ctx, is_chief=is_chief, last_saved=last_good,
                               before_save=reporter.flush)
   policy = checkpointing.SavePolicy(config.ckpt, epochs=config.optim.epochs)
   preemption = checkpointing.Preemption()
   injector = inject.Injector(config.fault.inject, jax.process_index(), workdir,
-                             host=topology.host)
+                             host=p.topology.host)
   ledger = ledger_lib.Writer(workdir, ctx.generation, jax.process_index(),
                              enabled=config.fault.ledger)
   recacher = data.start_recache(data.plan(cursor.epoch, cursor.base_N), cursor.partition)
   t_start = time.perf_counter()
   ctx.set_phase("compiling")
+  phases.start_first_step()
   try:
     while cursor.epoch < config.optim.epochs:
       epoch_plan = data.plan(cursor.epoch, cursor.base_N)
-      for p in range(cursor.partition, epoch_plan.num_partitions):
-        injector.at_partition(p, cursor.global_step, cursor.epoch)
-        steps = epoch_plan.steps[p]
-        batches = data_batches(config, reader, steps, cursor.offset, batch_sharding)
+      for part in range(cursor.partition, epoch_plan.num_partitions):
+        injector.at_partition(part, cursor.global_step, cursor.epoch)
+        steps = epoch_plan.steps[part]
+        batches = data_batches(config, reader, steps, cursor.offset, p.batch_sharding)
         for s, local, batch in batches:
           if ctx.stop_requested():
             raise Stopped(f"stop requested at step {cursor.global_step}")
@@ -142,7 +277,7 @@ def train_and_evaluate(config, workdir: str, topology: Topology = Topology(), ct
           cursor.step_done(steps[s])
           ctx.executed += 1
           ledger.write(cursor.global_step, cursor.epoch, local["row"])
-          reporter.step(global_step=cursor.global_step, epoch=cursor.epoch, partition=p,
+          reporter.step(global_step=cursor.global_step, epoch=cursor.epoch, partition=part,
                         offset=cursor.offset, rows=local["row"], metrics=metrics)
           injector.after_step(cursor.global_step)
           if policy.after_step(cursor.global_step, cursor.offset, len(steps)):
@@ -158,7 +293,7 @@ def train_and_evaluate(config, workdir: str, topology: Topology = Topology(), ct
                              hosts=data.placement.hosts, base_N=np.zeros(len(manifest), bool))
         if policy.at_boundary(cursor.epoch):
           saver.save(state, cursor.lineage())
-        publish_cache_counters(data, reporter, barrier, config,
+        publish_cache_counters(data, reporter, barrier, config, ctx,
                                epoch_end=cursor.epoch - 1 if epoch_done else None,
                                step=cursor.global_step, log=is_chief)
     reporter.flush()
@@ -171,9 +306,9 @@ def train_and_evaluate(config, workdir: str, topology: Topology = Topology(), ct
 
   # Evaluation.
   ctx.set_phase("evaluating")
-  predict = step_lib.make_predict_step(built.graphdef, built, mesh)
+  predict = step_lib.make_predict_step(p.built.graphdef, p.built, p.mesh)
   results, _ = evaluate_lib.evaluate_splits(config.evals.splits, predict, state, reader, data,
-                                            sharding=batch_sharding, global_batch=global_batch,
+                                            sharding=p.batch_sharding, global_batch=global_batch,
                                             bootstrap=config.evals.bootstrap, seed=config.seed)
   recacher.close()
   data.publish_counters()
@@ -181,8 +316,8 @@ def train_and_evaluate(config, workdir: str, topology: Topology = Topology(), ct
   summary = {**results,
              "train": {"steps_executed_this_process": ctx.executed,
                        "global_step": cursor.global_step, "epochs": config.optim.epochs,
-                       "seconds": round(train_seconds, 2), "parameters": num_params,
-                       "devices": mesh.size, "processes": jax.process_count(),
+                       "seconds": round(train_seconds, 2), "parameters": p.num_params,
+                       "devices": p.mesh.size, "processes": jax.process_count(),
                        "checkpoint_blocked_s": round(ckpt.blocked_s, 3)},
              "cache": cache_summary(config.data, data.gathered_counters())}
   writer.close()
@@ -262,11 +397,18 @@ def data_batches(config, reader, steps_SxWxb: np.ndarray, start: int, sharding):
 
 
 def publish_cache_counters(data: host_lib.HostData, reporter: reporting.Reporter, barrier,
-                           config, *, epoch_end: int | None, step: int, log: bool) -> None:
-  """Publishes this process's cache counters; at an epoch end the chief logs every host's."""
+                           config, ctx, *, epoch_end: int | None, step: int, log: bool) -> None:
+  """Publishes this process's cache counters; at an epoch end the chief logs every host's.
+
+  The epoch end waits for every process (a barrier): in its own phase, so that a hang timeout
+  learned from training steps never applies to it.
+  """
   data.publish_counters()
   if epoch_end is None:
     return
+  phase = ctx.phase
+  ctx.set_phase("epoch_end")
   barrier(f"cache counters {epoch_end}", config.fault.timeout_compile_s)
   if log:
     reporter.cache_counters(step, epoch_end, data.gathered_counters(), SUMMARY_COUNTERS)
+  ctx.set_phase(phase)

@@ -1,0 +1,322 @@
+"""Recovery and the cost of supervision, measured side by side in one run; writes
+experiments/results/recovery.json and prints a table.
+
+  python experiments/bench_recovery.py [--epochs 15] [--failure-epochs 8] [--repeats 2]
+                                       [--parts A,B] [--layouts auto,2]
+
+A. Supervision cost: the default quickstart (supervised: coordinator, agent and worker processes
+   in the auto layout, medjax/fault/layout.py) against an unsupervised run
+   (--config.fault.supervised=False) of the same config, cohort, salt and ingest, each after a
+   warm-up of the shared compilation cache: launch.py's wall time end to end (both reuse
+   a copy of one ingest and its decoded cache, so the ratio is over start-up, training and
+   evaluation), training time (summary.json train.seconds), test accuracy and macro F1. The
+   variants alternate, `--repeats` times; each is represented by its median.
+   Target: supervised <= 1.05x the unsupervised wall time, with the same accuracy.
+B. Recovery per failure kind: a supervised run per layout ('auto': one worker process and its
+   warm standby; '2': two worker processes, the multi-process path), with three faults sent from
+   outside, each once the replacement standby is ready (or, for '2', a few seconds after the
+   previous recovery): SIGKILL (crash), SIGSTOP (hang), SIGTERM (preemption). Per failure:
+   detection, recovery (detection -> the next generation's first step; target < 3 s) and where
+   it went, phase by phase (summary.json fault_tolerance.failures[].recovery).
+The machine's load average is recorded with every run: on a shared machine the ratios are what
+compare, not the absolute times.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import psutil
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from medjax import jsonl  # pylint: disable=wrong-import-position
+from medjax.fault import inject  # pylint: disable=wrong-import-position
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+KINDS = (("crash", "kill", signal.SIGKILL), ("hang", "sigstop", signal.SIGSTOP),
+         ("preemption", "sigterm", signal.SIGTERM))
+
+
+def _env() -> dict:
+  env = dict(os.environ)
+  env.pop("XLA_FLAGS", None)
+  env.setdefault("JAX_PLATFORMS", "cpu")
+  return env
+
+
+def start(workdir: str, overrides: list[str], config: str) -> subprocess.Popen:
+  log = open(workdir.rstrip("/") + ".log", "w")
+  return subprocess.Popen([sys.executable, os.path.join(ROOT, "launch.py"), f"--config={config}",
+                           f"--workdir={workdir}", *overrides], cwd=ROOT, env=_env(),
+                          stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def finish(proc: subprocess.Popen, workdir: str, t0: float, timeout: float = 3600) -> dict:
+  try:
+    code = proc.wait(timeout=timeout)
+  except subprocess.TimeoutExpired:
+    os.killpg(proc.pid, signal.SIGKILL)
+    raise
+  wall = time.perf_counter() - t0
+  if code != 0:
+    raise RuntimeError(f"run {workdir} failed ({code}); see {workdir}.log and {workdir}/logs")
+  with open(os.path.join(workdir, "summary.json")) as f:
+    summary = json.load(f)
+  summary["_launch_s"] = round(wall, 2)
+  return summary
+
+
+def launch(workdir: str, overrides: list[str], config: str) -> dict:
+  t0 = time.perf_counter()
+  return finish(start(workdir, overrides, config), workdir, t0)
+
+
+def warm_up(workdir: str, overrides: list[str], config: str, timeout: float = 900) -> None:
+  """Runs until the first training step is logged (the step is compiled), then stops the run."""
+  proc = start(workdir, overrides, config)
+  metrics = os.path.join(workdir, "metrics.jsonl")
+  deadline = time.time() + timeout
+  try:
+    while time.time() < deadline and proc.poll() is None:
+      if os.path.exists(metrics) and os.path.getsize(metrics) > 0:
+        break
+      time.sleep(0.5)
+  finally:
+    if proc.poll() is None:
+      os.killpg(proc.pid, signal.SIGKILL)
+      proc.wait()
+
+
+def prepared_base(config: str) -> tuple[str, list[str]]:
+  """A temporary directory with the config's cohort, salt and one ingest (with its decoded
+  cache); the overrides with which runs share cohort, salt and compilation cache."""
+  base = tempfile.mkdtemp(prefix="bench_recovery_")
+  common = [f"--config.mesh.compilation_cache_dir={base}/jax_cache",
+            f"--config.data.salt_file={base}/id_salt"]
+  subprocess.run([sys.executable, os.path.join(ROOT, "launch.py"), f"--config={config}",
+                  f"--workdir={base}/synth", "--config.mode=synth", *common], cwd=ROOT,
+                 check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=_env())
+  os.rename(f"{base}/synth/cohort", f"{base}/cohort")
+  common.append(f"--config.data.root={base}/cohort")
+  subprocess.run([sys.executable, os.path.join(ROOT, "launch.py"), f"--config={config}",
+                  f"--workdir={base}/ingested", "--config.mode=ingest", *common], cwd=ROOT,
+                 check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=_env())
+  return base, common
+
+
+def workdir_from(base: str, name: str) -> str:
+  """A run directory holding a copy of the shared ingest and decoded cache."""
+  workdir = os.path.join(base, name)
+  os.makedirs(workdir)
+  for part in ("ingest", "cache"):
+    shutil.copytree(os.path.join(base, "ingested", part), os.path.join(workdir, part))
+  return workdir
+
+
+def load() -> float:
+  return round(os.getloadavg()[0], 2)
+
+
+# -- A. supervision cost -----------------------------------------------------------------------
+
+def bench_overhead(args, base: str, common: list[str]) -> dict:
+  print("A. supervised (default layout) vs unsupervised, same config, cohort, salt and ingest",
+        flush=True)
+  modes = {"unsupervised": ["--config.fault.supervised=False"], "supervised": []}
+  for mode, flags in modes.items():
+    # The compilation cache for both, with the same programs (the learning-rate schedule, so
+    # the epoch count, is part of the step): each runs to its first step, then is stopped.
+    warm_up(workdir_from(base, f"warmup-{mode}"),
+            common + flags + [f"--config.optim.epochs={args.epochs}"], args.config)
+  runs = {mode: [] for mode in modes}
+  for r in range(args.repeats):
+    for mode, flags in modes.items():
+      before = load()
+      s = launch(workdir_from(base, f"{mode}-{r}"),
+                 common + flags + [f"--config.optim.epochs={args.epochs}"], args.config)
+      runs[mode].append({"wall_s": s["_launch_s"], "train_s": s["train"]["seconds"],
+                         "accuracy": s["test"]["accuracy"], "macro_f1": s["test"]["macro_f1"],
+                         "processes": s["train"]["processes"], "devices": s["train"]["devices"],
+                         "load_before": before, "load_after": load()})
+      print(f"  {mode:<13} wall {s['_launch_s']:7.1f} s, training {s['train']['seconds']:7.1f} s, "
+            f"accuracy {s['test']['accuracy']:.4f}, macro F1 {s['test']['macro_f1']:.4f} "
+            f"(load {before} -> {load()})", flush=True)
+  out = {mode: {"median_wall_s": float(np.median([r["wall_s"] for r in rs])),
+                "median_train_s": float(np.median([r["train_s"] for r in rs])), "runs": rs}
+         for mode, rs in runs.items()}
+  sup, uns = out["supervised"], out["unsupervised"]
+  out["wall_ratio"] = round(sup["median_wall_s"] / uns["median_wall_s"], 4)
+  out["train_ratio"] = round(sup["median_train_s"] / uns["median_train_s"], 4)
+  out["same_accuracy"] = all(
+      a["accuracy"] == b["accuracy"] and a["macro_f1"] == b["macro_f1"]
+      for a, b in zip(runs["supervised"], runs["unsupervised"]))
+  out["target_wall_ratio"] = 1.05
+  return out
+
+
+# -- B. recovery per failure kind --------------------------------------------------------------
+
+def _events(workdir: str) -> list[dict]:
+  path = os.path.join(workdir, "events.jsonl")
+  return jsonl.read(path) if os.path.exists(path) else []
+
+
+def _training_generation(workdir: str) -> int | None:
+  """The newest generation that has taken its first step, if it still runs."""
+  events = _events(workdir)
+  started = [e["generation"] for e in events if e["event"] == "generation_start"]
+  stepped = {e["generation"] for e in events if e["event"] == "first_step"}
+  if not started or started[-1] not in stepped or any(e["event"] == "done" for e in events):
+    return None
+  return started[-1]
+
+
+def _worker(workdir: str, generation: int, process: int) -> psutil.Process | None:
+  log = f"gen-{generation:03d}-proc-{process:03d}.log"
+  for p in psutil.process_iter(["cmdline"]):
+    try:
+      cmd = p.info["cmdline"] or []
+      if (f"--workdir={workdir}" in cmd and "--role=worker" in cmd
+          and any(f.path.endswith(log) for f in p.open_files())):
+        return p
+    except psutil.Error:
+      pass
+  return None
+
+
+def _standby_ready(workdir: str, needed: int) -> bool:
+  path = os.path.join(workdir, "logs", "standby-host-0.log")
+  if not os.path.exists(path):
+    return False
+  with open(path, errors="replace") as f:
+    return f.read().count("standby: prepared") >= needed
+
+
+def bench_failures(args, base: str, common: list[str], layout: str) -> dict:
+  name = f"faults-{layout}"
+  flags = [f"--config.optim.epochs={args.failure_epochs}"]
+  if layout != "auto":
+    flags.append(f"--config.fault.workers_per_host={layout}")
+  workdir = workdir_from(base, name)
+  print(f"B. recovery, layout {layout}: {', '.join(k for k, _, _ in KINDS)} sent from outside",
+        flush=True)
+  t0 = time.perf_counter()
+  proc = start(workdir, common + flags, args.config)
+  sent, load_at = [], []
+  try:
+    for i, (kind, marker, sig) in enumerate(KINDS):
+      deadline = time.time() + args.wait_s
+      while time.time() < deadline and proc.poll() is None:
+        gen = _training_generation(workdir)
+        ready = (gen is not None and (_standby_ready(workdir, i + 1) if layout == "auto" else
+                                      time.time() - _first_step_time(workdir, gen) > 8.0))
+        if ready:
+          break
+        time.sleep(0.2)
+      else:
+        print(f"  {kind}: not sent (the run ended or no standby got ready)", flush=True)
+        break
+      process = 0 if (layout == "auto" or kind == "hang") else 1
+      victim = _worker(workdir, gen, process)
+      if victim is None:
+        print(f"  {kind}: no worker {process} of generation {gen} found", flush=True)
+        break
+      load_at.append(load())
+      inject.record_external(workdir, marker, process=process, pid=victim.pid)
+      victim.send_signal(sig)
+      sent.append({"kind": kind, "generation": gen, "process": process})
+      # Wait for the next generation's first step before the next fault.
+      recovered = lambda: any(e["event"] == "first_step" and e["generation"] > gen
+                              for e in _events(workdir))
+      deadline = time.time() + args.wait_s
+      while not recovered() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.2)
+    s = finish(proc, workdir, t0)
+  finally:
+    if proc.poll() is None:
+      os.killpg(proc.pid, signal.SIGKILL)
+  ft = s["fault_tolerance"]
+  for f in ft["failures"]:
+    r = f.get("recovery") or {}
+    print(f"  {f['kind']:<11} detected {f['detected_s']:6.3f} s, recovered {f['recovered_s']} s "
+          f"by {r.get('path')}: " + ", ".join(f"{k} {v:.3f}" for k, v in
+                                               (r.get("phases_s") or {}).items()), flush=True)
+  return {"layout": layout, "sent": sent, "load_at_faults": load_at,
+          "failures": ft["failures"], "waste_fraction": ft["waste_fraction"],
+          "exactly_once": ft["exactly_once"], "launch_s": s["_launch_s"],
+          "accuracy": s["test"]["accuracy"], "target_recovered_s": 3.0}
+
+
+def _first_step_time(workdir: str, generation: int) -> float:
+  for e in _events(workdir):
+    if e["event"] == "first_step" and e["generation"] == generation:
+      return e["time"]
+  return time.time()
+
+
+def table(result: dict) -> str:
+  lines = []
+  a = result.get("overhead")
+  if a:
+    lines.append(f"{'run':<14}{'wall s':>9}{'train s':>9}{'accuracy':>10}{'macro F1':>10}")
+    for mode in ("unsupervised", "supervised"):
+      for r in a[mode]["runs"]:
+        lines.append(f"{mode:<14}{r['wall_s']:>9.1f}{r['train_s']:>9.1f}{r['accuracy']:>10.4f}"
+                     f"{r['macro_f1']:>10.4f}")
+    lines.append(f"supervised / unsupervised: wall {a['wall_ratio']:.3f} (target <= 1.05), "
+                 f"training {a['train_ratio']:.3f}, same accuracy: {a['same_accuracy']}")
+  for b in result.get("failures", []):
+    lines.append(f"layout {b['layout']}: waste {b['waste_fraction']:.2%}, exactly once "
+                 f"{b['exactly_once']}")
+    for f in b["failures"]:
+      r = f.get("recovery") or {}
+      lines.append(f"  {f['kind']:<11}{'detect':>7} {f['detected_s']:6.3f} s  recover "
+                   f"{f['recovered_s']} s  {r.get('path')}")
+      lines.append("    " + ", ".join(f"{k} {v:.3f}" for k, v in
+                                      (r.get("phases_s") or {}).items()))
+  return "\n".join(lines)
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--config", default="configs/quickstart.py")
+  parser.add_argument("--epochs", type=int, default=15, help="part A (the quickstart's 15)")
+  parser.add_argument("--failure-epochs", type=int, default=8)
+  parser.add_argument("--repeats", type=int, default=2)
+  parser.add_argument("--parts", default="A,B")
+  parser.add_argument("--layouts", default="auto,2")
+  parser.add_argument("--wait-s", type=float, default=180.0)
+  parser.add_argument("--out", default=os.path.join(ROOT, "experiments", "results",
+                                                    "recovery.json"))
+  args = parser.parse_args()
+  base, common = prepared_base(args.config)
+  result = {"workdirs": base, "cpus": os.cpu_count(), "load_at_start": load(),
+            "config": args.config, "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "args": vars(args)}
+  if "A" in args.parts:
+    result["overhead"] = bench_overhead(args, base, common)
+  if "B" in args.parts:
+    result["failures"] = [bench_failures(args, base, common, layout)
+                          for layout in args.layouts.split(",")]
+  result["load_at_end"] = load()
+  os.makedirs(os.path.dirname(args.out), exist_ok=True)
+  if os.path.exists(args.out):   # earlier runs stay, newest first
+    with open(args.out) as f:
+      previous = json.load(f)
+    result["earlier_runs"] = ([{k: v for k, v in previous.items() if k != "earlier_runs"}]
+                              + previous.get("earlier_runs", []))
+  with open(args.out, "w") as f:
+    json.dump(result, f, indent=2)
+  print(table(result))
+  print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+  main()

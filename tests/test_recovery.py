@@ -1,0 +1,172 @@
+"""Fast recovery's parts without processes: the layout choice, which standby serves a
+generation, the phase report a worker sends, and the per-failure breakdown in summary.json.
+
+tests/test_fault.py runs them for real (a crash recovered through a warm standby).
+"""
+
+import ml_collections
+import pytest
+
+from configs import default
+from medjax.fault import agent as agent_lib
+from medjax.fault import layout
+from medjax.fault import phases as phases_lib
+from medjax.fault import policy
+from medjax.fault import report
+from tests import test_coordinator_policy as policy_tests
+
+
+def _fault(**overrides):
+  f = ml_collections.ConfigDict(default.get_config().fault.to_dict())
+  f.update(overrides)
+  return f
+
+
+def test_auto_layout_is_one_process_on_a_cpu_host():
+  chosen = layout.resolve(_fault(), environ={"JAX_PLATFORMS": "cpu"})
+  assert (chosen.workers_per_host, chosen.devices_per_worker, chosen.platform) == (1, 1, "cpu")
+  assert chosen.reason.startswith("auto: CPU only, one worker process")
+  # An explicit count is kept (the multi-process paths and their tests).
+  assert layout.resolve(_fault(workers_per_host=2), {"JAX_PLATFORMS": "cpu"}).workers_per_host == 2
+
+
+def test_auto_layout_is_one_process_per_gpu(monkeypatch):
+  gpus = [f"/proc/driver/nvidia/gpus/0000:0{i}:00.0" for i in range(4)]
+  monkeypatch.setattr(layout.glob, "glob",
+                      lambda pattern: gpus if pattern.startswith("/proc/driver/nvidia") else [])
+  chosen = layout.resolve(_fault(), environ={})
+  assert (chosen.workers_per_host, chosen.devices_per_worker, chosen.platform) == (4, 1, "gpu")
+  assert layout.resolve(_fault(), environ={"CUDA_VISIBLE_DEVICES": "1,3"}).workers_per_host == 2
+  # JAX_PLATFORMS=cpu pins the CPU whatever the machine has.
+  assert layout.resolve(_fault(), environ={"JAX_PLATFORMS": "cpu"}).platform == "cpu"
+
+
+def test_resolve_config_writes_the_layout_into_the_config():
+  config = default.get_config()
+  fault, chosen = layout.resolved(config.fault, environ={"JAX_PLATFORMS": "cpu"})
+  assert fault.workers_per_host == 1 and config.fault.workers_per_host == 0   # a copy
+  layout.resolve_config(config, environ={"JAX_PLATFORMS": "cpu"})
+  assert config.fault.workers_per_host == chosen.workers_per_host == 1
+
+
+SPEC = {"generation": 3, "hosts": ["host-0"], "host_history": [["host-0"]],
+        "workers_per_host": 1, "num_processes": 1, "devices_per_worker": 1,
+        "jax_address": "127.0.0.1:1"}
+
+
+def test_only_one_process_generations_on_cpu_get_a_warm_standby():
+  assert agent_lib.warm_key(SPEC, "host-0", "cpu") is not None
+  assert agent_lib.warm_key({**SPEC, "generation": 9, "jax_address": "x:2"}, "host-0", "cpu") == \
+      agent_lib.warm_key(SPEC, "host-0", "cpu")   # the same shape, whatever the generation
+  two = {**SPEC, "workers_per_host": 2, "num_processes": 2}
+  assert agent_lib.warm_key(two, "host-0", "cpu") is None       # jax.distributed first
+  assert agent_lib.warm_key(SPEC, "host-0", "gpu") is None       # its memory, twice
+  shrunk = {**SPEC, "host_history": [["host-0", "host-1"], ["host-0"]]}
+  assert agent_lib.warm_key(shrunk, "host-0", "cpu") != agent_lib.warm_key(SPEC, "host-0", "cpu")
+
+
+class _Proc:
+  def __init__(self):
+    self.killed = False
+    self.pid = 0
+
+  def poll(self):
+    return -9 if self.killed else None
+
+  def kill(self):
+    self.killed = True
+
+
+def _agent(tmp_path) -> agent_lib.Agent:
+  config = default.get_config()
+  config.fault.workers_per_host = 1
+  return agent_lib.Agent("127.0.0.1:1", "token", host="host-0", workdir=str(tmp_path),
+                         fault_config=config.fault)
+
+
+def test_a_generation_takes_the_standby_prepared_for_its_shape(tmp_path):
+  agent = _agent(tmp_path)
+  key = agent_lib.warm_key(SPEC, "host-0", agent.layout.platform)
+  bare, warm, stale = (agent_lib.Standby(_Proc()), agent_lib.Standby(_Proc(), key),
+                       agent_lib.Standby(_Proc(), "another shape"))
+  agent.standby = [bare, stale, warm]
+  assert agent._take_standby(SPEC) == (warm, "warm_standby")
+  assert agent._take_standby(SPEC) == (bare, "standby")
+  # One prepared for another shape cannot serve (its JAX is initialised for that one).
+  assert agent._take_standby(SPEC) == (None, "relaunch")
+  two = {**SPEC, "workers_per_host": 2, "num_processes": 2}
+  agent.standby = [agent_lib.Standby(_Proc(), key), agent_lib.Standby(_Proc())]
+  assert agent._take_standby(two)[1] == "standby"
+
+
+def test_the_phase_report_rides_on_one_heartbeat_once_the_first_step_is_done():
+  sent = []
+
+  class Client:
+    address = "127.0.0.1:1"
+
+    def call(self, method, msg=None):
+      sent.append((method, msg))
+      return {}
+
+  phases = phases_lib.Phases("warm_standby", assigned_at=100.0)
+  client = phases_lib.Reporting(Client(), phases)
+  with phases.phase("restore"):
+    pass
+  client.call("WorkerHeartbeat", {"phase": "restoring"})
+  phases.start_first_step()
+  phases.first_step_done()
+  client.call("WorkerHeartbeat", {"phase": "training"})
+  client.call("WorkerHeartbeat", {"phase": "training"})
+  client.call("Commit", {"record": {}})
+  carried = [msg.get("phases") for _, msg in sent]
+  assert carried[0] is None and carried[2] is None and carried[3] is None
+  report_ = carried[1]
+  assert report_["path"] == "warm_standby" and set(report_["phases"]) == {"restore",
+                                                                         "first_step"}
+  assert report_["total_s"] == pytest.approx(report_["first_step_at"] - 100.0)
+
+
+def test_the_coordinator_writes_each_workers_phases_once():
+  run = policy_tests.Run()
+  run.start(train=False)
+  sent = {"path": "standby", "phases": {"compile": 1.5}, "assigned_at": 1.0}
+  run.beat(0, "compiling")
+  run.beat(0, "training", phases=sent)
+  run.beat(0, "training", phases=sent)
+  run.beat(1, "training", phases={**sent, "path": "relaunch"})
+  events = run.named("generation_phases")
+  assert [(e["process_id"], e["path"]) for e in events] == [(0, "standby"), (1, "relaunch")]
+  assert events[0]["phases"] == {"compile": 1.5}
+  assert set(run.state.gen_stats["1"]["phases"]) == {"0", "1"}
+
+
+def _failure(t_detect: float, recovered_s: float | None) -> policy.Failure:
+  return policy.Failure(kind="crash", worker=0, host="host-0", generation=1, step=40,
+                        committed_step=36, detected_s=0.2, t_detect=t_detect,
+                        recovered_s=recovered_s)
+
+
+def test_a_failures_recovery_is_broken_down_by_phase():
+  events = [
+      {"time": 99.0, "event": "first_step", "generation": 1},
+      {"time": 100.0, "event": "failure", "generation": 1},
+      {"time": 100.05, "event": "generation_stopped", "generation": 1},
+      {"time": 100.1, "event": "generation_start", "generation": 2},
+      {"time": 100.6, "event": "generation_phases", "generation": 2, "process_id": 0,
+       "path": "warm_standby", "assigned_at": 100.15, "first_step_at": 100.58,
+       "phases": {"handover": 0.01, "data_takeover": 0.02, "restore": 0.2, "first_step": 0.15},
+       "prepared": {"compile": 1.1, "prepared_before_s": 30.0}, "compile_cache": "hit"},
+      {"time": 100.6, "event": "first_step", "generation": 2},
+  ]
+  r = report.recovery(events, _failure(100.0, 0.6))
+  assert r["path"] == "warm_standby" and r["generation"] == 2
+  assert list(r["phases_s"]) == ["stop", "backoff", "agent", "handover", "data_takeover",
+                                 "restore", "first_step", "report", "other"]
+  assert r["phases_s"]["stop"] == pytest.approx(0.05)
+  assert r["phases_s"]["agent"] == pytest.approx(0.05)
+  assert r["phases_s"]["report"] == pytest.approx(0.02)
+  assert sum(r["phases_s"].values()) == pytest.approx(0.6, abs=1e-3)
+  assert r["prepared_ahead_s"]["compile"] == 1.1 and r["compile_cache"] == "hit"
+  # A failure the run never recovered from (it ended, or gave up) has no breakdown.
+  assert report.recovery(events[:3], _failure(100.0, None)) is None
