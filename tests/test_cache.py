@@ -45,6 +45,36 @@ def test_read_equals_decode_and_counts_hits(tmp_path, ingested):
   assert batch["images"].shape == (len(rows) + 1, 4, 16, 16)
 
 
+def test_records_without_images_are_built_from_the_tables_not_stored(tmp_path, ingested):
+  config, result, root = ingested
+  manifest = result.manifest
+  table_only = np.array([r for r in range(len(manifest)) if not manifest.image_files[r]])
+  imaged = np.array([r for r in range(len(manifest)) if manifest.image_files[r]])
+  assert len(table_only) and len(imaged)
+  cache = _open(tmp_path, config, result, root)
+  assert cache.ensure(table_only) == len(table_only)
+  # Indexed, counted as written, nothing read from shared storage, no chunk written.
+  assert all(cache.index[manifest.record_ids[r]][0] == cache_lib.TABLES for r in table_only)
+  assert cache.counters["records_written"] == len(table_only)
+  assert cache.counters["pfs_reads"] == 0
+  assert not glob.glob(str(tmp_path / "cache" / "tab" / "*.*")) or all(
+      os.path.basename(p) in (".zarray",) for p in glob.glob(str(tmp_path / "cache" / "tab" / "*")))
+  rows = np.concatenate([table_only, imaged])
+  batch = cache.read(rows)   # a mixed batch: hits from the tables, misses decoded
+  assert cache.counters["hits"] == len(table_only)
+  assert cache.counters["misses"] == cache.counters["pfs_reads"] == len(imaged)
+  for i, r in enumerate(rows):
+    rec, _, _ = records.decode(manifest, r, result.tables, root, cache.shapes)
+    for k in records.KEYS:
+      np.testing.assert_allclose(batch[k][i], rec[k], atol=1e-3)
+  # Reopened: the entries stand; a changed table value makes that record's entry stale.
+  cache.flush()   # what a run does at an epoch end (index.json is written at most once a second)
+  result.tables["vitals"][table_only[0], 0, 0] = 123.0
+  reopened = _open(tmp_path, config, result, root)
+  assert reopened.counters["dropped_stale"] == 1
+  assert reopened.ensure(rows) == 1
+
+
 def test_reopen_reuses_and_validates_against_manifest(tmp_path, ingested):
   config, result, root = ingested
   cache = _open(tmp_path, config, result, root)

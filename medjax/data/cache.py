@@ -3,6 +3,10 @@
 Records are decoded from shared storage once (`records.decode`) and written into two arrays with
 one chunk per record: `images` (float16 [capacity, M, S, S]) and `tab` (float32, the image mask,
 labs, vitals and their masks packed). `index.json` maps record id -> (slot, fingerprint, crc32).
+A record without image files is not copied: it is all in the ingest's tables, which every process
+holds in memory, so its entry has slot `TABLES` (-1) and a read builds it from the tables (a
+table-only cohort of 20,000 patients is "cached" in well under a second, with no per-record
+chunk files). It counts as written and as a hit, never as a shared-storage read.
 
 Nothing on disk is trusted blindly. On open, the cache checks its shapes against the config and
 each entry's fingerprint (manifest row + table values) against the manifest; stale entries are
@@ -42,6 +46,7 @@ COUNTERS = ("hits", "misses", "damaged", "pfs_reads", "pfs_files", "pfs_bytes", 
             "decode_s", "dropped_stale", "moved_reads", "records_moved_in", "recache_s", "wait_s")
 _COMPRESSOR = {"id": "blosc", "cname": "lz4", "clevel": 1, "shuffle": 2}
 _PERSIST_S = 1.0   # how often a fill rewrites index.json and the counters
+TABLES = -1        # the slot of a record without images: built from the tables, not stored
 
 
 def _read_json(path: str, kind: type):
@@ -334,8 +339,24 @@ class Cache:
     """bool per row: an entry exists (its bytes are verified only on read)."""
     return np.array([self.manifest.record_ids[r] in self.index for r in rows], bool)
 
+  def _table_only(self, row: int) -> bool:
+    return not self.manifest.image_files[row]
+
+  def _from_tables(self, rows) -> dict[str, np.ndarray]:
+    """A batch of records without images, built from the tables (no storage read)."""
+    rows = np.asarray(rows, np.int64)
+    out = records.empty(self.shapes, len(rows))
+    for key in ("labs", "vitals"):
+      values = self.tables[key][rows]
+      out[key + "_mask"] = ~np.isnan(values)
+      out[key] = np.where(out[key + "_mask"], values, 0).astype(np.float32)
+    return out
+
   def _decode(self, row: int) -> dict[str, np.ndarray]:
-    """Reads one record from shared storage (called without the lock held)."""
+    """Reads one record from shared storage (called without the lock held); a record without
+    images is built from the tables instead."""
+    if self._table_only(row):
+      return {k: v[0] for k, v in self._from_tables([row]).items()}
     t0 = time.perf_counter()
     rec, rejected, nbytes = records.decode(self.manifest, row, self.tables, self.data_root,
                                            self.shapes, self.decoder)
@@ -378,6 +399,11 @@ class Cache:
     keep = [(r, rec) for r, rec in zip(rows, recs) if not self._no_cache_N[r]]
     if self.read_only or not keep:
       return
+    self._note_table_only([r for r, _ in keep if self._table_only(r)])
+    keep = [(r, rec) for r, rec in keep if not self._table_only(r)]
+    if not keep:
+      self._persist()
+      return
     rows, recs = [r for r, _ in keep], [rec for _, rec in keep]
     packed = [self._pack(r) for r in recs]
     images = np.stack([p[0] for p in packed])
@@ -401,6 +427,17 @@ class Cache:
     finally:
       with self._cond:
         self._reserved.difference_update(slots)
+    self._persist()
+
+  def _note_table_only(self, rows: list[int]) -> None:
+    """Index entries (slot TABLES) for records without images: nothing to store."""
+    if self.read_only or not rows:
+      return
+    entries = {self.manifest.record_ids[r]: [TABLES, fingerprint(self.manifest, r, self.tables), 0]
+               for r in rows}
+    with self._cond:
+      self.index.update(entries)
+      self.counters["records_written"] += len(entries)
     self._persist()
 
   def _persist(self, force: bool = False) -> None:
@@ -438,14 +475,27 @@ class Cache:
     """
     todo = [int(r) for r in rows if not self._no_cache_N[r]]
     done = 0
+    if not self.read_only:   # records without images first, all at once: nothing to decode
+      with self._cond:
+        tables_only = self._claim([r for r in todo if self._table_only(r)])
+      try:
+        self._note_table_only(tables_only)
+      finally:
+        with self._cond:
+          self._release(tables_only)
+      done += len(tables_only)
+      if progress is not None and tables_only:
+        progress(len(tables_only))
+      todo = [r for r in todo if not self._table_only(r)]
     for start in range(0, len(todo), batch):
       if stop is not None and stop.is_set():
         break
       with self._cond:
         chunk = self._claim(todo[start:start + batch])
       try:
-        decoded = [self._decode(r) for r in chunk]
-        self._write(chunk, decoded)
+        self._note_table_only([r for r in chunk if self._table_only(r)])
+        chunk_images = [r for r in chunk if not self._table_only(r)]
+        self._write(chunk_images, [self._decode(r) for r in chunk_images])
       finally:
         with self._cond:
           self._release(chunk)
@@ -537,6 +587,14 @@ class Cache:
     ids = self.manifest.record_ids
     hits = [(i, r) for i, r in todo if ids[r] in self.index]
     missing = [(i, r) for i, r in todo if ids[r] not in self.index]
+    from_tables = [(i, r) for i, r in hits if self.index[ids[r]][0] == TABLES]
+    if from_tables:
+      batch = self._from_tables([r for _, r in from_tables])
+      at = [i for i, _ in from_tables]
+      for k, v in batch.items():
+        out[k][at] = v
+      self.counters["hits"] += len(from_tables)
+      hits = [(i, r) for i, r in hits if self.index[ids[r]][0] != TABLES]
     if not hits:
       return missing
     slots = [self.index[ids[r]][0] for _, r in hits]
