@@ -80,8 +80,14 @@ def get_config(arg=None):
   config.model = model = ml_collections.ConfigDict()
   model.d_model = 64
   model.image_channels = (16, 32, 64)   # strided 3x3 convs, one per entry
+  # Model specs (DiagnoseNET's family: each encoder's width and depth, the fusion's): the image
+  # encoder's depth and widths are image_channels; labs: labs_layers hidden layers of
+  # labs_hidden; vitals: vitals_layers temporal convs of vitals_hidden; fusion: fusion_layers of
+  # d_model (mlp_dim wide).
   model.labs_hidden = 128
+  model.labs_layers = 1
   model.vitals_hidden = 64
+  model.vitals_layers = 1
   model.fusion = "attention"            # 'attention' over modality tokens, or 'gated'
   model.fusion_layers = 1
   model.heads = 4

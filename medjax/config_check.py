@@ -71,6 +71,10 @@ FUSIONS = ("attention", "gated")                           # model/fusion.py Fus
 MISSING_POLICIES = ("learned", "zero", "mean", "drop")     # model/fusion.py MISSING_POLICIES
 DTYPES = ("float32", "bfloat16", "float16")                # model/fusion.py jnp.dtype
 IF_ALL_DAMAGED = ("stop", "start_fresh")                   # configs/default.py ckpt
+# Higher is better: keys of a split's metrics (medjax/train/metrics.py); binary tasks have the
+# last four instead of top-3 and the macro AUROC.
+VALIDATION_METRICS = ("macro_f1", "accuracy", "top3_accuracy", "rare_recall", "auroc_macro",
+                      "auroc", "auprc", "sensitivity", "specificity")
 SPLITS = manifest.SPLITS
 COHORT_FILES = ("dicom", "labs.csv", "vitals.csv", "labels.csv")
 
@@ -143,8 +147,8 @@ def _rules() -> dict[str, tuple[Check, ...]]:
   each(_at_least(1), "log_every_steps data.vitals_steps data.image_size data.max_images "
        "data.num_partitions data.batch_size data.max_pixels data.max_decoded_mb data.max_file_mb "
        "data.decode_workers model.d_model model.labs_hidden model.vitals_hidden "
-       "model.heads model.mlp_dim optim.epochs mesh.fsdp fault.local_hosts "
-       "fault.devices_per_worker fault.min_hosts "
+       "model.heads model.mlp_dim model.labs_layers model.vitals_layers optim.epochs mesh.fsdp "
+       "fault.local_hosts fault.devices_per_worker fault.min_hosts "
        "fault.jax_heartbeat_timeout_s " + syn("num_patients num_analytes max_images "
        "mean_images latent_dim_shared class_rank_shared image_latent_dim max_missing_panels"))
   each(_at_least(0), "seed data.cache_memory_mb model.fusion_layers optim.weight_decay "
@@ -169,8 +173,11 @@ def _rules() -> dict[str, tuple[Check, ...]]:
                        ("data.placement_method", PLACEMENT_METHODS), ("data.replicas", (1, 2)),
                        ("data.cache_policy", CACHE_POLICIES), ("model.fusion", FUSIONS),
                        ("model.missing", MISSING_POLICIES), ("model.dtype", DTYPES),
-                       ("ckpt.if_all_damaged", IF_ALL_DAMAGED)):
+                       ("ckpt.if_all_damaged", IF_ALL_DAMAGED),
+                       ("evals.validation_metric", VALIDATION_METRICS)):
     each(_one_of(*names), field)
+  each(_at_least(0, " (0: never stop early)"), "optim.early_stopping_patience")
+  each(_at_least(0, " (0: off)"), "monitor.interval_s monitor.nominal_power_w")
   each(_split, "data.split")
   each(_at_least(16, " (the synthetic images' air and marker regions need it)"),
        syn("image_size"))
@@ -440,6 +447,11 @@ class _Checker:
       if empty:
         self.add("evals.splits", f"evaluates {empty[0]!r}, which config.data.split leaves empty; "
                                  f"drop it or give it a share")
+    wants = [f for f in ("optim.early_stopping_patience", "ckpt.keep_best") if g(f)]
+    if (wants and self.ok("data.split") and len(g("data.split")) == 3
+        and g("data.split")[1] == 0):
+      self.add(wants[0], "needs a validation split, which config.data.split leaves empty; give "
+                         "'val' a share (e.g. --config.data.split='(0.8, 0.1, 0.1)') or turn it off")
 
   def _synthetic(self) -> None:
     """What a synthetic cohort (data.root unset) needs of data.* and of itself."""

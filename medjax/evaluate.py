@@ -191,6 +191,20 @@ def format_summary(summary: dict) -> str:
   absent = [s for s, v in subsets.items() if v["count"] == 0]
   if absent:
     lines.append(f"  no records: {', '.join(absent)}")
+  early = summary.get("early_stopping")
+  if early:
+    stop = {"patience": f"stopped early after {early['epochs_run']} of "
+                        f"{early['epochs_configured']} epochs ({early['patience']} without "
+                        "improvement)",
+            "pruned": f"pruned by the sweep after {early['epochs_run']} epochs"}.get(
+                early["reason"], f"{early['epochs_run']} epochs")
+    best = ("n/a" if early["best_value"] is None
+            else f"{early['best_value']:.4f} at epoch {early['best_epoch']}")
+    lines.append(f"validation {early['metric']}: best {best}; {stop}; tested: "
+                 f"{early['evaluated_on']}")
+  monitor = summary.get("monitor")
+  if monitor:
+    lines.append(f"energy: {monitor.get('energy')}")
   return "\n".join(lines)
 
 

@@ -68,6 +68,10 @@ class Lineage:
   segment: Segment
   processed: str
   generation: int = 0
+  # Validation at each finished epoch ((epoch, value or None, global step), ...) and why
+  # training stopped early ('' : it did not): `medjax.train.stopping`.
+  validation: tuple = ()
+  stopped: str = ""
 
   @classmethod
   def start(cls, *, epoch: int, global_step: int, seed: int, placement: str,
@@ -88,6 +92,7 @@ class Lineage:
     """JSON-ready fields (the format of checkpoint metadata and the store's records)."""
     out = dataclasses.asdict(self)
     out["segment"]["hosts"] = list(self.segment.hosts)
+    out["validation"] = [list(e) for e in self.validation]
     return out
 
   @classmethod
@@ -109,7 +114,8 @@ class Lineage:
       lineage = cls(**{f: _field(d, f, int) for f in ("global_step", "epoch", "partition",
                                                        "offset", "seed")},
                     segment=segment, processed=_bitmap_field(d, "processed"),
-                    generation=int(d.get("generation", 0)))
+                    generation=int(d.get("generation", 0)),
+                    validation=_validation_field(d), stopped=str(d.get("stopped", "")))
     except (TypeError, ValueError) as e:
       raise LineageError(str(e)) from e
     if min(lineage.global_step, lineage.epoch, lineage.partition, lineage.offset) < 0:
@@ -117,6 +123,35 @@ class Lineage:
                          f"{lineage.epoch}, partition {lineage.partition}, offset "
                          f"{lineage.offset}")
     return lineage
+
+
+def best(validation) -> tuple | None:
+  """(epoch, value, step) of the best entry of a validation history (higher is better; the
+  earliest of equals), or None while no entry has a value."""
+  scored = [e for e in validation if e[1] is not None]
+  if not scored:
+    return None
+  top = max(e[1] for e in scored)
+  return next(tuple(e) for e in scored if e[1] == top)
+
+
+def best_step(lineage: Lineage | None) -> int | None:
+  """The global step of `lineage`'s best validated epoch (its checkpoint: ckpt.keep_best)."""
+  entry = best(lineage.validation) if lineage is not None else None
+  return None if entry is None else int(entry[2])
+
+
+def _validation_field(d: dict) -> tuple:
+  """The validation history: [[epoch, value or null, step], ...] (absent in older records)."""
+  value = d.get("validation", [])
+  entries = []
+  for e in value if isinstance(value, list) else [value]:
+    if (not isinstance(e, list) or len(e) != 3 or not all(
+        isinstance(x, int) and not isinstance(x, bool) for x in (e[0], e[2]))
+        or not (e[1] is None or isinstance(e[1], (int, float)))):
+      raise LineageError(f"lineage field 'validation' holds {e!r}, not [epoch, value, step]")
+    entries.append((e[0], None if e[1] is None else float(e[1]), e[2]))
+  return tuple(entries)
 
 
 def _field(d: dict, name: str, kind: type):
@@ -152,6 +187,7 @@ class Cursor:
     self._set(lineage)
 
   def _set(self, lineage: Lineage) -> None:
+    self.validation, self.stopped = lineage.validation, lineage.stopped
     self.global_step, self.epoch = lineage.global_step, lineage.epoch
     self.partition, self.offset, self.seed = lineage.partition, lineage.offset, lineage.seed
     self.segment = lineage.segment
@@ -171,14 +207,17 @@ class Cursor:
   def new_segment(self, *, epoch: int, placement: str, hosts: tuple[str, ...],
                   base_N: np.ndarray) -> None:
     """Starts planning `epoch`'s records not in `base_N` under another placement (or epoch)."""
+    validation, stopped = self.validation, self.stopped
     self._set(Lineage.start(epoch=epoch, global_step=self.global_step, seed=self.seed,
                             placement=placement, hosts=hosts, base_N=base_N,
                             generation=self.generation))
+    self.validation, self.stopped = validation, stopped
 
   def lineage(self) -> Lineage:
     return Lineage(global_step=self.global_step, epoch=self.epoch, partition=self.partition,
                    offset=self.offset, seed=self.seed, segment=self.segment,
-                   processed=pack_bitmap(self.processed_N), generation=self.generation)
+                   processed=pack_bitmap(self.processed_N), generation=self.generation,
+                   validation=self.validation, stopped=self.stopped)
 
 
 def kvstore_spec(location: str) -> dict | str:

@@ -22,7 +22,7 @@ from medjax import lineage as lineage_lib
 
 
 PHASES = ("starting", "preparing", "compiling", "restoring", "training", "checkpointing",
-          "evaluating", "done")
+          "validating", "epoch_end", "finishing", "evaluating", "done")
 
 
 class Local:
@@ -32,13 +32,16 @@ class Local:
     store: the run's lineage store.
     checkpoints: the checkpoint directory retention applies to.
     max_to_keep: committed checkpoints kept (config.ckpt.max_to_keep; 0 or None: all).
+    keep_best: also keep the best-on-validation checkpoint (config.ckpt.keep_best).
   """
 
   generation = 0
   process_id = 0
 
-  def __init__(self, store: lineage_lib.LineageStore, checkpoints: str, max_to_keep: int | None):
+  def __init__(self, store: lineage_lib.LineageStore, checkpoints: str, max_to_keep: int | None,
+               keep_best: bool = False):
     self.store, self.checkpoints, self.max_to_keep = store, checkpoints, max_to_keep
+    self.keep_best = keep_best
     self.phase, self.step, self.counter = "starting", 0, 0
     self.blocked_s, self.executed = 0.0, 0
 
@@ -64,7 +67,9 @@ class Local:
 
   def commit(self, lineage: lineage_lib.Lineage) -> None:
     self.store.commit(lineage, committed_at=time.time())
-    checkpoint_lib.prune(self.checkpoints, self.store.committed_steps(), self.max_to_keep)
+    best = lineage_lib.best_step(lineage) if self.keep_best else None
+    checkpoint_lib.prune(self.checkpoints, self.store.committed_steps(), self.max_to_keep,
+                         also_keep=() if best is None else (best,))
 
   def flush(self, timeout_s: float = 0.0) -> bool:
     return True

@@ -103,9 +103,9 @@ def fault_tolerance(run: paths.RunPaths, state: policy_lib.State,
 
 def plot_marks(run: paths.RunPaths, state: policy_lib.State) -> list[dict]:
   """Failures (at the step each one hit) and recoveries (at the first step after), for the plot."""
-  marks = [{"kind": "failure", "step": f.step} for f in state.failures]
-  marks += [{"kind": "recovered", "step": e["step"]} for e in jsonl.read(run.events)
-            if e["event"] == "recovered"]
+  marks = [{"kind": "failure", "step": f.step, "time": f.t_detect} for f in state.failures]
+  marks += [{"kind": "recovered", "step": e["step"], "time": e.get("time")}
+            for e in jsonl.read(run.events) if e["event"] == "recovered"]
   return marks
 
 
@@ -126,9 +126,12 @@ def write_summary(run: paths.RunPaths, state: policy_lib.State,
     # wait for before it serves the agents again.
     from medjax import plots  # pylint: disable=import-outside-toplevel
     from medjax.train import writers  # pylint: disable=import-outside-toplevel
+    from medjax import monitor_plots  # pylint: disable=import-outside-toplevel
     rows = writers.read_metrics(run.workdir)
     if rows:
       figure = plots.loss_curve(rows, marks)
       figure.savefig(run.plot("loss_curve"), dpi=110, bbox_inches="tight")
       plots.close({"loss_curve": figure})
+      if any(r.get("kind") == "monitor" for r in rows):
+        monitor_plots.plot_monitor(rows, marks, run.plot("monitor"))
   return summary

@@ -48,28 +48,37 @@ class ImageEncoder(nnx.Module):
 
 
 class LabsEncoder(nnx.Module):
-  """An MLP over lab values and their per-analyte mask."""
+  """An MLP over lab values and their per-analyte mask: `layers` hidden layers of `hidden`."""
 
   def __init__(self, num_analytes: int, hidden: int, d_model: int, *, rngs: nnx.Rngs,
-               dtype=jnp.float32):
+               dtype=jnp.float32, layers: int = 1):
     self.fc1 = nnx.Linear(2 * num_analytes, hidden, dtype=dtype, rngs=rngs)
+    # Layers past the first (none by default, so the default parameters keep their names).
+    self.deeper = nnx.List([nnx.Linear(hidden, hidden, dtype=dtype, rngs=rngs)
+                            for _ in range(layers - 1)])
     self.fc2 = nnx.Linear(hidden, d_model, dtype=dtype, rngs=rngs)
     self.norm = nnx.LayerNorm(d_model, dtype=dtype, rngs=rngs)
 
   def __call__(self, labs_BxL: jax.Array, labs_mask_BxL: jax.Array) -> jax.Array:
     x = jnp.concatenate([jnp.where(labs_mask_BxL, labs_BxL, 0),
                          labs_mask_BxL.astype(labs_BxL.dtype)], axis=-1)
-    return self.norm(self.fc2(nnx.gelu(self.fc1(x))))
+    h = nnx.gelu(self.fc1(x))
+    for layer in self.deeper:
+      h = h + nnx.gelu(layer(h))
+    return self.norm(self.fc2(h))
 
 
 class VitalsEncoder(nnx.Module):
-  """Per-step embedding with a learned time embedding, a temporal conv, masked mean over time."""
+  """Per-step embedding with a learned time embedding, `layers` residual temporal convs, masked
+  mean over time."""
 
   def __init__(self, steps: int, channels: int, hidden: int, d_model: int, *, rngs: nnx.Rngs,
-               dtype=jnp.float32):
+               dtype=jnp.float32, layers: int = 1):
     self.embed = nnx.Linear(2 * channels, hidden, dtype=dtype, rngs=rngs)
     self.time = nnx.Param(0.02 * jax.random.normal(rngs.params(), (steps, hidden), dtype))
     self.conv = nnx.Conv(hidden, hidden, kernel_size=(3,), padding="SAME", dtype=dtype, rngs=rngs)
+    self.deeper = nnx.List([nnx.Conv(hidden, hidden, kernel_size=(3,), padding="SAME",
+                                     dtype=dtype, rngs=rngs) for _ in range(layers - 1)])
     self.out = nnx.Linear(hidden, d_model, dtype=dtype, rngs=rngs)
     self.norm = nnx.LayerNorm(d_model, dtype=dtype, rngs=rngs)
 
@@ -80,4 +89,6 @@ class VitalsEncoder(nnx.Module):
     h_BxTxH = nnx.gelu(self.embed(x) + self.time[...])
     h_BxTxH = jnp.where(step_mask_BxT[..., None], h_BxTxH, 0)
     h_BxTxH = h_BxTxH + nnx.gelu(self.conv(h_BxTxH))
+    for conv in self.deeper:
+      h_BxTxH = h_BxTxH + nnx.gelu(conv(h_BxTxH))
     return self.norm(self.out(masked_mean(h_BxTxH, step_mask_BxT)))

@@ -76,9 +76,11 @@ class FusionModel(nnx.Module):
     self.missing, self.fusion, self.p_drop = cfg.missing, cfg.fusion, cfg.modality_dropout
     self.image = encoders.ImageEncoder(image_size, tuple(cfg.image_channels), d, rngs=rngs,
                                        dtype=dtype)
-    self.labs = encoders.LabsEncoder(num_analytes, cfg.labs_hidden, d, rngs=rngs, dtype=dtype)
+    self.labs = encoders.LabsEncoder(num_analytes, cfg.labs_hidden, d, rngs=rngs, dtype=dtype,
+                                     layers=cfg.get("labs_layers", 1))
     self.vitals = encoders.VitalsEncoder(vitals_steps, vitals_channels, cfg.vitals_hidden, d,
-                                         rngs=rngs, dtype=dtype)
+                                         rngs=rngs, dtype=dtype,
+                                         layers=cfg.get("vitals_layers", 1))
     init = jax.nn.initializers.normal(0.02)
     self.missing_embed = nnx.Param(init(rngs.params(), (NUM_MODALITIES, d), dtype))
     self.modality_embed = nnx.Param(init(rngs.params(), (NUM_MODALITIES, d), dtype))

@@ -26,6 +26,8 @@ from flax import nnx
 from medjax import checkpoint as checkpoint_lib
 from medjax import evaluate as evaluate_lib
 from medjax import lineage as lineage_lib
+from medjax import monitor as monitor_lib
+from medjax import monitor_plots
 from medjax import paths
 from medjax import progress
 from medjax.data import host as host_lib
@@ -40,6 +42,7 @@ from medjax.train import optim
 from medjax.train import reporting
 from medjax.train import state as state_lib
 from medjax.train import step as step_lib
+from medjax.train import stopping
 from medjax.train import writers
 
 # Cache counters in metrics.jsonl and summary.json (`cache.hosts.<host>.<counter>`, `cache.total`).
@@ -118,7 +121,7 @@ def train_and_evaluate(config, workdir: str, topology: Topology = Topology(), ct
   if ctx is None:
     run = paths.RunPaths(workdir, config)
     ctx = context.Local(lineage_lib.LineageStore(run.lineage_store), run.checkpoints,
-                        config.ckpt.max_to_keep)
+                        config.ckpt.max_to_keep, keep_best=config.ckpt.keep_best)
     use_compilation_cache(run)
   prepared = prepare(config, workdir, topology, ctx, host_history, phases=phases)
   return run_prepared(prepared, ctx, phases=phases)
@@ -236,9 +239,19 @@ def run_prepared(prepared: Prepared, ctx, *, phases: phases_lib.Phases | None = 
     elif config.model.missing != "learned":
       state = with_fill_values(state, p.built, reader, manifest.indices("train"), data.tables)
   cursor = lineage_lib.Cursor(lineage, len(manifest), generation=ctx.generation)
+  validator = (stopping.Validator(p, ctx, writer=None, is_chief=is_chief)
+               if stopping.wanted(config) else None)
 
   # The loop: epochs -> partitions -> steps, from where the lineage says.
   writer = writers.MetricWriter(workdir, enabled=is_chief)
+  if validator is not None:
+    validator.writer = writer
+  # The monitor: every process's rows in metrics.jsonl (process 0's in TensorBoard too).
+  monitor_writer = writer if is_chief else writers.MetricWriter(workdir, tensorboard=False)
+  monitor = monitor_lib.Monitor(
+      config.monitor, process_index=jax.process_index(),
+      write=lambda row: monitor_writer.write(cursor.global_step, row, kind="monitor"))
+  local_examples = global_batch // jax.process_count()
   bar = progress.Progress(p.total_steps, "training", unit="step")
   bar.update(cursor.global_step)
 
@@ -262,8 +275,9 @@ def run_prepared(prepared: Prepared, ctx, *, phases: phases_lib.Phases | None = 
   t_start = time.perf_counter()
   ctx.set_phase("compiling")
   phases.start_first_step()
+  monitor.start()
   try:
-    while cursor.epoch < config.optim.epochs:
+    while cursor.epoch < config.optim.epochs and not cursor.stopped:
       epoch_plan = data.plan(cursor.epoch, cursor.base_N)
       for part in range(cursor.partition, epoch_plan.num_partitions):
         injector.at_partition(part, cursor.global_step, cursor.epoch)
@@ -273,6 +287,7 @@ def run_prepared(prepared: Prepared, ctx, *, phases: phases_lib.Phases | None = 
           if ctx.stop_requested():
             raise Stopped(f"stop requested at step {cursor.global_step}")
           state, metrics = train_step(state, batch)
+          monitor.step_done(1, local_examples)
           batches.read_ahead()   # while the step runs
           cursor.step_done(steps[s])
           ctx.executed += 1
@@ -291,18 +306,29 @@ def run_prepared(prepared: Prepared, ctx, *, phases: phases_lib.Phases | None = 
         if epoch_done:
           cursor.new_segment(epoch=cursor.epoch + 1, placement=data.placement_id,
                              hosts=data.placement.hosts, base_N=np.zeros(len(manifest), bool))
-        if policy.at_boundary(cursor.epoch):
+          if validator is not None:
+            # Before the epoch's checkpoint, which then carries the history (and the stop).
+            reporter.flush()
+            validator.epoch_end(state, cursor)
+        if policy.at_boundary(cursor.epoch) or (epoch_done and validator is not None):
           saver.save(state, cursor.lineage())
         publish_cache_counters(data, reporter, barrier, config, ctx,
                                epoch_end=cursor.epoch - 1 if epoch_done else None,
                                step=cursor.global_step, log=is_chief)
+        if cursor.stopped:
+          break
     reporter.flush()
+    # No more steps: waiting for the last saves (and, with keep_best, restoring the best) is
+    # not a training step a learned hang timeout could judge.
+    ctx.set_phase("finishing")
     saver.finish()
   finally:
     bar.close()
     ledger.close()
-  ckpt.close()
   train_seconds = time.perf_counter() - t_start
+  if validator is not None:
+    state = validator.state_to_test(state, cursor, ckpt)
+  ckpt.close()
 
   # Evaluation.
   ctx.set_phase("evaluating")
@@ -320,9 +346,15 @@ def run_prepared(prepared: Prepared, ctx, *, phases: phases_lib.Phases | None = 
                        "devices": p.mesh.size, "processes": jax.process_count(),
                        "checkpoint_blocked_s": round(ckpt.blocked_s, 3)},
              "cache": cache_summary(config.data, data.gathered_counters())}
+  if validator is not None:
+    summary["early_stopping"] = validator.summary(cursor)
+  summary["monitor"] = {**monitor.close(), "generation": ctx.generation}
   writer.close()
+  if monitor_writer is not writer:
+    monitor_writer.close()
   if is_chief:
     evaluate_lib.write_summary(workdir, summary, manifest.class_names)
+    monitor_plots.plot_monitor(writers.read_metrics(workdir), [], run.plot("monitor"))
   ctx.set_phase("done")
   return summary
 
