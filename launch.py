@@ -2,6 +2,7 @@
 
   python launch.py --config configs/quickstart.py [--workdir DIR] [--config.a.b=value]
   python launch.py --config configs/quickstart.py --config.mode=ingest --workdir DIR
+  python launch.py --config configs/sweep.py --workdir DIR    (an Optuna sweep; rerun to resume)
 
 Roles (--role):
   local        (default) everything on this machine: data, coordinator, agents, workers
@@ -65,6 +66,13 @@ def _setup_logging(workdir: str, name: str) -> None:
   logging.getLogger().setLevel(logging.INFO)
   # Orbax and JAX log through absl at INFO for every save; keep their warnings, drop the chatter.
   logging.getLogger("absl").setLevel(logging.WARNING)
+  # asyncio reports exceptions no one retrieved from Orbax's and TensorStore's internal event
+  # loops (e.g. a read of a damaged checkpoint that was already skipped for the previous one),
+  # when they are garbage-collected, tracebacks included: library detail for the log file, not
+  # the terminal.
+  quiet = logging.getLogger("asyncio")
+  quiet.addHandler(handler)
+  quiet.propagate = False
 
 
 def _config(workdir: str):
@@ -81,9 +89,31 @@ def _config(workdir: str):
   return worker.load_config(workdir)
 
 
+def _sweep(role: str) -> int:
+  """A sweep config (mode 'sweep'): an Optuna study whose trials are launch.py runs."""
+  if role != "local":
+    raise app.UsageError(f"--role={role}: a sweep runs in the local role; on a cluster, start it "
+                         "on each machine with one --workdir and --config.study.storage")
+  from medjax.sweep import spec  # pylint: disable=import-outside-toplevel
+  spec.load(_CONFIG.value)  # the sweep and its base config checked before anything is written
+  from medjax.sweep import runner  # pylint: disable=import-outside-toplevel  (imports optuna)
+  workdir = _workdir()
+  if os.path.exists(workdir) and not os.path.isdir(workdir):
+    raise errors.InputError(f"--workdir={workdir} is a file, not a directory; give a new or "
+                            "existing sweep directory")
+  os.makedirs(workdir, exist_ok=True)
+  _config(workdir)
+  _setup_logging(workdir, "log")
+  runner.run(_CONFIG.value, workdir)
+  print(f"workdir: {workdir}")
+  return 0
+
+
 def main(argv):
   del argv
   role = _ROLE.value
+  if _CONFIG.value is not None and _CONFIG.value.get("mode") == "sweep":
+    return _sweep(role)
   if _CONFIG.value is not None and role != "worker":
     # Every field checked before anything starts or is written (no jax imported yet: a bad
     # config is answered in well under 2 s).
@@ -132,13 +162,13 @@ def main(argv):
   logging.info("workdir %s, mode %s", workdir, config.mode)
   # Imported here so that `--help` and flag errors stay fast.
   from medjax.data import pipeline  # pylint: disable=import-outside-toplevel
-  from medjax import evaluate  # pylint: disable=import-outside-toplevel
   if config.mode == "synth":
     print(pipeline.cohort_root(config, workdir))
   elif config.mode == "ingest":
     pipeline.run_ingest(config, workdir)
   elif config.mode == "train":
     if config.fault.supervised:
+      from medjax import evaluate  # pylint: disable=import-outside-toplevel
       from medjax.fault import local  # pylint: disable=import-outside-toplevel
       try:
         summary = local.run(config, workdir)

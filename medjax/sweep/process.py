@@ -1,0 +1,107 @@
+"""launch.py as a child of the sweep: started, waited for, stopped, and its failure in one line.
+
+A child dies with the sweep process (Linux PR_SET_PDEATHSIG, as medjax's agents do), so a sweep
+killed with SIGKILL leaves no trial training behind; the child's own children (coordinator,
+agents, workers) die with it in turn. Each child has a session of its own: a terminal's Ctrl-C
+reaches only the sweep, which stops the child as a terminal would (SIGINT), then kills it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from medjax.sweep import spec
+
+LAUNCH = os.path.join(spec.REPO, "launch.py")
+STOP_GRACE_S = 30.0   # a stopped child's launcher stops its run within this, or is killed
+
+_PR_SET_PDEATHSIG = 1
+try:  # looked up here: the child between fork and exec must not load libraries
+  _PRCTL = ctypes.CDLL(None, use_errno=True).prctl
+except (OSError, AttributeError):
+  _PRCTL = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+  returncode: int | None   # None: stopped at its time limit
+  reason: str              # '' when it exited 0; else why, in one line
+  wall_s: float
+
+
+def _die_with_parent() -> None:
+  os.setsid()
+  if _PRCTL is not None:
+    _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def run(args: list[str], log_path: str, *, timeout_s: float = 0.0, on_start=None) -> Outcome:
+  """Runs `launch.py args` (stdout and stderr appended to `log_path`) to its end.
+
+  Must be called from the main thread: the kernel's parent-death signal follows the thread that
+  started the child. `on_start(pid)` is called once the child runs.
+  """
+  t0 = time.monotonic()
+  with open(log_path, "ab") as log:
+    proc = subprocess.Popen([sys.executable, LAUNCH, *args], stdout=log, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+  if on_start is not None:
+    on_start(proc.pid)
+  try:
+    rc = proc.wait(timeout=timeout_s or None)
+  except subprocess.TimeoutExpired:
+    stop(proc)
+    return Outcome(None, f"stopped after config.trials.timeout_s={timeout_s:g} s",
+                   time.monotonic() - t0)
+  except BaseException:  # KeyboardInterrupt, or anything that ends the sweep: no orphan left
+    stop(proc)
+    raise
+  wall = time.monotonic() - t0
+  return Outcome(rc, "" if rc == 0 else describe_exit(rc, log_path), wall)
+
+
+def stop(proc: subprocess.Popen) -> None:
+  """SIGINT (the launcher stops its run), then SIGKILL after STOP_GRACE_S."""
+  if proc.poll() is not None:
+    return
+  try:
+    proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=STOP_GRACE_S)
+  except subprocess.TimeoutExpired:
+    proc.kill()  # its children die with it (PR_SET_PDEATHSIG)
+    proc.wait()
+  except ProcessLookupError:
+    pass
+
+
+def describe_exit(returncode: int, log_path: str) -> str:
+  """Why launch.py ended: its one-line error, or the signal that killed it."""
+  if returncode < 0:
+    name = signal.Signals(-returncode).name if -returncode in signal.valid_signals() else (
+        f"signal {-returncode}")
+    hint = " (out of memory? the kernel's OOM killer sends SIGKILL)" if (
+        -returncode == signal.SIGKILL) else ""
+    return f"killed by {name}{hint}"
+  line = error_line(log_path)
+  return f"exit {returncode}: {line}" if line else f"exit {returncode} (see {log_path})"
+
+
+def error_line(log_path: str) -> str | None:
+  """The last `error: ...` line launch.py printed, without the prefix."""
+  try:
+    with open(log_path, "rb") as f:
+      f.seek(0, os.SEEK_END)
+      f.seek(max(0, f.tell() - 65536))
+      lines = f.read().decode("utf-8", "replace").splitlines()
+  except OSError:
+    return None
+  for line in reversed(lines):
+    if line.startswith("error: "):
+      return " ".join(line[len("error: "):].split())[:400]
+  return None
