@@ -12,11 +12,13 @@ Roles (--role):
   worker       started by an agent, never by hand
 """
 
+import importlib
 import logging
 import os
 import re
 import socket
 import sys
+import threading
 import time
 
 from absl import app
@@ -168,13 +170,17 @@ def main(argv):
     pipeline.run_ingest(config, workdir)
   elif config.mode == "train":
     if config.fault.supervised:
-      from medjax import evaluate  # pylint: disable=import-outside-toplevel
       from medjax.fault import local  # pylint: disable=import-outside-toplevel
+      # The summary table's module (matplotlib, scipy: seconds) is imported while the run goes
+      # on in other processes, not after it.
+      threading.Thread(target=importlib.import_module, args=("medjax.evaluate",),
+                       name="import-evaluate", daemon=True).start()
       try:
         summary = local.run(config, workdir)
       except local.RunFailed as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+      from medjax import evaluate  # pylint: disable=import-outside-toplevel
       print(evaluate.format_summary(summary))
     else:
       from medjax.train import loop  # pylint: disable=import-outside-toplevel
