@@ -122,8 +122,13 @@ def get_config(arg=None):
   config.ckpt = ckpt = ml_collections.ConfigDict()
   ckpt.max_to_keep = 3                  # committed checkpoints kept
   ckpt.async_save = True
-  ckpt.partition_boundaries = True      # checkpoint at every partition boundary (and the end)
-  ckpt.every_steps = 0                  # also checkpoint every k steps inside a partition (0: no)
+  # When to checkpoint (the lineage paper's Table I): 'lineage' (the two fields below), 'epoch'
+  # (epoch ends), 'time' (every ckpt.every_seconds), 'none' (the end only: a failure restarts
+  # from step 0). Every strategy saves the end of training.
+  ckpt.strategy = "lineage"
+  ckpt.partition_boundaries = True      # lineage: checkpoint at every partition boundary
+  ckpt.every_steps = 0                  # lineage: also every k steps inside a partition (0: no)
+  ckpt.every_seconds = 0.0              # time: seconds between checkpoints
   ckpt.lineage_store = ""               # TensorStore kvstore path or URL; default <workdir>/lineage
   # When every committed checkpoint is damaged: 'stop' (one line naming the damage) or
   # 'start_fresh' (train from step 0; the damaged checkpoints are moved aside, not deleted).

@@ -71,6 +71,7 @@ FUSIONS = ("attention", "gated")                           # model/fusion.py Fus
 MISSING_POLICIES = ("learned", "zero", "mean", "drop")     # model/fusion.py MISSING_POLICIES
 DTYPES = ("float32", "bfloat16", "float16")                # model/fusion.py jnp.dtype
 IF_ALL_DAMAGED = ("stop", "start_fresh")                   # configs/default.py ckpt
+CKPT_STRATEGIES = ("lineage", "epoch", "time", "none")      # medjax/train/checkpointing.py
 # Higher is better: keys of a split's metrics (medjax/train/metrics.py); binary tasks have the
 # last four instead of top-3 and the macro AUROC.
 VALIDATION_METRICS = ("macro_f1", "accuracy", "top3_accuracy", "rare_recall", "auroc_macro",
@@ -174,6 +175,7 @@ def _rules() -> dict[str, tuple[Check, ...]]:
                        ("data.cache_policy", CACHE_POLICIES), ("model.fusion", FUSIONS),
                        ("model.missing", MISSING_POLICIES), ("model.dtype", DTYPES),
                        ("ckpt.if_all_damaged", IF_ALL_DAMAGED),
+                       ("ckpt.strategy", CKPT_STRATEGIES),
                        ("evals.validation_metric", VALIDATION_METRICS)):
     each(_one_of(*names), field)
   each(_at_least(0, " (0: never stop early)"), "optim.early_stopping_patience")
@@ -196,6 +198,7 @@ def _rules() -> dict[str, tuple[Check, ...]]:
   each(_at_least(0, " (0: keep all)"), "ckpt.max_to_keep")
   each(_at_least(0, " (0: no confidence intervals)"), "evals.bootstrap")
   each(_at_least(0, " (0: only at partition boundaries)"), "ckpt.every_steps")
+  each(_at_least(0), "ckpt.every_seconds")
   each(lambda v: None if set(v) <= set(SPLITS) else f"use names from {SPLITS}", "evals.splits")
   each(lambda v: None if len(v) != 1 else "names one class; training needs at least two (or () "
        "for the names in labels.csv)", "data.classes")
@@ -447,6 +450,14 @@ class _Checker:
       if empty:
         self.add("evals.splits", f"evaluates {empty[0]!r}, which config.data.split leaves empty; "
                                  f"drop it or give it a share")
+    if self.ok("ckpt.strategy", "ckpt.every_seconds", "ckpt.every_steps"):
+      strategy = g("ckpt.strategy")
+      if strategy == "time" and g("ckpt.every_seconds") <= 0:
+        self.add("ckpt.every_seconds", "must be > 0 with config.ckpt.strategy='time'; give the "
+                                       "seconds between checkpoints, e.g. 600")
+      if strategy != "lineage" and g("ckpt.every_steps"):
+        self.add("ckpt.every_steps", f"applies to config.ckpt.strategy='lineage', not "
+                                     f"{strategy!r}; set it to 0 or use the lineage strategy")
     wants = [f for f in ("optim.early_stopping_patience", "ckpt.keep_best") if g(f)]
     if (wants and self.ok("data.split") and len(g("data.split")) == 3
         and g("data.split")[1] == 0):

@@ -124,6 +124,8 @@ def test_types_accept_what_json_and_placeholders_give():
      "(did you mean 'float16'?)"),
     ("ckpt.if_all_damaged", "ignore",
      "config.ckpt.if_all_damaged='ignore': use one of ('stop', 'start_fresh')"),
+    ("ckpt.strategy", "daily",
+     "config.ckpt.strategy='daily': use one of ('lineage', 'epoch', 'time', 'none')"),
     ("evals.splits", ("test", "holdout"),
      "config.evals.splits=('test', 'holdout'): use names from ('train', 'val', 'test')"),
     ("fault.inject", "kil@step=3:process=0",
@@ -305,6 +307,12 @@ def test_local_run_cannot_wait_for_hosts_it_does_not_start():
     ({"fault.inject": "host@epoch=1:process=0", "fault.supervised": False},
      "config.fault.inject='host@epoch=1:process=0': fault 'host@epoch=1:process=0' kills a host, "
      "which needs a supervised run; set config.fault.supervised=True"),
+    ({"ckpt.strategy": "time"},
+     "config.ckpt.every_seconds=0.0: must be > 0 with config.ckpt.strategy='time'; give the "
+     "seconds between checkpoints, e.g. 600"),
+    ({"ckpt.strategy": "epoch", "ckpt.every_steps": 25},
+     "config.ckpt.every_steps=25: applies to config.ckpt.strategy='lineage', not 'epoch'; set it "
+     "to 0 or use the lineage strategy"),
 ])
 def test_across_fields(overrides, line):
   assert _error(_config(overrides)) == line
@@ -375,6 +383,8 @@ def test_enum_copies_match_the_modules_that_consume_them():
   assert config_check.MISSING_POLICIES == fusion.MISSING_POLICIES
   from medjax.data import decoder  # pylint: disable=import-outside-toplevel
   assert config_check.ISOLATE == decoder.ISOLATE
+  from medjax.train import checkpointing  # pylint: disable=import-outside-toplevel
+  assert config_check.CKPT_STRATEGIES == checkpointing.STRATEGIES
 
 
 def test_imports_no_jax():

@@ -73,24 +73,29 @@ def _assert_exactly_once(workdir, epochs):
 # The multi-process paths (jax.distributed, gloo, exactly once across processes, restore onto
 # another process count) need 2 worker processes per host; the default on CPU is 1.
 TWO_WORKERS = "--config.fault.workers_per_host=2"
+# The clean and faulty runs' epochs: JAX notices a SIGTERM by polling once a second (TSL's
+# SigtermNotifier) and then agrees on the preemption step, so a SIGTERM needs a few seconds of
+# training after it; at ~18 steps/s, 4 epochs of 15 steps leave 43 steps (~2.4 s) after step 17.
+EPOCHS = 4
 
 
 @pytest.fixture(scope="module")
 def clean_run(shared):
   """An uninterrupted supervised run: 1 host, 2 worker processes of 1 device each."""
   clean = str(shared["base"] / "clean")
-  assert runs.run(clean, *_common(shared), TWO_WORKERS) == 0, runs.tail(clean)
+  assert runs.run(clean, *_common(shared), TWO_WORKERS,
+                  f"--config.optim.epochs={EPOCHS}") == 0, runs.tail(clean)
   return clean
 
 
 def test_signals_recovery_exactly_once_and_same_parameters(shared, clean_run):
   clean = clean_run
   faulty = str(shared["base"] / "faulty")
-  # JAX agrees on the preemption step asynchronously (a few steps after the SIGTERM here, more on
-  # a loaded machine); the SIGTERM comes 13 steps before the end so that the agreement falls
-  # inside training.
+  # JAX agrees on the preemption step asynchronously (up to a second to notice the SIGTERM, then
+  # a few steps, more on a loaded machine): EPOCHS leaves it seconds of training.
   faults = "kill@step=6:process=1; sigstop@step=13:process=0; sigterm@step=17:process=1"
-  code = runs.run(faulty, *_common(shared), TWO_WORKERS, f"--config.fault.inject={faults}")
+  code = runs.run(faulty, *_common(shared), TWO_WORKERS, f"--config.optim.epochs={EPOCHS}",
+                  f"--config.fault.inject={faults}")
   assert code == 0, runs.tail(faulty)
 
   ft = runs.summary(faulty)["fault_tolerance"]
@@ -103,7 +108,7 @@ def test_signals_recovery_exactly_once_and_same_parameters(shared, clean_run):
   assert all(f["recovered_s"] is not None for f in ft["failures"])
   assert ft["steps_committed"] == runs.summary(clean)["fault_tolerance"]["steps_committed"]
   assert ft["steps_executed"] > ft["steps_committed"]  # the crash and the hang cost work
-  _assert_exactly_once(faulty, epochs=2)
+  _assert_exactly_once(faulty, epochs=EPOCHS)
 
   # The run that survived three failures ends where the uninterrupted one does.
   a, step_a = checkpoint.load_arrays(os.path.join(clean, "checkpoints"))
@@ -143,18 +148,18 @@ def test_restore_onto_another_process_and_device_count(shared, clean_run, tmp_pa
   result = evaluate.load(clean_run, bootstrap=10)
   assert result.metrics["accuracy"] == pytest.approx(
       runs.summary(clean_run)["test"]["accuracy"], abs=1e-6)
-  # Training resumes on 1 worker process with 2 devices for a third epoch.
+  # Training resumes on 1 worker process with 2 devices for one more epoch.
   cont = str(tmp_path / "cont")
   import shutil  # pylint: disable=import-outside-toplevel
   shutil.copytree(clean_run, cont, ignore=shutil.ignore_patterns("cache"))
-  code = runs.run(cont, *_common(shared), "--config.optim.epochs=3",
+  code = runs.run(cont, *_common(shared), f"--config.optim.epochs={EPOCHS + 1}",
                   "--config.fault.workers_per_host=1", "--config.fault.devices_per_worker=2")
   assert code == 0, runs.tail(cont)
   ft = runs.summary(cont)["fault_tolerance"]
   assert ft["steps_committed"] > runs.summary(clean_run)["fault_tolerance"]["steps_committed"]
   gens = [e for e in runs.events(cont) if e["event"] == "generation_start"]
   assert gens[-1]["num_processes"] == 1
-  _assert_exactly_once(cont, epochs=3)
+  _assert_exactly_once(cont, epochs=EPOCHS + 1)
 
 
 def test_coordinator_crash_and_restart_mid_run(shared):
@@ -444,3 +449,29 @@ def test_a_crash_recovers_through_a_warm_standby_with_its_phases(shared):
                                                             (2, "warm_standby")], reports
   assert reports[0]["phases"]["compile"] > 0 and "compile" not in reports[1]["phases"]
   _assert_exactly_once(workdir, epochs=30)
+
+
+@pytest.mark.parametrize("strategy,commits", [
+    ("none", [45]),            # a crash restarts from step 0
+    ("epoch", [15, 30, 45]),   # from the last epoch end
+])
+def test_checkpoint_strategy_decides_where_a_crash_resumes(shared, strategy, commits):
+  """The lineage paper's Table I strategies are trainer settings (config.ckpt.strategy): the
+  same crash at step 25 of 45 loses what each strategy left uncommitted, and no more."""
+  workdir = str(shared["base"] / f"strategy-{strategy}")
+  code = runs.run(workdir, *_common(shared), "--config.optim.epochs=3",
+                  f"--config.ckpt.strategy={strategy}", "--config.ckpt.every_steps=0",
+                  "--config.fault.inject=kill@step=25:process=0")
+  assert code == 0, runs.tail(workdir)
+  events = runs.events(workdir)
+  assert [e["step"] for e in events if e["event"] == "commit"] == commits
+  failed = next(i for i, e in enumerate(events) if e["event"] == "failure")
+  newest = max([0] + [e["step"] for e in events[:failed] if e["event"] == "commit"])
+  (recovered,) = [e for e in events if e["event"] == "recovered"]
+  # The newest commit before the crash (epoch: step 15, unless its async save was still being
+  # written when the crash came), and nothing older.
+  assert recovered["step"] == newest + 1 and newest in ([0] if strategy == "none" else [0, 15])
+  ft = runs.summary(workdir)["fault_tolerance"]
+  # Executed steps are counted from heartbeats, which may lag the crash by a few steps.
+  assert 45 < ft["steps_executed"] <= 45 + 25 - newest, ft
+  _assert_exactly_once(workdir, epochs=3)

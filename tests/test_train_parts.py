@@ -36,6 +36,54 @@ def test_save_policy_every_k_inside_partitions_and_boundaries():
   assert not ends_only.at_boundary(1) and ends_only.at_boundary(2)
 
 
+def _policy(strategy, *, every_steps=0, every_seconds=0.0, epochs=3, **kwargs):
+  return checkpointing.SavePolicy(ml_collections.ConfigDict(
+      {"strategy": strategy, "every_steps": every_steps, "partition_boundaries": True,
+       "every_seconds": every_seconds}), epochs=epochs, **kwargs)
+
+
+def test_save_policy_strategies_of_table_one():
+  # Epoch-level: epoch ends only (and the end), never inside a partition.
+  epoch = _policy("epoch", every_steps=4)
+  assert not any(epoch.after_step(g, g, 100) for g in range(1, 100))
+  assert [epoch.at_boundary(e, done) for e, done in ((0, False), (1, True), (1, False),
+                                                     (2, True), (3, True))] == [
+      False, True, False, True, True]
+  # None: only the end of training.
+  none = _policy("none", every_steps=4)
+  assert not any(none.after_step(g, g, 100) for g in range(1, 100))
+  assert [none.at_boundary(e, True) for e in (1, 2, 3)] == [False, False, True]
+  # Lineage: as configured (the test above).
+  assert _policy("lineage", every_steps=4).after_step(4, 4, 10)
+
+
+def test_save_policy_time_based_counts_from_the_last_save():
+  now = [0.0]
+  timed = _policy("time", every_seconds=10.0, clock=lambda: now[0])
+  due = []
+  for step in range(1, 40):
+    now[0] += 1.0
+    if timed.after_step(step, step, 1000):
+      due.append(step)
+    if step == 25:
+      timed.saved()   # e.g. a boundary save resets the interval
+  assert due == [10, 20, 35]
+  assert not timed.at_boundary(1, True) and timed.at_boundary(3, True)
+
+
+def test_save_policy_time_based_takes_the_chiefs_decision():
+  asked = []
+
+  def chief_says_no(flag):
+    asked.append(flag)
+    return False
+
+  now = [100.0]
+  timed = _policy("time", every_seconds=1.0, clock=lambda: now[0], agree=chief_says_no)
+  now[0] += 5
+  assert not timed.after_step(1, 1, 10) and asked == [True]
+
+
 class _FakeCheckpointer:
   def __init__(self):
     self.saved, self.finalized_queue, self.blocked_s, self.waits = [], [], 0.0, 0

@@ -1,6 +1,7 @@
 """The trainer's checkpoint concerns: when to save, the commit path, preemption, restore.
 
-- `SavePolicy` says when to save (config.ckpt): a pure function of the position in the plan.
+- `SavePolicy` says when to save (config.ckpt.strategy): from the position in the plan (or, for
+  the time-based strategy, the clock).
 - `Saver` saves (never the same step twice), hands what Orbax finalized to the context's commit
   (the coordinator's, or the single process's own), and on preemption saves, waits and commits.
 - `Preemption` says when every process has agreed to stop for a SIGTERM.
@@ -12,13 +13,18 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+import time
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 
 from medjax import checkpoint as checkpoint_lib
 from medjax import errors
 from medjax import lineage as lineage_lib
+
+
+STRATEGIES = ("lineage", "epoch", "time", "none")   # config.ckpt.strategy
 
 
 class Preempted(Exception):
@@ -26,26 +32,66 @@ class Preempted(Exception):
 
 
 class SavePolicy:
-  """When to checkpoint, from config.ckpt.
+  """When to checkpoint, from config.ckpt (README, "Checkpoint strategies").
+
+  `strategy` is one of the lineage paper's Table I rows: 'lineage' (every partition boundary when
+  `partition_boundaries`, and every `every_steps` global steps inside a partition), 'epoch' (at
+  epoch ends), 'time' (the first step `every_seconds` after the last save or the start), 'none'
+  (only the end of training: a failure restarts from step 0). Every strategy saves the end.
 
   Args:
-    ckpt_config: config.ckpt (`partition_boundaries`, `every_steps`).
-    epochs: the run's epochs (the end of training is always saved).
+    ckpt_config: config.ckpt (`strategy`, `partition_boundaries`, `every_steps`, `every_seconds`).
+    epochs: the run's epochs.
+    agree: for 'time' in a multi-process run, makes every process take process 0's decision (a
+      broadcast; each process's clock would otherwise pick its own step and the collective save
+      would wait for ever). None: the decision is this process's.
+    clock: seconds, monotonic (tests pass their own).
   """
 
-  def __init__(self, ckpt_config, *, epochs: int):
-    self.every_steps = int(ckpt_config.every_steps)
-    self.partition_boundaries = bool(ckpt_config.partition_boundaries)
+  def __init__(self, ckpt_config, *, epochs: int, agree=None, clock=time.monotonic):
+    self.strategy = str(ckpt_config.get("strategy", "lineage"))
+    if self.strategy not in STRATEGIES:
+      raise ValueError(f"ckpt.strategy={self.strategy!r}: use one of {STRATEGIES}")
+    lineage_rules = self.strategy == "lineage"
+    self.every_steps = int(ckpt_config.every_steps) if lineage_rules else 0
+    self.partition_boundaries = bool(ckpt_config.partition_boundaries) and lineage_rules
+    self.every_seconds = float(ckpt_config.get("every_seconds", 0.0))
     self.epochs = epochs
+    self._agree, self._clock = agree, clock
+    self._last = clock()
 
   def after_step(self, global_step: int, offset: int, partition_steps: int) -> bool:
-    """Inside a partition: every `every_steps` global steps (its last step is a boundary)."""
+    """Inside a partition (`offset` steps into its `partition_steps`); its last step is a
+    boundary, which `at_boundary` decides."""
+    if offset >= partition_steps:
+      return False  # the next step starts a partition: a save here would be the boundary's
+    if self.strategy == "time":
+      due = self._clock() - self._last >= self.every_seconds
+      if self._agree is not None:
+        due = bool(self._agree(due))
+      if due:
+        self.saved()
+      return due
     k = self.every_steps
-    return bool(k) and global_step % k == 0 and offset < partition_steps
+    return bool(k) and global_step % k == 0
 
-  def at_boundary(self, epoch_after: int) -> bool:
-    """At a partition boundary, with `epoch_after` the epoch the next step belongs to."""
-    return self.partition_boundaries or epoch_after >= self.epochs
+  def at_boundary(self, epoch_after: int, epoch_done: bool = False) -> bool:
+    """At a partition boundary, with `epoch_after` the epoch the next step belongs to and
+    `epoch_done` whether the boundary ends an epoch."""
+    if epoch_after >= self.epochs:
+      return True
+    if self.strategy == "epoch":
+      return epoch_done
+    return self.partition_boundaries
+
+  def saved(self) -> None:
+    """A save happened (any reason): the time strategy's interval starts again."""
+    self._last = self._clock()
+
+
+def agree_with_chief(flag: bool) -> bool:
+  """Process 0's `flag`, in every process (a collective: every process must call it)."""
+  return bool(multihost_utils.broadcast_one_to_all(np.int32(flag)))
 
 
 class Saver:

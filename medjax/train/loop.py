@@ -265,7 +265,8 @@ def run_prepared(prepared: Prepared, ctx, *, phases: phases_lib.Phases | None = 
       resume_hint=lambda: f"last good checkpoint: {saver.last_saved} in {run.checkpoints}")
   saver = checkpointing.Saver(ckpt, ctx, is_chief=is_chief, last_saved=last_good,
                               before_save=reporter.flush)
-  policy = checkpointing.SavePolicy(config.ckpt, epochs=config.optim.epochs)
+  policy = checkpointing.SavePolicy(config.ckpt, epochs=config.optim.epochs,
+                                    agree=checkpointing.agree_with_chief if jax.process_count() > 1 else None)
   preemption = checkpointing.Preemption()
   injector = inject.Injector(config.fault.inject, jax.process_index(), workdir,
                              host=p.topology.host)
@@ -310,8 +311,9 @@ def run_prepared(prepared: Prepared, ctx, *, phases: phases_lib.Phases | None = 
             # Before the epoch's checkpoint, which then carries the history (and the stop).
             reporter.flush()
             validator.epoch_end(state, cursor)
-        if policy.at_boundary(cursor.epoch) or (epoch_done and validator is not None):
+        if policy.at_boundary(cursor.epoch, epoch_done) or (epoch_done and validator is not None):
           saver.save(state, cursor.lineage())
+          policy.saved()
         publish_cache_counters(data, reporter, barrier, config, ctx,
                                epoch_end=cursor.epoch - 1 if epoch_done else None,
                                step=cursor.global_step, log=is_chief)
