@@ -167,6 +167,7 @@ def get_config(arg=None):
   # unsupervised run trains in the launcher's own process (no fault tolerance beyond resume).
   fault.supervised = True
   fault.local_hosts = 1       # hosts (agents) started on this machine by the local launcher
+  fault.local_spares = 0      # local runs: spare agents started in place of lost hosts
   fault.hosts = 0             # hosts a generation needs (0: local_hosts)
   # Worker processes per host. 0: auto (medjax/fault/layout.py): one per accelerator, or on a
   # CPU-only host one process whose single device uses every core (no gradient exchange).

@@ -475,3 +475,18 @@ def test_checkpoint_strategy_decides_where_a_crash_resumes(shared, strategy, com
   # Executed steps are counted from heartbeats, which may lag the crash by a few steps.
   assert 45 < ft["steps_executed"] <= 45 + 25 - newest, ft
   _assert_exactly_once(workdir, epochs=3)
+
+
+def test_a_lost_host_is_replaced_by_a_local_spare(shared):
+  """fault.local_spares: the local launcher starts a spare agent under a lost host's name (a
+  cluster's spare machine), so a one-host run survives losing its host."""
+  workdir = str(shared["base"] / "spare")
+  code = runs.run(workdir, *_common(shared), "--config.optim.epochs=3",
+                  "--config.fault.local_spares=1", "--config.fault.inject=host@step=20:process=0")
+  assert code == 0, runs.tail(workdir)
+  (lost,) = runs.summary(workdir)["fault_tolerance"]["failures"]
+  assert lost["kind"] == "host_lost" and lost["recovered_s"] is not None, lost
+  registered = [e for e in runs.events(workdir) if e["event"] == "agent_registered"]
+  assert [e["host"] for e in registered] == ["host-0"]   # the spare took the lost host's name
+  assert "a spare agent takes its place (0 spare(s) left)" in runs.tail(workdir, n=400)
+  _assert_exactly_once(workdir, epochs=3)

@@ -62,11 +62,14 @@ def run(config, workdir: str) -> dict:
   logging.info("local: coordinator on 127.0.0.1:%d (pid %d), agents %s; logs in %s", port,
                coordinator.pid, {h: a.pid for h, a in agents.items()}, run_paths.logs)
   restarts, commits = 0, _commits(run_paths)
+  spares = config.fault.local_spares
   try:
     while True:
       code = coordinator.poll()
       if code == 0:
         break
+      if spares:
+        spares -= _replace_lost_agents(agents, run_paths, port, spares)
       if code == 2:
         raise RunFailed(_error(run_paths))
       if code is not None:
@@ -107,6 +110,22 @@ def _stop(procs: list[subprocess.Popen], grace_s: float = 5.0) -> None:
     except subprocess.TimeoutExpired:
       p.kill()
       p.wait()
+
+
+def _replace_lost_agents(agents: dict, run_paths: paths.RunPaths, port: int, spares: int) -> int:
+  """Starts a spare agent under the name of each dead agent whose host the coordinator declared
+  lost (as a cluster's spare machine takes a lost one's place); returns how many it started."""
+  lost = [e.get("host") for e in jsonl.read(run_paths.events)
+          if (e.get("event") == "failure" and e.get("kind") == "host_lost")
+          or (e.get("event") == "failure_reclassified" and e.get("kind") == "host_lost")]
+  started = 0
+  for host, proc in agents.items():
+    if started < spares and proc.poll() is not None and host in lost:
+      logging.warning("local: host %s was lost; a spare agent takes its place (%d spare(s) "
+                      "left)", host, spares - started - 1)
+      agents[host] = start_agent(run_paths, port, host)
+      started += 1
+  return started
 
 
 def _commits(run_paths: paths.RunPaths) -> int:
