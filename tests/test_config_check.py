@@ -272,8 +272,9 @@ def test_local_run_cannot_wait_for_hosts_it_does_not_start():
     ({"data.decode_memory_mb": 100},
      "config.data.decode_memory_mb=100: is too little for a decoder process to start; give 2048 "
      "or more (or config.data.isolate_decoding='none')"),
-    ({"model.heads": 3}, "config.model.heads=3: does not divide config.model.d_model=256; "
-                         "attention splits d_model over the heads"),
+    ({"model.heads": 3, "model.fusion": "attention"},
+     "config.model.heads=3: does not divide config.model.d_model=64; attention splits d_model "
+     "over the heads"),
     ({"data.classes": ("a", "b", "c"), "model.num_classes": 2},
      "config.model.num_classes=2: but config.data.classes names 3 class names; set it to 3 (or "
      "0 to take it from the data)"),
