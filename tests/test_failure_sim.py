@@ -1,4 +1,4 @@
-"""experiments/failure_sim.py: the failure-and-checkpoint simulator's behaviour (not timings)."""
+"""experiments/failure_sim: the failure-and-checkpoint simulator's behaviour (not timings)."""
 
 import dataclasses
 import json

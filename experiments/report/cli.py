@@ -136,7 +136,7 @@ def main(argv=None) -> dict:
                    "by_subset": lineage["test"].get("by_subset")},
       "ablation": {"source": ablation_label,
                    "aggregate": (ablation or {}).get("aggregate")},
-      "simulation": {"source": "simulated (experiments/failure_sim.py)", **sim},
+      "simulation": {"source": "simulated (experiments/failure_sim)", **sim},
       "cache": {"load": {"source": "measured", **load},
                 "lost_host_run": {"source": cache_study_label,
                                   "variants": (cache_study or {}).get("variants")}},

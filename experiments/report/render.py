@@ -8,7 +8,7 @@ from experiments.report import tables
 
 LEGEND = ("Every number is labelled: **measured** (by this report's runs on this machine), "
           "**reused** (a committed result in experiments/results/, named with the commit that "
-          "wrote it) or **simulated** (experiments/failure_sim.py, with labelled inputs). The "
+          "wrote it) or **simulated** (experiments/failure_sim, with labelled inputs). The "
           "paper's numbers are from 16 workers x 8 GPUs, 53,420 real patients and 72 h runs; "
           "medjax's from a synthetic cohort on one CPU machine, so the comparable quantities are "
           "the fractions (waste, overhead, time lost) and the shape of each table, not the hours.")
