@@ -451,8 +451,9 @@ def test_a_crash_recovers_through_a_warm_standby_with_its_phases(shared):
   _assert_exactly_once(workdir, epochs=30)
 
 
+# 'none' (a crash restarts from step 0) and a lost host replaced by a local spare are in
+# tests/test_report.py's runs.
 @pytest.mark.parametrize("strategy,commits", [
-    ("none", [45]),            # a crash restarts from step 0
     ("epoch", [15, 30, 45]),   # from the last epoch end
 ])
 def test_checkpoint_strategy_decides_where_a_crash_resumes(shared, strategy, commits):
@@ -470,23 +471,9 @@ def test_checkpoint_strategy_decides_where_a_crash_resumes(shared, strategy, com
   (recovered,) = [e for e in events if e["event"] == "recovered"]
   # The newest commit before the crash (epoch: step 15, unless its async save was still being
   # written when the crash came), and nothing older.
-  assert recovered["step"] == newest + 1 and newest in ([0] if strategy == "none" else [0, 15])
+  assert recovered["step"] == newest + 1 and newest in (0, 15)
   ft = runs.summary(workdir)["fault_tolerance"]
   # Executed steps are counted from heartbeats, which may lag the crash by a few steps.
   assert 45 < ft["steps_executed"] <= 45 + 25 - newest, ft
   _assert_exactly_once(workdir, epochs=3)
 
-
-def test_a_lost_host_is_replaced_by_a_local_spare(shared):
-  """fault.local_spares: the local launcher starts a spare agent under a lost host's name (a
-  cluster's spare machine), so a one-host run survives losing its host."""
-  workdir = str(shared["base"] / "spare")
-  code = runs.run(workdir, *_common(shared), "--config.optim.epochs=3",
-                  "--config.fault.local_spares=1", "--config.fault.inject=host@step=20:process=0")
-  assert code == 0, runs.tail(workdir)
-  (lost,) = runs.summary(workdir)["fault_tolerance"]["failures"]
-  assert lost["kind"] == "host_lost" and lost["recovered_s"] is not None, lost
-  registered = [e for e in runs.events(workdir) if e["event"] == "agent_registered"]
-  assert [e["host"] for e in registered] == ["host-0"]   # the spare took the lost host's name
-  assert "a spare agent takes its place (0 spare(s) left)" in runs.tail(workdir, n=400)
-  _assert_exactly_once(workdir, epochs=3)

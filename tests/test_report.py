@@ -28,6 +28,14 @@ def test_tiny_report_measures_simulates_and_labels_every_table(tmp_path):
   assert none["commits"] == 1 and lineage["commits"] > 1   # 'none' saves only the end
   assert none["steps_executed"] > lineage["steps_committed"]
 
+  # The lost host's place was taken by a spare agent under its name (fault.local_spares).
+  run = workdir / "faulty-lineage"
+  registered = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()
+                if '"agent_registered"' in line]
+  assert [e["host"] for e in registered] == ["host-0"]
+  assert "a spare agent takes its place (0 spare(s) left)" in (workdir / "faulty-lineage.log"
+                                                              ).read_text()
+
   two = report["table_ii"]["rows"]
   assert [r["kind"] for r in two] == ["crash", "hang", "oom", "host_lost"]
   assert all(r["detected_s"] > 0 and r["recovered_s"] > 0 for r in two), two
