@@ -16,7 +16,8 @@ from experiments.failure_sim import render
 from experiments.failure_sim import validation
 
 def run(results_dir: str = inputs.RESULTS, *, trials: int = 500, seed: int = 0,
-        workers: Sequence[int] = inputs.WORKERS, price: float = inputs.PRICE, job: model.Job | None = None,
+        workers: Sequence[int] = inputs.WORKERS, price: float = inputs.PRICE,
+        job: model.Job | None = None,
         costs: Mapping[str, inputs.Costs] | None = None,
         rates: Mapping[str, inputs.FailureRate] | None = None,
         time_interval_s: float = 1800.0) -> dict:
@@ -29,7 +30,8 @@ def run(results_dir: str = inputs.RESULTS, *, trials: int = 500, seed: int = 0,
   """
   t0 = time.perf_counter()
   job = job or model.Job.paper_scale()
-  costs = dict(costs) if costs else {"medjax": inputs.load_costs(results_dir), "paper": inputs.Costs.paper()}
+  costs = dict(costs) if costs else {"medjax": inputs.load_costs(results_dir),
+                                     "paper": inputs.Costs.paper()}
   rates = dict(rates) if rates else dict(inputs.RATES)
   strategies = model.default_strategies(job, time_interval_s)
   kw = {"trials": trials, "seed": seed, "price": price}
@@ -51,7 +53,8 @@ def run(results_dir: str = inputs.RESULTS, *, trials: int = 500, seed: int = 0,
   for cn, c in costs.items():
     out["sweep"][cn], out["table_v"][cn], out["table_vi"][cn] = {}, {}, {}
     for rn, r in rates.items():
-      out["sweep"][cn][rn] = [x.as_dict() for x in model.sweep(job, c, r, strategies, workers, **kw)]
+      out["sweep"][cn][rn] = [x.as_dict()
+                              for x in model.sweep(job, c, r, strategies, workers, **kw)]
       out["table_v"][cn][rn] = model.table_v(c, r, job=job, trials=trials, seed=seed)
       out["table_vi"][cn][rn] = model.table_vi(c, r, job=job, strategies=strategies, **kw)
   try:

@@ -329,7 +329,8 @@ def _monte_carlo(tl: Timeline, lam: float, mix_K: np.ndarray, down_K: np.ndarray
           "wasted_T": wasted_T, "fails_TxK": fails_TxK}
 
 
-def simulate(job: Job, costs: inputs.Costs, rate: inputs.FailureRate, strategy: Strategy, workers: int, *,
+def simulate(job: Job, costs: inputs.Costs, rate: inputs.FailureRate, strategy: Strategy,
+             workers: int, *,
              accelerators_per_worker: int = 1, trials: int = 500, seed: int = 0,
              price: float = inputs.PRICE, max_events: int = 3000, horizon: float = 100.0) -> Result:
   """One (strategy, worker count): Monte Carlo over `trials` runs and the closed form.
@@ -384,7 +385,8 @@ def simulate(job: Job, costs: inputs.Costs, rate: inputs.FailureRate, strategy: 
                 checkpoint_overhead=float((mc["saving_T"] / wall_T).mean()),
                 downtime_fraction=float((mc["down_T"] / wall_T).mean()),
                 failures=float(mc["fails_TxK"].sum(1).mean()),
-                failures_by_kind={k: float(v) for k, v in zip(inputs.KINDS, mc["fails_TxK"].mean(0))},
+                failures_by_kind={k: float(v)
+                                  for k, v in zip(inputs.KINDS, mc["fails_TxK"].mean(0))},
                 accelerator_hours=accelerators * time_h, cost_usd=accelerators * time_h * price,
                 method="monte_carlo", finishes=finishes)
 
@@ -420,7 +422,8 @@ def table_v(costs: inputs.Costs, rate: inputs.FailureRate, *, job: Job | None = 
                     if r.workers in inputs.PAPER_TABLE_V else None} for r in rows]
 
 
-def table_vi(costs: inputs.Costs, rate: inputs.FailureRate, *, job: Job | None = None, workers: int = 16,
+def table_vi(costs: inputs.Costs, rate: inputs.FailureRate, *, job: Job | None = None,
+             workers: int = 16,
              accelerators_per_worker: int = 8, strategies: Sequence[Strategy] | None = None,
              price: float = inputs.PRICE, **kwargs) -> list[dict]:
   """The paper's Table VI (its 16 workers x 8 GPUs) simulated: accelerator-hours and cost per
@@ -438,7 +441,8 @@ def table_vi(costs: inputs.Costs, rate: inputs.FailureRate, *, job: Job | None =
 
 
 def intervals(costs: inputs.Costs, rate: inputs.FailureRate, jobs: Sequence[Job],
-              workers: Sequence[int] = inputs.WORKERS, accelerators_per_worker: int = 1) -> list[dict]:
+              workers: Sequence[int] = inputs.WORKERS,
+              accelerators_per_worker: int = 1) -> list[dict]:
   """Per worker count: the job MTBF, Young's and Daly's optimal intervals, and medjax's
   choices per job (seconds between saves at partition boundaries, every k steps, epochs)."""
   rows = []

@@ -161,8 +161,9 @@ def markdown(result: dict) -> str:
         paper = (f"{p['approach']} | {p['gpu_hours']:,} | ${p['cost']:,}" if p else "- | - | -")
         out.append(f"| {r['strategy']} | {paper} | {sim} | {cn} | {rn} |")
   out += ["", "## Young/Daly interval vs medjax's choices (seconds of training between saves)",
-          "", f"Young: sqrt(2 C M) ({inputs.YOUNG}); Daly: {inputs.DALY}. C = the costs' checkpoint time; M = "
-          "the job's MTBF at that worker count (one accelerator per worker).", ""]
+          "", f"Young: sqrt(2 C M) ({inputs.YOUNG}); Daly: {inputs.DALY}. C = the costs' "
+          "checkpoint time; M = the job's MTBF at that worker count (one accelerator per "
+          "worker).", ""]
   for cn, by_rate in result["intervals"].items():
     for rn, rs in by_rate.items():
       jobs = [k for k in rs[0] if isinstance(rs[0][k], dict)]

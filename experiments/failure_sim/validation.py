@@ -5,7 +5,6 @@ workdir."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 import re
@@ -15,6 +14,7 @@ import numpy as np
 
 from experiments.failure_sim import inputs
 from experiments.failure_sim import model
+from medjax import jsonl
 
 # --- Validation against a measured run ----------------------------------------------------
 
@@ -53,7 +53,8 @@ def replay(job: model.Job, strategy: model.Strategy, checkpoint_s: float,
   """A deterministic run of `job` under `strategy` with `failures` at their steps, each
   costing its own detection and recovery time. Returns steps executed and wasted, wall time
   (first step to the end), time in saves and the saves taken."""
-  tl = model.Timeline(model.checkpoint_steps(strategy, job, checkpoint_s, 0.0), job.step_s, checkpoint_s)
+  tl = model.Timeline(model.checkpoint_steps(strategy, job, checkpoint_s, 0.0), job.step_s,
+                      checkpoint_s)
   s0, wall, saving, executed, wasted, saves, skipped = 0, 0.0, 0.0, 0, 0, 0, []
   for f in failures:
     if not s0 < f.step < tl.n:   # a fault fires once, the first time training passes its step
@@ -79,7 +80,8 @@ def replay(job: model.Job, strategy: model.Strategy, checkpoint_s: float,
           "saves": saves, "skipped_failure_steps": skipped}
 
 
-def validate(measured: Measured, *, costs: inputs.Costs | None = None, tolerance: float = 0.2) -> dict:
+def validate(measured: Measured, *, costs: inputs.Costs | None = None,
+             tolerance: float = 0.2) -> dict:
   """Simulates the measured run (same plan, checkpoint policy and failures at the same steps)
   and compares waste fraction, steps executed and wall time.
 
@@ -181,7 +183,8 @@ def measured_from_bench_fault(path: str = os.path.join(inputs.RESULTS, "bench_fa
   """
   d = inputs._read_json(path)
   fb = inputs._get(d, "failures", where=path)
-  steps, clean_s = inputs._get(fb, "steps", where=path), inputs._get(fb, "clean_train_s", where=path)
+  steps = inputs._get(fb, "steps", where=path)
+  clean_s = inputs._get(fb, "clean_train_s", where=path)
   job = job or model.Job.quickstart(1.0, every_k)
   if job.steps != steps:
     raise ValueError(f"{path}: {steps} steps, but the job {job.name!r} has {job.steps}; pass "
@@ -242,14 +245,8 @@ def measured_from_workdir(workdir: str, *, step_s: float | None = None,
   if step_s is None:
     step_s = sum(float(g.get("training_s", 0.0)) for g in gens) / executed
   job = model.Job(step_s, steps // (epochs * parts), parts, epochs, every_k, "measured",
-            f"{cfg_path}: optim.epochs {epochs}, data.num_partitions {parts}")
-  events = []
-  with open(os.path.join(workdir, "events.jsonl")) as f:
-    for line in f:
-      try:
-        events.append(json.loads(line))
-      except ValueError:
-        continue
+                  f"{cfg_path}: optim.epochs {epochs}, data.num_partitions {parts}")
+  events = jsonl.read(os.path.join(workdir, "events.jsonl"))
   times = {e.get("event"): e.get("time") for e in reversed(events)}   # the first of each
   done = [e["time"] for e in events if e.get("event") == "done"]
   if "first_step" not in times or not done:
@@ -263,7 +260,8 @@ def measured_from_workdir(workdir: str, *, step_s: float | None = None,
     saves = replay(job, model.Strategy("lineage", every_k=every_k), 0.0, failures)["saves"]
     checkpoint_s = sum(float(g.get("blocked_s", 0.0)) for g in gens) / saves
   return Measured(job, checkpoint_s, failures, int(inputs._get(ft, "steps_executed", where=where)),
-                  float(inputs._get(ft, "waste_fraction", where=where)), done[-1] - times["first_step"],
+                  float(inputs._get(ft, "waste_fraction", where=where)),
+                  done[-1] - times["first_step"],
                   {"step_s": f"{step_s:.5f} s", "failures": f"{where}: steps: {how}",
                    "wall_s": f"{workdir}/events.jsonl: first first_step to done",
                    "checkpoint_s": f"{checkpoint_s:.5f} s per save"})

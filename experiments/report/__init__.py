@@ -15,8 +15,8 @@ Writes <out>/report.md, report.json (every number and where it came from) and th
   Tables III-IV, Fig. 4  the lineage run's test metrics with bootstrap intervals, by modality
               subset, per-class F1, beside the Bayes ceiling; the missing-modality ablation
               (learned / zero / mean / drop, 3 seeds) (measured)
-  Tables V-VI experiments/failure_sim's simulation from 4 to 16,384 workers, calibrated by this report's
-              measured costs, validated against the lineage run (simulated)
+  Tables V-VI experiments/failure_sim's simulation from 4 to 16,384 workers, calibrated by
+              this report's measured costs, validated against the lineage run (simulated)
   FT-Cache    load distribution at 1,024 hosts x 500 records (bounded / ring / modulo,
               measured here) and the real lost-host run (experiments/results/cache_study.json,
               reused, labelled with its commit)

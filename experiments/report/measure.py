@@ -13,6 +13,7 @@ import sys
 import time
 
 from experiments.report import scales as scales_lib
+from medjax import jsonl
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # Table I's rows: (name, label, the paper's row or None, --config.ckpt.* flags given the scale and
@@ -45,7 +46,8 @@ def ckpt_flags(strategy: str, scale: scales_lib.Scale, interval_s: float) -> lis
            "epoch": ["--config.ckpt.strategy=epoch"],
            "time": ["--config.ckpt.strategy=time", f"--config.ckpt.every_seconds={interval_s:.3f}"],
            "lineage": ["--config.ckpt.strategy=lineage", "--config.ckpt.partition_boundaries=True"],
-           "lineage_k": ["--config.ckpt.strategy=lineage", "--config.ckpt.partition_boundaries=True",
+           "lineage_k": ["--config.ckpt.strategy=lineage",
+                         "--config.ckpt.partition_boundaries=True",
                          f"--config.ckpt.every_steps={scale.every_k}"]}[strategy]
   return flags + ([] if strategy == "lineage_k" else ["--config.ckpt.every_steps=0"])
 
@@ -117,14 +119,7 @@ class Runner:
 
 
 def events(workdir: str) -> list[dict]:
-  out = []
-  with open(os.path.join(workdir, "events.jsonl")) as f:
-    for line in f:
-      try:
-        out.append(json.loads(line))
-      except ValueError:
-        continue
-  return out
+  return jsonl.read(os.path.join(workdir, "events.jsonl"))
 
 
 def training_span_s(workdir: str) -> float:

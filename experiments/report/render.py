@@ -24,7 +24,8 @@ def _sim_md(sim: dict) -> list[str]:
           "|---|---|" + "---:|" * len(names)]
   for cn, by_rate in sim["sweep"].items():
     for rn, rs in by_rate.items():
-      cells = [failure_sim._goodput(r) for r in rs if r["workers"] == top]  # pylint: disable=protected-access
+      # pylint: disable-next=protected-access
+      cells = [failure_sim._goodput(r) for r in rs if r["workers"] == top]
       out.append(f"| {cn} | {rn} | " + " | ".join(cells) + " |")
   first_rate = next(iter(rows))
   out += ["", f"Goodput by worker count (simulated; medjax's measured costs, failure rate "
