@@ -415,10 +415,12 @@ def test_a_crash_recovers_through_a_warm_standby_with_its_phases(shared):
   proc = runs.start(workdir, *_common(shared), "--config.optim.epochs=30")
   standby_log = os.path.join(workdir, "logs", "standby-host-0.log")
   try:
-    runs.wait_for(lambda: os.path.exists(standby_log)
-                  and "standby: prepared" in open(standby_log, errors="replace").read(), 240,
-                  "a warm standby")
-    assert proc.poll() is None, "training ended before the standby was ready"
+    runs.wait_for(lambda: proc.poll() is not None or (
+        os.path.exists(standby_log)
+        and "standby: prepared" in open(standby_log, errors="replace").read()), 240,
+        "a warm standby")
+    assert proc.poll() is None, "training ended before the standby was ready: " + runs.tail(
+        workdir, os.path.join("logs", "standby-host-0.log"), n=20)
     worker = _worker_of(workdir, generation=1)
     inject.record_external(workdir, "kill", process=0, pid=worker.pid)
     worker.kill()

@@ -399,3 +399,28 @@ def test_checkpoints_unknown_to_the_lineage_store_are_never_deleted(tmp_path):
   assert state is None and step is None
   assert sorted(n.split(".")[0] for n in os.listdir(directory + "-damaged")) == ["2", "4"]
   ckpt.close()
+
+
+def test_standby_lists_checkpoints_again_when_one_is_pruned_meanwhile(monkeypatch, tmp_path):
+  # CI saw it: the running generation's coordinator deleted step 208 while the standby's Orbax
+  # read its metadata, and the standby gave up preparing ahead.
+  from medjax import paths  # pylint: disable=import-outside-toplevel
+  from medjax.train import loop  # pylint: disable=import-outside-toplevel
+  calls = []
+
+  def flaky(directory, *, async_save):
+    calls.append(directory)
+    if len(calls) < 3:
+      raise FileNotFoundError(f"{directory}/208")
+    return "opened"
+
+  monkeypatch.setattr(checkpoint, "Checkpointer", flaky)
+  config = ml_collections.ConfigDict({"ckpt": {"async_save": True}})
+  open_while_pruned = loop._open_while_pruned  # pylint: disable=protected-access
+  assert open_while_pruned(paths.RunPaths(str(tmp_path)), config) == "opened"
+  assert len(calls) == 3
+  calls.clear()
+  monkeypatch.setattr(checkpoint, "Checkpointer", lambda *a, **k: (_ for _ in ()).throw(
+      FileNotFoundError("gone")))
+  with pytest.raises(FileNotFoundError):
+    open_while_pruned(paths.RunPaths(str(tmp_path)), config, attempts=2)

@@ -182,7 +182,7 @@ def prepare(config, workdir: str, topology: Topology = Topology(), ctx=None,
   if standby:
     with phases.phase("warm_restore"):
       run = paths.RunPaths(workdir, config)
-      ckpt = checkpoint_lib.Checkpointer(run.checkpoints, async_save=config.ckpt.async_save)
+      ckpt = _open_while_pruned(run, config)
       _warm_restore(run, ckpt, built.abstract)
   return Prepared(config=config, workdir=workdir, topology=topology, host_history=host_history,
                   barrier=barrier, mesh=mesh, batch_sharding=batch_sharding, data=data,
@@ -198,6 +198,20 @@ def use_compilation_cache(run: paths.RunPaths) -> None:
   if not jax.config.jax_compilation_cache_dir:
     jax.config.update("jax_compilation_cache_dir", run.compilation_cache)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+
+
+def _open_while_pruned(run: paths.RunPaths, config, attempts: int = 10):
+  """The standby's Checkpointer, opened while the running generation saves and its coordinator
+  prunes: Orbax lists the steps and reads each one's metadata, and a step deleted in between
+  raises FileNotFoundError. Listing again a moment later sees a consistent directory."""
+  for attempt in range(attempts):
+    try:
+      return checkpoint_lib.Checkpointer(run.checkpoints, async_save=config.ckpt.async_save)
+    except FileNotFoundError as e:
+      if attempt == attempts - 1:
+        raise
+      logging.info("standby: a checkpoint was pruned while it was listed (%s); listing again", e)
+      time.sleep(0.1)
 
 
 def _warm_restore(run: paths.RunPaths, ckpt: checkpoint_lib.Checkpointer, abstract) -> None:
