@@ -279,8 +279,8 @@ def run_prepared(prepared: Prepared, ctx, *, phases: phases_lib.Phases | None = 
       resume_hint=lambda: f"last good checkpoint: {saver.last_saved} in {run.checkpoints}")
   saver = checkpointing.Saver(ckpt, ctx, is_chief=is_chief, last_saved=last_good,
                               before_save=reporter.flush)
-  policy = checkpointing.SavePolicy(config.ckpt, epochs=config.optim.epochs,
-                                    agree=checkpointing.agree_with_chief if jax.process_count() > 1 else None)
+  agree = checkpointing.agree_with_chief if jax.process_count() > 1 else None
+  policy = checkpointing.SavePolicy(config.ckpt, epochs=config.optim.epochs, agree=agree)
   preemption = checkpointing.Preemption()
   injector = inject.Injector(config.fault.inject, jax.process_index(), workdir,
                              host=p.topology.host)
