@@ -87,8 +87,7 @@ def _config(workdir: str):
     return config
   if not os.path.exists(path):
     raise app.UsageError(f"no --config and no {path}; give --config")
-  from medjax.fault import worker  # pylint: disable=import-outside-toplevel
-  return worker.load_config(workdir)
+  return paths.load_config(workdir)
 
 
 def _sweep(role: str) -> int:

@@ -451,18 +451,3 @@ def discard_uncommitted(directory: str, committed_steps: list[int]) -> list[int]
       shutil.rmtree(os.path.join(directory, name), ignore_errors=True)
       removed.append(int(step))
   return sorted(removed)
-
-
-def prune(directory: str, committed_steps: list[int], keep: int | None,
-          also_keep: tuple = ()) -> list[int]:
-  """Deletes step directories older than the `keep` newest committed steps, except the steps in
-  `also_keep` (the best checkpoint: ckpt.keep_best); returns them."""
-  if not keep or len(committed_steps) <= keep or not os.path.isdir(directory):
-    return []
-  oldest_kept = sorted(committed_steps)[-keep]
-  removed = []
-  for name in os.listdir(directory):
-    if name.isdigit() and int(name) < oldest_kept and int(name) not in also_keep:
-      shutil.rmtree(os.path.join(directory, name), ignore_errors=True)
-      removed.append(int(name))
-  return sorted(removed)

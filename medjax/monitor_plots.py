@@ -8,7 +8,8 @@ are `medjax.fault.report.plot_marks`'s ({"kind": "failure" | "recovered", "step"
 from __future__ import annotations
 
 import numpy as np
-from matplotlib.figure import Figure
+
+from medjax import plots
 
 _MARK_STYLE = {"failure": ("tab:red", "--"), "recovered": ("tab:green", ":")}
 # Lines in every color but the marks' (as in medjax.plots, failures red and recoveries green).
@@ -73,7 +74,7 @@ def plot_monitor(rows: list[dict], marks: list[dict], path: str) -> None:
                  and r.get("time") is not None), key=lambda r: r["time"])
   power_keys = sorted({k for r in rows for k, v in r.items()
                        if v is not None and (k == "power_w" or k.endswith("_power_w"))})
-  fig = Figure(figsize=(9, 7.5 if power_keys else 5.5))
+  fig = plots.figure(figsize=(9, 7.5 if power_keys else 5.5))
   axes = fig.subplots(3 if power_keys else 2, 1, sharex=True)
   for ax in axes:
     ax.set_prop_cycle(color=_LINE_COLORS)

@@ -12,7 +12,12 @@ gives the configured location, or the default inside the workdir.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+
+import ml_collections
+
+from medjax import errors
 
 
 @dataclasses.dataclass(frozen=True)
@@ -197,3 +202,15 @@ class RunPaths:
   def worker_error(self, generation: int, process: int) -> str:
     """The one-line error a worker leaves when it fails; its agent reports it with the exit."""
     return os.path.join(self.logs, f"gen-{generation:03d}-proc-{process:03d}.error")
+
+
+def load_config(workdir: str) -> ml_collections.ConfigDict:
+  """The run's config.json (written by the launcher or coordinator). Agents and standbys read
+  it before anything heavy is imported (this module imports no jax)."""
+  path = RunPaths(workdir).config_json
+  try:
+    with open(path) as f:
+      return ml_collections.ConfigDict(json.load(f))
+  except (OSError, ValueError, TypeError) as e:
+    raise errors.InputError(f"{path} is damaged or unreadable ({type(e).__name__}); start the "
+                            "coordinator or launcher again with --config to write it") from e

@@ -1,15 +1,22 @@
 """Figures people look at: each returns a matplotlib Figure.
 
 Figures are made without pyplot, so no backend is chosen here: scripts and workers need no
-display, and a notebook keeps its own inline backend.
+display, and a notebook keeps its own inline backend. matplotlib itself is imported by the first
+figure (`figure`), not with this module: every worker and standby imports it, and 0.3 s of
+import at each process start is recovery time and CPU taken from training (issue 12).
 """
 
 from __future__ import annotations
 
 import numpy as np
-from matplotlib.figure import Figure
 
 SUBSETS = ("ILV", "IL", "IV", "LV", "I", "L", "V")
+
+
+def figure(**kwargs):
+  """A new matplotlib Figure (matplotlib imported on first use)."""
+  from matplotlib import figure as figure_lib  # pylint: disable=import-outside-toplevel
+  return figure_lib.Figure(**kwargs)
 
 
 def close(figures: dict) -> None:
@@ -20,7 +27,7 @@ def close(figures: dict) -> None:
 def loss_curve(rows: list[dict], events: list[dict]):
   """Training loss per step; failures (red) and recoveries (green) marked, as in Fig. 3."""
   train = [r for r in rows if r.get("kind") == "train" and r.get("loss") is not None]
-  fig = Figure(figsize=(8, 4))
+  fig = figure(figsize=(8, 4))
   ax = fig.subplots()
   steps = np.array([r["step"] for r in train])
   loss = np.array([r["loss"] for r in train])
@@ -46,7 +53,7 @@ def loss_curve(rows: list[dict], events: list[dict]):
 def per_class_f1(test: dict, ceiling: dict | None, class_names: list[str]):
   f1 = np.array([np.nan if v is None else v for v in test["per_class_f1"]])
   order = np.argsort(-np.nan_to_num(f1, nan=-1))
-  fig = Figure(figsize=(max(8, 0.28 * len(class_names)), 4))
+  fig = figure(figsize=(max(8, 0.28 * len(class_names)), 4))
   ax = fig.subplots()
   x = np.arange(len(order))
   ax.bar(x, f1[order], color="tab:blue", label="model")
@@ -65,7 +72,7 @@ def confusion(cm, class_names: list[str]):
   cm = np.asarray(cm, np.float64)
   norm = cm / np.maximum(cm.sum(1, keepdims=True), 1)
   side = max(6, 0.22 * len(class_names))
-  fig = Figure(figsize=(side, side))
+  fig = figure(figsize=(side, side))
   ax = fig.subplots()
   im = ax.imshow(norm, cmap="Blues", vmin=0, vmax=1)
   many = len(class_names) > 10
@@ -88,7 +95,7 @@ def by_subset(test: dict, ceiling: dict | None):
   """Accuracy per available-modality subset, model beside the Bayes ceiling, with counts."""
   subsets = [s for s in SUBSETS if test["by_subset"][s]["count"] > 0]
   x = np.arange(len(subsets))
-  fig = Figure(figsize=(8, 4))
+  fig = figure(figsize=(8, 4))
   ax = fig.subplots()
   ax.bar(x - 0.2, [test["by_subset"][s]["accuracy"] for s in subsets], 0.4, label="model")
   if ceiling is not None:

@@ -89,7 +89,7 @@ def test_retention_keeps_newest_committed(tmp_path):
   store = lineage.LineageStore(str(tmp_path / "lineage"))
   directory = str(tmp_path / "ckpt")
   _save_and_commit(directory, store, [1, 2, 3, 4])
-  removed = checkpoint.prune(directory, store.committed_steps(), keep=2)
+  removed = lineage.prune(directory, store.committed_steps(), keep=2)
   assert removed == [1, 2]
   assert sorted(int(d) for d in os.listdir(directory) if d.isdigit()) == [3, 4]
 

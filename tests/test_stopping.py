@@ -64,7 +64,7 @@ def test_the_history_travels_in_the_lineage_record():
 def test_retention_keeps_the_best_checkpoint(tmp_path):
   for step in (3, 6, 9, 12):
     os.makedirs(tmp_path / str(step))
-  assert checkpoint.prune(str(tmp_path), [3, 6, 9, 12], 1, also_keep=(3,)) == [6, 9]
+  assert lineage_lib.prune(str(tmp_path), [3, 6, 9, 12], 1, also_keep=(3,)) == [6, 9]
   assert sorted(os.listdir(tmp_path)) == ["12", "3"]
 
 

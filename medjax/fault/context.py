@@ -17,7 +17,6 @@ import time
 
 import grpc
 
-from medjax import checkpoint as checkpoint_lib
 from medjax import lineage as lineage_lib
 
 
@@ -68,7 +67,7 @@ class Local:
   def commit(self, lineage: lineage_lib.Lineage) -> None:
     self.store.commit(lineage, committed_at=time.time())
     best = lineage_lib.best_step(lineage) if self.keep_best else None
-    checkpoint_lib.prune(self.checkpoints, self.store.committed_steps(), self.max_to_keep,
+    lineage_lib.prune(self.checkpoints, self.store.committed_steps(), self.max_to_keep,
                          also_keep=() if best is None else (best,))
 
   def flush(self, timeout_s: float = 0.0) -> bool:

@@ -21,7 +21,6 @@ import os
 import threading
 import time
 
-from medjax import checkpoint as checkpoint_lib
 from medjax import errors
 from medjax import lineage as lineage_lib
 from medjax import paths
@@ -122,7 +121,7 @@ class Coordinator:
     with self.lock:
       self.store.commit(record, committed_at=time.time())
       best = lineage_lib.best_step(record) if self.config.ckpt.keep_best else None
-      removed = checkpoint_lib.prune(self.run.checkpoints, self.store.committed_steps(),
+      removed = lineage_lib.prune(self.run.checkpoints, self.store.committed_steps(),
                                      self.config.ckpt.max_to_keep,
                                      also_keep=() if best is None else (best,))
       self.events.write("commit", generation=msg.get("generation"), step=record.global_step,

@@ -21,7 +21,6 @@ its reason is in the result's `not_applicable` mapping (metric -> short reason).
 from __future__ import annotations
 
 import numpy as np
-from scipy import stats
 
 SUBSETS = ("ILV", "IL", "IV", "LV", "I", "L", "V")
 RARE_FRACTION = 0.05  # a class is rare under this fraction of the training records
@@ -55,6 +54,8 @@ def auroc(scores_N: np.ndarray, positive_N: np.ndarray) -> float | None:
   n_pos, n_neg = int(positive_N.sum()), int((~positive_N).sum())
   if n_pos == 0 or n_neg == 0:
     return None
+  # scipy (0.4 s to import) on first use: workers and standbys import this module at start.
+  from scipy import stats  # pylint: disable=import-outside-toplevel
   ranks = stats.rankdata(scores_N)
   return float((ranks[positive_N].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
 
