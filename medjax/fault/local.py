@@ -20,7 +20,6 @@ import time
 
 from medjax import jsonl
 from medjax import paths
-from medjax.data import pipeline
 from medjax.fault import agent as agent_lib
 from medjax.fault import layout as layout_lib
 from medjax.fault import protocol
@@ -52,18 +51,25 @@ def run(config, workdir: str) -> dict:
     f.write(config.to_json_best_effort(indent=2, sort_keys=True))
   logging.info("local: %d worker process(es) per host x %d device(s) (%s)",
                chosen.workers_per_host, chosen.devices_per_worker, chosen.reason)
-  root = pipeline.cohort_root(config, workdir)
-  pipeline.ingested(config, workdir, root)
   protocol.create_token_file(run_paths.token)
   port = config.fault.port or protocol.free_port()
-  coordinator = start_coordinator(run_paths, port)
-  agents = {f"host-{i}": start_agent(run_paths, port, f"host-{i}")
-            for i in range(config.fault.local_hosts)}
-  logging.info("local: coordinator on 127.0.0.1:%d (pid %d), agents %s; logs in %s", port,
-               coordinator.pid, {h: a.pid for h, a in agents.items()}, run_paths.logs)
-  restarts, commits = 0, _commits(run_paths)
-  spares = config.fault.local_spares
+  agents, coordinator = {}, None
+  # The agents start their standby workers at once, and a standby's import of JAX and the
+  # trainer is the longest part of a start: where the ingest is there to reuse (a second run,
+  # a restarted one), they start first and import while this process loads the ingest and the
+  # coordinator starts. A new ingest (minutes, and it may stop at bad input) comes first.
+  reuse = os.path.exists(run_paths.ingest_summary) and not config.data.reingest
   try:
+    if reuse:
+      agents = _start_agents(config, run_paths, port)
+    from medjax.data import pipeline  # pylint: disable=import-outside-toplevel  (0.4 s)
+    pipeline.ingested(config, workdir, pipeline.cohort_root(config, workdir))
+    coordinator = start_coordinator(run_paths, port)
+    agents = agents or _start_agents(config, run_paths, port)
+    logging.info("local: coordinator on 127.0.0.1:%d (pid %d), agents %s; logs in %s", port,
+                 coordinator.pid, {h: a.pid for h, a in agents.items()}, run_paths.logs)
+    restarts, commits = 0, _commits(run_paths)
+    spares = config.fault.local_spares
     while True:
       code = coordinator.poll()
       if code == 0:
@@ -93,9 +99,14 @@ def run(config, workdir: str) -> dict:
       except subprocess.TimeoutExpired:
         a.kill()
   finally:
-    _stop([coordinator, *agents.values()])
+    _stop([p for p in (coordinator, *agents.values()) if p is not None])
   with open(run_paths.summary) as f:
     return json.load(f)
+
+
+def _start_agents(config, run_paths: paths.RunPaths, port: int) -> dict:
+  return {f"host-{i}": start_agent(run_paths, port, f"host-{i}")
+          for i in range(config.fault.local_hosts)}
 
 
 def _stop(procs: list[subprocess.Popen], grace_s: float = 5.0) -> None:

@@ -20,7 +20,6 @@ import threading
 import time
 
 import jax
-import ml_collections
 
 from medjax import errors
 from medjax import paths
@@ -30,17 +29,6 @@ from medjax.fault import layout as layout_lib
 from medjax.fault import phases as phases_lib
 from medjax.fault import policy
 from medjax.fault import protocol
-
-
-def load_config(workdir: str) -> ml_collections.ConfigDict:
-  """The run's config.json (written by the launcher or coordinator)."""
-  path = paths.RunPaths(workdir).config_json
-  try:
-    with open(path) as f:
-      return ml_collections.ConfigDict(json.load(f))
-  except (OSError, ValueError, TypeError) as e:
-    raise errors.InputError(f"{path} is damaged or unreadable ({type(e).__name__}); start the "
-                            "coordinator or launcher again with --config to write it") from e
 
 
 # What a standby brought to its assignment (`wait_for_assignment` -> `run`): launch.py passes
@@ -119,7 +107,7 @@ def _prepare(workdir: str, expected: dict) -> None:
   try:
     if layout_lib.accelerators()[0] != "cpu":
       return   # a second process on an accelerator would hold its memory twice
-    config = load_config(workdir)
+    config = paths.load_config(workdir)
     _configure_jax(paths.RunPaths(workdir, config))
     topology = loop.Topology(hosts=tuple(expected["hosts"]), host=expected["host"])
     phases = phases_lib.Phases("warm_standby")
@@ -180,7 +168,7 @@ def run(workdir: str, generation: int, process_id: int, host: str, coordinator: 
     assigned_at = float(os.environ[phases_lib.ASSIGNED_AT_ENV])
   phases = phases_lib.Phases(handover.get("path", "relaunch"), assigned_at)
   phases.since_assigned("handover" if "path" in handover else "process_start")
-  config = load_config(workdir)
+  config = paths.load_config(workdir)
   run_paths = paths.RunPaths(workdir, config)
   with open(run_paths.generation_spec(generation)) as f:
     spec = json.load(f)
@@ -251,7 +239,14 @@ def run(workdir: str, generation: int, process_id: int, host: str, coordinator: 
     ctx.close()
     if spec["num_processes"] > 1:
       jax.distributed.shutdown()
-    return 0
+    # Everything is written and closed (checkpoints, summary, plots, commits): leave without
+    # Python's teardown of JAX's, Orbax's and TensorStore's threads, which the end of the run
+    # (the agent's report, the coordinator's summary) would wait for.
+    for handler in logging.getLogger().handlers:
+      handler.flush()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # pylint: disable=protected-access
   finished.set()
   asked_to_stop.set()
   ctx.close()
