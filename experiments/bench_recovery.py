@@ -1,8 +1,8 @@
 """Recovery and the cost of supervision, measured side by side in one run; writes
 experiments/results/recovery.json and prints a table.
 
-  python experiments/bench_recovery.py [--epochs 15] [--failure-epochs 8] [--repeats 2]
-                                       [--parts A,B] [--layouts auto,2]
+  python experiments/bench_recovery.py [--epochs 15] [--failure-epochs 30] [--repeats 2]
+                                       [--parts A,B] [--layouts auto,auto-always,2]
 
 A. Supervision cost: the default quickstart (supervised: coordinator, agent and worker processes
    in the auto layout, medjax/fault/layout.py) against an unsupervised run
@@ -12,10 +12,13 @@ A. Supervision cost: the default quickstart (supervised: coordinator, agent and 
    evaluation), training time (summary.json train.seconds), test accuracy and macro F1. The
    variants alternate, `--repeats` times; each is represented by its median.
    Target: supervised <= 1.05x the unsupervised wall time, with the same accuracy.
-B. Recovery per failure kind: a supervised run per layout ('auto': one worker process and its
-   warm standby; '2': two worker processes, the multi-process path), with three faults sent from
-   outside, each once the replacement standby is ready (or, for '2', a few seconds after the
-   previous recovery): SIGKILL (crash), SIGSTOP (hang), SIGTERM (preemption). Per failure:
+B. Recovery per failure kind: a supervised run per layout ('auto': one worker process, the
+   default fault.warm_standby='after_failure', so the first restart starts a new worker and
+   later ones take a spare standby prepared ahead; 'auto-always': a prepared spare from the
+   start; '2': two worker processes, the multi-process path), with three faults sent from
+   outside, each once the spare standby is prepared (where there is one to prepare; otherwise
+   --settle-s after the previous recovery): SIGKILL (crash), SIGSTOP (hang), SIGTERM
+   (preemption). Per failure:
    detection, recovery (detection -> the next generation's first step; target < 3 s) and where
    it went, phase by phase (summary.json fault_tolerance.failures[].recovery).
 The machine's load average is recorded with every run: on a shared machine the ratios are what
@@ -202,7 +205,13 @@ def _standby_ready(workdir: str, needed: int) -> bool:
 def bench_failures(args, base: str, common: list[str], layout: str) -> dict:
   name = f"faults-{layout}"
   flags = [f"--config.optim.epochs={args.failure_epochs}"]
-  if layout != "auto":
+  # 'auto': the default (config.fault.warm_standby='after_failure': no spare standby until the
+  # first restart, which starts a new worker; later ones take a spare prepared ahead);
+  # 'auto-always': a prepared spare from the start, so the first restart takes one too.
+  warm = layout.startswith("auto")
+  if layout == "auto-always":
+    flags.append("--config.fault.warm_standby=always")
+  elif layout != "auto":
     flags.append(f"--config.fault.workers_per_host={layout}")
   workdir = workdir_from(base, name)
   print(f"B. recovery, layout {layout}: {', '.join(k for k, _, _ in KINDS)} sent from outside",
@@ -215,8 +224,11 @@ def bench_failures(args, base: str, common: list[str], layout: str) -> dict:
       deadline = time.time() + args.wait_s
       while time.time() < deadline and proc.poll() is None:
         gen = _training_generation(workdir)
-        ready = (gen is not None and (_standby_ready(workdir, i + 1) if layout == "auto" else
-                                      time.time() - _first_step_time(workdir, gen) > 8.0))
+        # With a spare to be prepared, once it is; otherwise after settle_s of training.
+        prepared = i + 1 if layout == "auto-always" else i
+        ready = gen is not None and (
+            _standby_ready(workdir, prepared) if warm and prepared else
+            time.time() - _first_step_time(workdir, gen) > args.settle_s)
         if ready:
           break
         time.sleep(0.2)
@@ -288,10 +300,13 @@ def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--config", default="configs/quickstart.py")
   parser.add_argument("--epochs", type=int, default=15, help="part A (the quickstart's 15)")
-  parser.add_argument("--failure-epochs", type=int, default=8)
+  parser.add_argument("--failure-epochs", type=int, default=30,
+                      help="part B: long enough for three faults with recoveries")
+  parser.add_argument("--settle-s", type=float, default=4.0,
+                      help="part B: training before a fault where no spare is prepared")
   parser.add_argument("--repeats", type=int, default=2)
   parser.add_argument("--parts", default="A,B")
-  parser.add_argument("--layouts", default="auto,2")
+  parser.add_argument("--layouts", default="auto,auto-always,2")
   parser.add_argument("--wait-s", type=float, default=180.0)
   parser.add_argument("--out", default=os.path.join(ROOT, "experiments", "results",
                                                     "recovery.json"))

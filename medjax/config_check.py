@@ -72,6 +72,7 @@ MISSING_POLICIES = ("learned", "zero", "mean", "drop")     # model/fusion.py MIS
 DTYPES = ("float32", "bfloat16", "float16")                # model/fusion.py jnp.dtype
 IF_ALL_DAMAGED = ("stop", "start_fresh")                   # configs/default.py ckpt
 CKPT_STRATEGIES = ("lineage", "epoch", "time", "none")      # medjax/train/checkpointing.py
+WARM_STANDBY = ("after_failure", "always", "never")          # medjax/fault/agent.py warm_key
 # Higher is better: keys of a split's metrics (medjax/train/metrics.py); binary tasks have the
 # last four instead of top-3 and the macro AUROC.
 VALIDATION_METRICS = ("macro_f1", "accuracy", "top3_accuracy", "rare_recall", "auroc_macro",
@@ -176,6 +177,7 @@ def _rules() -> dict[str, tuple[Check, ...]]:
                        ("model.missing", MISSING_POLICIES), ("model.dtype", DTYPES),
                        ("ckpt.if_all_damaged", IF_ALL_DAMAGED),
                        ("ckpt.strategy", CKPT_STRATEGIES),
+                       ("fault.warm_standby", WARM_STANDBY),
                        ("evals.validation_metric", VALIDATION_METRICS)):
     each(_one_of(*names), field)
   each(_at_least(0, " (0: never stop early)"), "optim.early_stopping_patience")

@@ -94,8 +94,10 @@ def test_signals_recovery_exactly_once_and_same_parameters(shared, clean_run):
   # JAX agrees on the preemption step asynchronously (up to a second to notice the SIGTERM, then
   # a few steps, more on a loaded machine): EPOCHS leaves it seconds of training.
   faults = "kill@step=6:process=1; sigstop@step=13:process=0; sigterm@step=17:process=1"
+  # 'always': spare standbys from the first generation on (by default a CPU host keeps them
+  # only once the run has restarted), so every restart here takes one.
   code = runs.run(faulty, *_common(shared), TWO_WORKERS, f"--config.optim.epochs={EPOCHS}",
-                  f"--config.fault.inject={faults}")
+                  f"--config.fault.inject={faults}", "--config.fault.warm_standby=always")
   assert code == 0, runs.tail(faulty)
 
   ft = runs.summary(faulty)["fault_tolerance"]
@@ -412,7 +414,10 @@ def test_a_crash_recovers_through_a_warm_standby_with_its_phases(shared):
   """One worker process (the CPU default): its standby prepared data, model and compiled step
   ahead, so the restart only restores; events and summary name the path and the phases."""
   workdir = str(shared["base"] / "warm")
-  proc = runs.start(workdir, *_common(shared), "--config.optim.epochs=30")
+  # 'always': by default a CPU host keeps a spare standby, prepared, only once the run has
+  # failed (a clean run does not pay for it); this run's first crash is to find one.
+  proc = runs.start(workdir, *_common(shared), "--config.optim.epochs=30",
+                    "--config.fault.warm_standby=always")
   standby_log = os.path.join(workdir, "logs", "standby-host-0.log")
   try:
     runs.wait_for(lambda: proc.poll() is not None or (

@@ -65,6 +65,16 @@ def test_only_one_process_generations_on_cpu_get_a_warm_standby():
   assert agent_lib.warm_key(shrunk, "host-0", "cpu") != agent_lib.warm_key(SPEC, "host-0", "cpu")
 
 
+def test_a_standby_prepares_after_a_failure_by_default():
+  first = {**SPEC, "generation": 1}
+  assert agent_lib.warm_key(first, "host-0", "cpu", "after_failure") is None
+  assert agent_lib.warm_key(first, "host-0", "cpu", "always") is not None
+  # From the second generation on it prepares, for the same shape as 'always' would.
+  assert agent_lib.warm_key(SPEC, "host-0", "cpu", "after_failure") == \
+      agent_lib.warm_key(SPEC, "host-0", "cpu", "always")
+  assert agent_lib.warm_key(SPEC, "host-0", "cpu", "never") is None
+
+
 class _Proc:
   def __init__(self):
     self.killed = False
