@@ -178,8 +178,9 @@ def get_config(arg=None):
   # What a CPU host's agent keeps ready while a generation trains (on CPU it takes the cores
   # training uses): 'always': a spare standby, prepared ahead for the next generation where it
   # can be (data, model, compiled step: a restart in ~0.3 s); 'after_failure': the same once
-  # the run has restarted, nothing before (a clean run pays nothing; the first restart starts a
-  # new worker, ~2.5 s); 'never': a spare that imports but does not prepare (~1.5 s).
+  # the run has restarted; before that, only a spare that imported while the run started (a
+  # clean run pays for no work during training; the first restart prepares, ~1.5 s); 'never':
+  # spares that import but do not prepare (~1.5 s).
   # Accelerator hosts keep an unprepared spare (its import uses cores training does not).
   fault.warm_standby = "after_failure"
   fault.devices_per_worker = 1

@@ -13,8 +13,8 @@ A. Supervision cost: the default quickstart (supervised: coordinator, agent and 
    variants alternate, `--repeats` times; each is represented by its median.
    Target: supervised <= 1.05x the unsupervised wall time, with the same accuracy.
 B. Recovery per failure kind: a supervised run per layout ('auto': one worker process, the
-   default fault.warm_standby='after_failure', so the first restart starts a new worker and
-   later ones take a spare standby prepared ahead; 'auto-always': a prepared spare from the
+   default fault.warm_standby='after_failure', so the first restart takes a spare standby that
+   imported while the run started and later ones a spare prepared ahead; 'auto-always': a prepared spare from the
    start; '2': two worker processes, the multi-process path), with three faults sent from
    outside, each once the spare standby is prepared (where there is one to prepare; otherwise
    --settle-s after the previous recovery): SIGKILL (crash), SIGSTOP (hang), SIGTERM
@@ -205,8 +205,8 @@ def _standby_ready(workdir: str, needed: int) -> bool:
 def bench_failures(args, base: str, common: list[str], layout: str) -> dict:
   name = f"faults-{layout}"
   flags = [f"--config.optim.epochs={args.failure_epochs}"]
-  # 'auto': the default (config.fault.warm_standby='after_failure': no spare standby until the
-  # first restart, which starts a new worker; later ones take a spare prepared ahead);
+  # 'auto': the default (config.fault.warm_standby='after_failure': the first restart takes a
+  # spare that imported at the start, later ones a spare prepared ahead);
   # 'auto-always': a prepared spare from the start, so the first restart takes one too.
   warm = layout.startswith("auto")
   if layout == "auto-always":
@@ -235,7 +235,7 @@ def bench_failures(args, base: str, common: list[str], layout: str) -> dict:
       else:
         print(f"  {kind}: not sent (the run ended or no standby got ready)", flush=True)
         break
-      process = 0 if (layout == "auto" or kind == "hang") else 1
+      process = 0 if (warm or kind == "hang") else 1
       victim = _worker(workdir, gen, process)
       if victim is None:
         print(f"  {kind}: no worker {process} of generation {gen} found", flush=True)

@@ -174,10 +174,11 @@ class Agent:
                     self.f.get("warm_standby", "after_failure"))
 
   def _spare_waits(self, spec: dict) -> bool:
-    """True while a CPU host keeps no spare standby during training (fault.warm_standby
-    'after_failure', until the run restarts): on CPU a spare's import (and preparation) takes
-    the cores training uses, which a run that never fails pays for nothing. Its first restart
-    starts a new worker ('relaunch'); from then on a spare is kept and prepared ahead."""
+    """True while a CPU host starts no spare standby during training and prepares none
+    (fault.warm_standby 'after_failure', until the run restarts): on CPU that work takes the
+    cores training uses, which a run that never fails pays for nothing. The spare for the first
+    restart imports while the run starts (`run`); from the first restart on, a spare is
+    started and prepared ahead during training."""
     return (self.layout.platform == "cpu" and spec["generation"] <= 1
             and self.f.get("warm_standby", "after_failure") == "after_failure")
 
@@ -215,10 +216,7 @@ class Agent:
     os.makedirs(self.run_paths.logs, exist_ok=True)
     wanted = spec["workers_per_host"] if spec is not None else self.f.workers_per_host
     while len(self.standby) < wanted:
-      self.standby.append(Standby(popen(
-          ["--role=worker", "--standby", f"--workdir={self.workdir}"],
-          log=self.run_paths.process_log(f"standby-{self.host}"),
-          env=self._env(self.f.devices_per_worker), stdin=subprocess.PIPE,
+      self.standby.append(Standby(self._popen_standby(
           low_priority=spec is not None and self.low_priority)))
     if key is None:
       return
@@ -226,6 +224,12 @@ class Agent:
     for s in self.standby:
       if s.prepared_for is None and self._tell(s, {"prepare": expected}, close=False):
         s.prepared_for = key
+
+  def _popen_standby(self, *, low_priority: bool) -> subprocess.Popen:
+    return popen(["--role=worker", "--standby", f"--workdir={self.workdir}"],
+                 log=self.run_paths.process_log(f"standby-{self.host}"),
+                 env=self._env(self.f.devices_per_worker), stdin=subprocess.PIPE,
+                 low_priority=low_priority)
 
   @staticmethod
   def _tell(standby: Standby, message: dict, *, close: bool) -> bool:
@@ -332,6 +336,13 @@ class Agent:
   def run(self) -> int:
     """Runs until the coordinator says the run is over."""
     self._replenish()
+    if self.f.standby_workers and self._spare_waits({"generation": 0}):
+      # The spares for the first restart import now, at low priority, while the run starts (its
+      # first generation's standbys import, the coordinator starts, the data is loaded: single
+      # threads that leave a core idle), not later while training takes every core. It is not
+      # prepared ahead until the run has restarted.
+      self.standby += [Standby(self._popen_standby(low_priority=self.low_priority))
+                       for _ in range(self.f.workers_per_host)]
     try:
       return self._loop()
     finally:
