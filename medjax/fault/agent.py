@@ -339,8 +339,8 @@ class Agent:
     if self.f.standby_workers and self._spare_waits({"generation": 0}):
       # The spares for the first restart import now, at low priority, while the run starts (its
       # first generation's standbys import, the coordinator starts, the data is loaded: single
-      # threads that leave a core idle), not later while training takes every core. It is not
-      # prepared ahead until the run has restarted.
+      # threads that leave a core idle), not later while training takes every core. They are
+      # not prepared ahead until the run has restarted.
       self.standby += [Standby(self._popen_standby(low_priority=self.low_priority))
                        for _ in range(self.f.workers_per_host)]
     try:
