@@ -21,6 +21,11 @@ import sys
 import threading
 import time
 
+from medjax import lifeline  # first: a child of an agent or sweep dies with it (lifeline.py)
+
+lifeline.settle()
+
+# pylint: disable=wrong-import-position
 from absl import app
 from absl import flags
 from ml_collections import config_flags

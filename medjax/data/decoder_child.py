@@ -25,23 +25,13 @@ import warnings
 
 import numpy as np
 
+from medjax import lifeline
 from medjax.data import dicom
 
 # Test hook: "abort=a.dcm;hang=b.dcm" makes the child os.abort() on a file whose path ends with
 # a.dcm and sleep on b.dcm (also: segv, kill, oom, lie). Tests only.
 FAULT_ENV = "MEDJAX_DECODER_FAULT"
 LENGTH = struct.Struct("<Q")
-
-
-def _die_with_parent(parent: int) -> None:
-  if sys.platform.startswith("linux"):
-    try:
-      libc = ctypes.CDLL(None, use_errno=True)
-      libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-      pass  # EOF on stdin still ends it
-  if os.getppid() != parent:
-    os._exit(0)  # the parent died before prctl took effect
 
 
 def _limit_memory(memory_mb: int) -> None:
@@ -94,7 +84,7 @@ def _main(argv: list[str]) -> None:
   parent, memory_mb = int(argv[0]), int(argv[1])
   out = os.dup(1)
   os.dup2(2, 1)  # whatever a library prints goes to stderr, never into the replies
-  _die_with_parent(parent)
+  lifeline.die_with(parent)
   try:
     import fcntl  # pylint: disable=import-outside-toplevel
     fcntl.fcntl(out, 1031, 1 << 20)  # F_SETPIPE_SZ: fewer, larger writes of pixel data

@@ -23,7 +23,6 @@ back (`priority_restorable`), so that their start-up does not slow the training 
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import json
 import logging
@@ -39,6 +38,7 @@ import grpc
 
 import psutil
 
+from medjax import lifeline
 from medjax import paths
 from medjax.fault import layout as layout_lib
 from medjax.fault import phases as phases_lib
@@ -48,42 +48,19 @@ LAUNCH = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.ab
     __file__)))), "launch.py")
 
 
-_PR_SET_PDEATHSIG = 1
-try:  # looked up here: the child between fork and exec must not load libraries
-  _PRCTL = ctypes.CDLL(None, use_errno=True).prctl
-except (OSError, AttributeError):
-  _PRCTL = None  # not Linux: the launcher's own clean-up is the only guard
-
-
-def _die_with_parent() -> None:
-  """In the child before exec: SIGKILL when the parent dies (Linux), so a launcher or agent
-  that is killed leaves no orphan behind; and a session of its own, so a terminal's Ctrl-C
-  reaches only the launcher, which stops the rest."""
-  os.setsid()
-  if _PRCTL is not None:
-    _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-def _die_with_parent_at_low_priority() -> None:
-  _die_with_parent()
-  os.nice(19)
-  # SCHED_IDLE: it runs only on a core nothing else wants (nice 19 alone still takes a share).
-  os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-
-
 def popen(args: list[str], *, log: str, env: dict | None = None, stdin=None,
           low_priority: bool = False) -> subprocess.Popen:
-  """Starts `launch.py args` with stdout and stderr appended to `log`; it dies with us.
+  """Starts `launch.py args` with stdout and stderr appended to `log`, in a session of its own;
+  it dies with us (`medjax.lifeline`).
 
   `low_priority`: at nice 19 and SCHED_IDLE (a standby restores its priority when it is handed
   a generation).
   """
   with open(log, "a") as out:
     # The child has its own copy of the descriptor; ours closes here.
-    return subprocess.Popen([sys.executable, LAUNCH, *args], env=env, stdin=stdin, stdout=out,
-                            stderr=subprocess.STDOUT,
-                            preexec_fn=(_die_with_parent_at_low_priority if low_priority
-                                        else _die_with_parent))
+    return subprocess.Popen([sys.executable, LAUNCH, *args],
+                            env=lifeline.child_env(env, low_priority=low_priority), stdin=stdin,
+                            stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def priority_restorable() -> bool:

@@ -1,6 +1,6 @@
 """launch.py as a child of the sweep: started, waited for, stopped, and its failure in one line.
 
-A child dies with the sweep process (Linux PR_SET_PDEATHSIG, as medjax's agents do), so a sweep
+A child dies with the sweep process (Linux PR_SET_PDEATHSIG, `medjax.lifeline`), so a sweep
 killed with SIGKILL leaves no trial training behind; the child's own children (coordinator,
 agents, workers) die with it in turn. Each child has a session of its own: a terminal's Ctrl-C
 reaches only the sweep, which stops the child as a terminal would (SIGINT), then kills it.
@@ -8,7 +8,6 @@ reaches only the sweep, which stops the child as a terminal would (SIGINT), then
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import os
 import signal
@@ -16,29 +15,17 @@ import subprocess
 import sys
 import time
 
+from medjax import lifeline
 from medjax.sweep import spec
 
 LAUNCH = os.path.join(spec.REPO, "launch.py")
 STOP_GRACE_S = 30.0   # a stopped child's launcher stops its run within this, or is killed
-
-_PR_SET_PDEATHSIG = 1
-try:  # looked up here: the child between fork and exec must not load libraries
-  _PRCTL = ctypes.CDLL(None, use_errno=True).prctl
-except (OSError, AttributeError):
-  _PRCTL = None
-
 
 @dataclasses.dataclass(frozen=True)
 class Outcome:
   returncode: int | None   # None: stopped at its time limit
   reason: str              # '' when it exited 0; else why, in one line
   wall_s: float
-
-
-def _die_with_parent() -> None:
-  os.setsid()
-  if _PRCTL is not None:
-    _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def run(args: list[str], log_path: str, *, timeout_s: float = 0.0, on_start=None) -> Outcome:
@@ -50,7 +37,8 @@ def run(args: list[str], log_path: str, *, timeout_s: float = 0.0, on_start=None
   t0 = time.monotonic()
   with open(log_path, "ab") as log:
     proc = subprocess.Popen([sys.executable, LAUNCH, *args], stdout=log, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+                            stdin=subprocess.DEVNULL, env=lifeline.child_env(),
+                            start_new_session=True)
   if on_start is not None:
     on_start(proc.pid)
   try:

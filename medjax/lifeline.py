@@ -1,0 +1,62 @@
+"""Processes medjax starts die with the process that started them, set up in the child.
+
+The parent names itself in the child's environment (`child_env`); the child, first thing after
+exec (launch.py calls `settle` before anything else), asks Linux for SIGKILL when that parent
+dies (PR_SET_PDEATHSIG) and exits at once if it already has; a child started as a spare takes
+the lowest CPU priority there too (nice 19 and SCHED_IDLE, inherited by every thread it starts).
+
+Not in a `preexec_fn`: that runs Python in the forked copy of a parent whose other threads (an
+agent's gRPC event engine, a sweep's Optuna heartbeat) were not copied, which the Python docs warn
+can deadlock; in the report's runs it aborted a spare standby in two of six supervised runs
+(gRPC's poller: "epoll_wait error: Bad file descriptor", then "Fatal Python error: Aborted").
+Popen's own `start_new_session` gives the child its session (a terminal's Ctrl-C reaches only
+the launcher) without Python in between.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+
+PARENT_ENV = "MEDJAX_PARENT_PID"
+LOW_PRIORITY_ENV = "MEDJAX_LOW_PRIORITY"
+_PR_SET_PDEATHSIG = 1
+
+
+def child_env(env: dict | None = None, *, low_priority: bool = False) -> dict:
+  """`env` (default: ours) for a child that is to die with this process."""
+  env = dict(os.environ if env is None else env)
+  env[PARENT_ENV] = str(os.getpid())
+  if low_priority:
+    env[LOW_PRIORITY_ENV] = "1"
+  else:
+    env.pop(LOW_PRIORITY_ENV, None)
+  return env
+
+
+def die_with(parent: int) -> None:
+  """SIGKILL this process when `parent` dies (Linux); exits now if it has died already."""
+  if sys.platform.startswith("linux"):
+    try:
+      ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+      pass  # not Linux's libc: the parent's own clean-up is the only guard
+  if os.getppid() != parent:
+    os._exit(0)  # pylint: disable=protected-access  # the parent died before prctl took effect
+
+
+def settle() -> None:
+  """What `child_env` asked for, taken out of the environment (our own children get theirs
+  from us)."""
+  parent = os.environ.pop(PARENT_ENV, None)
+  if parent:
+    die_with(int(parent))
+  if os.environ.pop(LOW_PRIORITY_ENV, None):
+    os.nice(19)
+    try:
+      # SCHED_IDLE: it runs only on a core nothing else wants (nice 19 alone still takes a share).
+      os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except (OSError, AttributeError):
+      pass
