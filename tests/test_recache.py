@@ -3,6 +3,7 @@ the redirect baseline, restarted workers and read-only processes."""
 
 import os
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -141,6 +142,11 @@ def test_read_only_process_waits_for_the_writer_instead_of_decoding(tmp_path, co
   got = {}
   thread = threading.Thread(target=lambda: got.update(reader.read(rows.moved_in)))
   thread.start()   # misses everything at first and waits
+  # The writer starts once the reader has looked (else it may find some records already cached:
+  # CI saw 16 misses of 25).
+  deadline = time.monotonic() + 30
+  while reader.counters["misses"] < len(rows.moved_in) and time.monotonic() < deadline:
+    time.sleep(0.01)
   recacher = recache.Recacher(writer, rows.background).start()
   thread.join(60)
   recacher.close()
