@@ -288,8 +288,8 @@ class LineageStore:
 
 def prune(directory: str, committed_steps: list[int], keep: int | None,
           also_keep: tuple = ()) -> list[int]:
-  """Deletes checkpoint step directories (in `directory`) older than the `keep` newest committed steps, except the steps in
-  `also_keep` (the best checkpoint: ckpt.keep_best); returns them."""
+  """Deletes checkpoint step directories in `directory` older than the `keep` newest committed
+  steps, except the steps in `also_keep` (the best checkpoint: ckpt.keep_best); returns them."""
   if not keep or len(committed_steps) <= keep or not os.path.isdir(directory):
     return []
   oldest_kept = sorted(committed_steps)[-keep]

@@ -144,20 +144,20 @@ class Agent:
     self.registered = False
     self.standby: list[Standby] = []
     self.low_priority = priority_restorable()
+    # A config.json from before the field existed means what the default means.
+    self.warm_when = fault_config.get("warm_standby", "after_failure")
 
   def _warm_key(self, spec: dict) -> str | None:
-    # A config.json from before the field existed means what the default means.
-    return warm_key(spec, self.host, self.layout.platform,
-                    self.f.get("warm_standby", "after_failure"))
+    return warm_key(spec, self.host, self.layout.platform, self.warm_when)
 
-  def _spare_waits(self, spec: dict) -> bool:
+  def _spare_waits(self, generation: int) -> bool:
     """True while a CPU host starts no spare standby during training and prepares none
     (fault.warm_standby 'after_failure', until the run restarts): on CPU that work takes the
     cores training uses, which a run that never fails pays for nothing. The spare for the first
     restart imports while the run starts (`run`); from the first restart on, a spare is
     started and prepared ahead during training."""
-    return (self.layout.platform == "cpu" and spec["generation"] <= 1
-            and self.f.get("warm_standby", "after_failure") == "after_failure")
+    return (self.layout.platform == "cpu" and generation <= 1
+            and self.warm_when == "after_failure")
 
   def _worker_status(self) -> list[dict]:
     return [{"process_id": w.process_id, "pid": w.proc.pid, "running": w.proc.poll() is None,
@@ -183,7 +183,7 @@ class Agent:
     generation of its shape when they can (`warm_key`)."""
     if not self.f.standby_workers:
       return
-    if spec is not None and self._spare_waits(spec):
+    if spec is not None and self._spare_waits(spec["generation"]):
       return
     self.standby = [s for s in self.standby if s.proc.poll() is None]
     key = self._warm_key(spec) if spec is not None else None
@@ -313,7 +313,7 @@ class Agent:
   def run(self) -> int:
     """Runs until the coordinator says the run is over."""
     self._replenish()
-    if self.f.standby_workers and self._spare_waits({"generation": 0}):
+    if self.f.standby_workers and self._spare_waits(generation=0):
       # The spares for the first restart import now, at low priority, while the run starts (its
       # first generation's standbys import, the coordinator starts, the data is loaded: single
       # threads that leave a core idle), not later while training takes every core. They are

@@ -122,8 +122,8 @@ class Coordinator:
       self.store.commit(record, committed_at=time.time())
       best = lineage_lib.best_step(record) if self.config.ckpt.keep_best else None
       removed = lineage_lib.prune(self.run.checkpoints, self.store.committed_steps(),
-                                     self.config.ckpt.max_to_keep,
-                                     also_keep=() if best is None else (best,))
+                                  self.config.ckpt.max_to_keep,
+                                  also_keep=() if best is None else (best,))
       self.events.write("commit", generation=msg.get("generation"), step=record.global_step,
                         epoch=record.epoch, partition=record.partition, offset=record.offset,
                         pruned=removed)

@@ -18,6 +18,7 @@ import queue
 import sys
 import threading
 import time
+from typing import NoReturn
 
 import jax
 
@@ -159,8 +160,10 @@ def _leave_when_stuck(process_id: int, asked_to_stop: threading.Event,
   os._exit(policy.EXIT_STOPPED)  # pylint: disable=protected-access
 
 
-def run(workdir: str, generation: int, process_id: int, host: str, coordinator: str) -> int:
-  """Trains as process `process_id` of `generation`; returns the process exit code."""
+def run(workdir: str, generation: int, process_id: int, host: str,
+        coordinator: str) -> NoReturn:
+  """Trains as process `process_id` of `generation`, then ends the process with its exit code
+  (policy.EXIT_*; 0 when training finished)."""
   from medjax.train import loop  # pylint: disable=import-outside-toplevel
   handover = dict(_handover)
   assigned_at = handover.get("assigned_at")
@@ -234,23 +237,18 @@ def run(workdir: str, generation: int, process_id: int, host: str, coordinator: 
     code = policy.EXIT_ERROR
     _leave_error(run_paths, generation, process_id, f"{type(e).__name__}: {e}")
   else:
-    finished.set()
-    asked_to_stop.set()
-    ctx.close()
-    if spec["num_processes"] > 1:
-      jax.distributed.shutdown()
-    # Everything is written and closed (checkpoints, summary, plots, commits): leave without
-    # Python's teardown of JAX's, Orbax's and TensorStore's threads, which the end of the run
-    # (the agent's report, the coordinator's summary) would wait for.
-    for handler in logging.getLogger().handlers:
-      handler.flush()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)  # pylint: disable=protected-access
+    code = 0
   finished.set()
   asked_to_stop.set()
   ctx.close()
-  # Peers may be dead or stuck in a collective: leave without the distributed shutdown barrier.
+  if code == 0 and spec["num_processes"] > 1:
+    # After a failure peers may be dead or stuck in a collective: no shutdown barrier then.
+    jax.distributed.shutdown()
+  # Everything is written and closed (checkpoints, summary, plots, commits): leave without
+  # Python's teardown of JAX's, Orbax's and TensorStore's threads, which the end of the run (the
+  # agent's report, the coordinator's summary) would wait for.
+  for handler in logging.getLogger().handlers:
+    handler.flush()
   sys.stdout.flush()
   sys.stderr.flush()
   os._exit(code)  # pylint: disable=protected-access
