@@ -24,12 +24,13 @@ are present and expects the survivors to go on within 10 s.
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from medjax.fault import protocol  # pylint: disable=wrong-import-position
 
 
 def worker(pid: int, n: int, port: int, platform: str, heartbeat_s: int) -> None:
@@ -80,9 +81,7 @@ def worker(pid: int, n: int, port: int, platform: str, heartbeat_s: int) -> None
 def probe(processes: int = 3, platform: str = "cpu", heartbeat_s: int = 3,
           timeout_s: float = 180.0) -> dict:
   """Runs the probe; returns what the survivors recorded."""
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
+  port = protocol.free_port()
   procs = []
   for pid in range(processes):
     env = dict(os.environ)
