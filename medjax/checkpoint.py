@@ -43,6 +43,7 @@ from jax.experimental import multihost_utils
 
 from medjax import errors
 from medjax import lineage as lineage_lib
+from medjax import programs
 
 
 # Orbax's barriers between processes are device collectives by default (a jitted all-gather, run
@@ -361,7 +362,6 @@ def _layout(state) -> dict:
 def _packer(layout_json: str):
   entries = json.loads(layout_json)["leaves"]
 
-  @jax.jit
   def pack(leaves):
     groups: dict[str, list] = {}
     for e, x in zip(entries, leaves):
@@ -369,7 +369,7 @@ def _packer(layout_json: str):
         groups.setdefault(e["group"], []).append(x.ravel())
     return {"packed": {g: jnp.concatenate(v) for g, v in groups.items()},
             "own": [jnp.copy(x) for e, x in zip(entries, leaves) if e["group"] is None]}
-  return pack
+  return programs.cached(jax.jit(pack))
 
 
 @functools.lru_cache(maxsize=8)
@@ -387,7 +387,7 @@ def _unpacker(layout_json: str, shardings: tuple):
         out.append(jax.lax.dynamic_slice_in_dim(packed[e["group"]], e["offset"], n)
                    .reshape(e["shape"]))
     return out
-  return jax.jit(unpack, out_shardings=list(shardings))
+  return programs.cached(jax.jit(unpack, out_shardings=list(shardings)))
 
 
 def _replicated_like(sharding):

@@ -28,6 +28,7 @@ from medjax import evaluate as evaluate_lib
 from medjax import lineage as lineage_lib
 from medjax import monitor as monitor_lib
 from medjax import monitor_plots
+from medjax import programs
 from medjax import paths
 from medjax import progress
 from medjax.data import host as host_lib
@@ -176,7 +177,7 @@ def prepare(config, workdir: str, topology: Topology = Topology(), ctx=None,
   with phases.phase("compile"):
     _, _, batch = next(iter(data_batches(config, reader, first_plan.steps[0], 0,
                                          batch_sharding)))
-    train_step.lower(state, batch).compile()
+    programs.warm(train_step, state, batch)
 
   ckpt = None
   if standby:

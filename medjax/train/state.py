@@ -22,6 +22,7 @@ from jax.sharding import PartitionSpec as P
 
 from medjax import errors
 from medjax import model as model_lib
+from medjax import programs
 from medjax.model import fusion
 
 DATA_AXES = ("data", "fsdp")
@@ -87,7 +88,7 @@ def build(model_config, tx, mesh, *, num_classes: int, shapes, seed: int):
       lambda: model_lib.create(model_config, num_classes=num_classes, shapes=shapes, seed=seed)))
   abstract = jax.eval_shape(create)
   shardings = shardings_for(abstract, mesh)
-  state = jax.jit(create, out_shardings=shardings)()
+  state = programs.cached(jax.jit(create, out_shardings=shardings))()
   abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                           abstract, shardings)
   return state, Built(graphdef, abstract, shardings)

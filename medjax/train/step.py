@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from medjax import programs
 from medjax.train import state as state_lib
 
 
@@ -50,10 +51,10 @@ def make_train_step(graphdef, tx, built: state_lib.Built, mesh, *, seed: int,
     new_state = {"params": params, "fill": state["fill"], "opt": opt, "step": state["step"] + 1}
     return new_state, metrics
 
-  return jax.jit(train_step,
-                 in_shardings=(built.shardings, state_lib.batch_sharding(mesh)),
-                 out_shardings=(built.shardings, state_lib.replicated(mesh)),
-                 donate_argnums=(0,))
+  return programs.cached(jax.jit(train_step,
+                                in_shardings=(built.shardings, state_lib.batch_sharding(mesh)),
+                                out_shardings=(built.shardings, state_lib.replicated(mesh)),
+                                donate_argnums=(0,)))
 
 
 def make_grad_fn(graphdef, built: state_lib.Built, mesh, *, seed: int):
@@ -78,5 +79,6 @@ def make_predict_step(graphdef, built: state_lib.Built, mesh):
     model = nnx.merge(graphdef, state["params"], state["fill"])
     return jax.nn.softmax(model(batch, train=False), axis=-1)
 
-  return jax.jit(predict, in_shardings=(built.shardings, state_lib.batch_sharding(mesh)),
-                 out_shardings=state_lib.replicated(mesh))
+  return programs.cached(jax.jit(
+      predict, in_shardings=(built.shardings, state_lib.batch_sharding(mesh)),
+      out_shardings=state_lib.replicated(mesh)))
