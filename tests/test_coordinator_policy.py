@@ -660,6 +660,34 @@ def test_a_silent_worker_is_a_hang_in_under_two_seconds_once_warm():
   assert (run.ms - stopped_ms) / 1000 < 2.0
 
 
+def test_a_frozen_worker_is_the_culprit_when_its_blocked_peer_trips_first():
+  # Two workers of one collective, warm. Worker 0 saw a slow step and late heartbeats now and
+  # then (stuck after 2 x (5 x 0.5 + 0.25) = 5.5 s, silent after 5 x 0.8 = 4 s); worker 1's
+  # steps are quick (stuck after 3 s). Worker 0 is frozen (SIGSTOP), worker 1 blocks in the
+  # step's all-reduce and goes on beating: its stuck timeout runs out first, and the failure
+  # must still name worker 0.
+  run = Run(workers_per_host=2)
+  run.start()
+  for i in range(25):
+    run.ms += 250
+    run.agent_beat("host-0")
+    run.beat(0, gap_s=0.5, gaps=i + 1, beat_s=0.25, beat_gap_s=0.8)
+    run.beat(1, gap_s=0.05, gaps=i + 1, beat_s=0.25, beat_gap_s=0.27)
+    run.tick()
+  frozen_ms = run.ms
+  while run.status == Status.RUNNING:
+    run.ms += 50
+    run.agent_beat("host-0")
+    if (run.ms - frozen_ms) % 250 == 0:
+      run.beat(1, progress=False, gap_s=0.05, gaps=25, beat_s=0.25, beat_gap_s=0.27)
+    run.tick()
+  (failure,) = run.named("failure")
+  assert (failure["kind"], failure["worker"]) == ("hang", 0)
+  assert 3.0 < (run.ms - frozen_ms) / 1000 < 3.2             # when worker 1's stuck limit ran out
+  assert failure["timeouts"]["tripped_by"] == [1]
+  assert failure["timeouts"]["silent_limit_s"] == pytest.approx(4.0)
+
+
 def test_a_slow_but_live_worker_is_not_a_hang():
   run = Run(workers_per_host=1)
   run.start()

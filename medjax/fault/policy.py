@@ -361,20 +361,33 @@ class Policy:
     return min(fixed, silent), min(fixed, stuck)
 
   def _detect_hang(self, now: float) -> None:
-    """A worker silent, or alive without progress, past its timeout (`hang_limits`)."""
-    stale = []
+    """A worker silent, or alive without progress, past its timeout (`hang_limits`).
+
+    The culprit is the live worker silent longest, stale or not: when one process of a
+    collective is frozen its peers block, still beating, and a peer's stuck timeout (learned
+    from its step times) can run out before the frozen one's silence timeout (learned from its
+    heartbeat gaps) does. Only where no worker is silent longer than its heartbeat interval
+    allows (every one beats; a deadlock) is it the stale worker stuck longest.
+    """
+    live, stale = [], []
     for pid, w in self.state.workers.items():
       if w.exit_code is not None:
         continue
       silent_limit, stuck_limit = self.hang_limits(w)
       silent = now - (w.last_seen if w.last_seen is not None else now)
       stuck = now - (w.last_progress if w.last_progress is not None else now)
+      row = (silent, stuck, pid, silent_limit, stuck_limit)
+      live.append(row)
       if silent > silent_limit or stuck > stuck_limit:
-        stale.append((-silent, -stuck, pid))
-    if stale:
-      # The culprit is the worker silent longest; the others are blocked waiting on it.
-      _, _, pid = min(stale)
-      self._fail("hang", pid, self._host_of(pid), now)
+        stale.append(row)
+    if not stale:
+      return
+    quiet = [r for r in live if r[0] > max(2 * self.state.workers[r[2]].beat_s, 0.5)]
+    silent, stuck, pid, silent_limit, stuck_limit = max(quiet or stale, key=lambda r: r[:2])
+    self._fail("hang", pid, self._host_of(pid), now,
+               detail={"silent_s": round(silent, 3), "silent_limit_s": round(silent_limit, 3),
+                       "stuck_s": round(stuck, 3), "stuck_limit_s": round(stuck_limit, 3),
+                       "tripped_by": sorted(r[2] for r in stale)})
 
   def _host_of(self, pid: int) -> str | None:
     hosts = (self.state.spec or {}).get("hosts", [])
@@ -382,8 +395,8 @@ class Policy:
     return hosts[index] if index < len(hosts) else None
 
   def _fail(self, kind: str, worker: int | str, host: str | None, now: float,
-            reason: str = "") -> None:
-    """Records a failure and stops the generation."""
+            reason: str = "", detail: dict | None = None) -> None:
+    """Records a failure and stops the generation (`detail`: a hang's timeouts, for the event)."""
     s = self.state
     w = s.workers.get(worker) if isinstance(worker, int) else None
     fault_time, fault_name = self._fault_time(worker, w, now)
@@ -394,7 +407,8 @@ class Policy:
     s.failures.append(failure)
     self._emit("failure", kind=kind, worker=worker, host=host, generation=s.generation,
                step=failure.step, committed_step=s.last_commit, detected_s=failure.detected_s,
-               recovered_s=None, fault=fault_name, kind_detail=kind, reason=reason)
+               recovered_s=None, fault=fault_name, kind_detail=kind, reason=reason,
+               **({"timeouts": detail} if detail else {}))
     s.strikes = s.strikes + 1 if s.last_commit <= s.commits_at_failure else 1
     s.commits_at_failure = s.last_commit
     s.status = Status.STOPPING
