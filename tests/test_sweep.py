@@ -328,7 +328,7 @@ def test_sweep_ingests_once_prunes_survives_a_killed_trial_and_resumes(tmp_path)
   retry = next(t for t in by_lr[1e-3] if t.number != 2)
   assert studies.retried_number(retry) == 2 and retry.state in (S.COMPLETE, S.PRUNED)
   assert retry.user_attrs["workdir"] == "trials/trial-0002"
-  assert 0 in retry.intermediate_values                    # the epoch reported before the kill
+  assert 1 in retry.intermediate_values                    # the epoch reported before the kill
   log2 = open(os.path.join(workdir, "trials", "trial-0002", "log.txt")).read()
   assert log2.count("mode train") == 2
   # The rate that learns nothing: pruned by ASHA at its first rung, its run stopped early.

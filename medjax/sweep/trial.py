@@ -28,7 +28,11 @@ def reporter(config) -> "Reporter | None":
 
 
 class Reporter:
-  """Reports one trial's intermediate values (step = epoch) and relays the pruner's verdict."""
+  """Reports one trial's intermediate values and relays the pruner's verdict.
+
+  A value's step is the number of epochs trained (1 after the first epoch), so the pruner's
+  resources are epochs: `pruner.min_resource=2` judges a trial after its second epoch.
+  """
 
   def __init__(self, storage: str, study: str, number: int):
     import optuna  # pylint: disable=import-outside-toplevel  # only trials pay for the import
@@ -57,7 +61,8 @@ class Reporter:
                               "not by hand") from e
 
   def report(self, epoch: int, value: float) -> bool:
-    """Records `value` at step `epoch`; True when the pruner says stop.
+    """Records `value`, the validation metric after epoch `epoch` (0-based), at step `epoch + 1`;
+    True when the pruner says stop.
 
     True also when the study no longer waits for this trial (it was finished elsewhere: its sweep
     process was lost and the trial failed and queued again). A storage that cannot be reached
@@ -68,7 +73,7 @@ class Reporter:
       trial = optuna.trial.Trial(self.study, self._trial_id)
       with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a step already reported (a resumed run) is kept as is
-        trial.report(float(value) if math.isfinite(value) else float("nan"), int(epoch))
+        trial.report(float(value) if math.isfinite(value) else float("nan"), int(epoch) + 1)
       return bool(trial.should_prune())
     except optuna.exceptions.UpdateFinishedTrialError:
       logging.warning("trial %d is already finished in the study (its sweep process was lost?); "
