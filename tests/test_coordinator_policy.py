@@ -643,6 +643,12 @@ def test_hang_timeouts_are_learned_from_step_gaps_after_a_warm_up():
   assert run.policy.hang_limits(w) == pytest.approx((1.5, 9.5))
   _warm(run, beat_gap_s=0.6)
   assert run.policy.hang_limits(w) == pytest.approx((3.0, 3.0))
+  # Progress reported in bursts (steps run ahead of the host; a report per ten steps): the
+  # warm-up counts the steps the gaps spanned, not the reports.
+  run.beat(0, gap_s=0.5, gaps=4, gap_steps=40, beat_s=0.25, beat_gap_s=0.26)
+  assert run.policy.hang_limits(w) == pytest.approx((1.5, 5.5))
+  run.beat(0, gap_s=0.5, gaps=4, gap_steps=12, beat_s=0.25, beat_gap_s=0.26)
+  assert run.policy.hang_limits(w) == (10.0, 10.0)
   run.beat(0, "checkpointing", gap_s=0.05, gaps=25, beat_s=0.25)
   assert run.policy.hang_limits(w) == (180.0, 180.0)  # other phases keep their fixed timeouts
 

@@ -263,6 +263,24 @@ def test_remote_commit_sends_the_record_and_leaves_pruning_to_the_coordinator(tm
   assert sorted(int(d) for d in os.listdir(directory) if d.isdigit()) == [1, 2, 3]
 
 
+def test_remote_heartbeats_count_the_steps_their_gaps_span():
+  # Progress in bursts (a report per ten steps, as when steps run ahead of the host): the
+  # coordinator's hang warm-up sees the steps, not only the reports.
+  client = _Client()
+  ctx = context.Remote(client, generation=2, process_id=0, interval_s=60)
+  try:
+    for step in (1, 11, 21, 31):
+      ctx.progress(step, 0, 0)
+    ctx.set_phase("checkpointing")   # a gap across another phase spans nothing
+    ctx.progress(41, 0, 0)
+    ctx.set_phase("training")
+    ctx._beat()  # pylint: disable=protected-access  # the heartbeat thread's next beat, now
+  finally:
+    ctx.close()
+  beat = [m for method, m in client.calls if method == "WorkerHeartbeat"][-1]
+  assert (beat["gaps"], beat["gap_steps"]) == (3, 30)
+
+
 def test_a_step_left_uncommitted_by_a_crash_is_saved_again_after_restart(tmp_path):
   # A crash after Orbax wrote step 4 and before it was committed: the next generation discards
   # step 4, starts from zero, and reaches and saves step 4 again.

@@ -87,6 +87,9 @@ class Remote(Local):
     # timeout from the longest recent one.
     self._gaps: collections.deque = collections.deque(maxlen=200)
     self._last_progress: float | None = None
+    # Steps those gaps spanned (reports come in bursts where steps run ahead of the host): the
+    # coordinator's warm-up counts steps, not reports.
+    self._gap_steps = 0
     # Gaps between this worker's heartbeats as sent (its interval plus scheduling and RPC
     # delays): the coordinator learns how long silence may last from the longest recent one.
     self._beat_gaps: collections.deque = collections.deque(maxlen=200)
@@ -112,6 +115,7 @@ class Remote(Local):
     now = time.monotonic()
     if not first and self._last_progress is not None:
       self._gaps.append(now - self._last_progress)
+      self._gap_steps += max(step - self.step, 0)
     self._last_progress = now
     self.phase = "training"
     self.step, self.epoch, self.partition = step, epoch, partition
@@ -158,7 +162,7 @@ class Remote(Local):
           "counter": self.counter, "blocked_s": round(self.blocked_s, 4),
           "executed": self.executed, "time": time.time(),
           "gap_s": round(max(self._gaps), 4) if self._gaps else None,
-          "gaps": len(self._gaps), "beat_s": self._interval,
+          "gaps": len(self._gaps), "gap_steps": self._gap_steps, "beat_s": self._interval,
           "beat_gap_s": round(max(self._beat_gaps), 4) if self._beat_gaps else None})
     except grpc.RpcError:
       if self._reachable:

@@ -76,7 +76,8 @@ class Worker:
   last_seen: float | None = None
   last_progress: float | None = None
   gap_s: float | None = None   # its longest recent gap between finished steps while training
-  gaps: int = 0                # how many gaps that is over (the warm-up)
+  gaps: int = 0                # how many gaps that is over
+  gap_steps: int = 0           # how many finished steps those gaps spanned (the warm-up)
   beat_s: float = 0.0          # its heartbeat interval
   beat_gap_s: float | None = None  # its longest recent gap between heartbeats while training
 
@@ -267,6 +268,7 @@ class Policy:
     w.last_seen, w.phase, w.step, w.counter = now, msg["phase"], msg["step"], msg["counter"]
     w.epoch, w.partition = msg.get("epoch"), msg.get("partition")
     w.gap_s, w.gaps, w.beat_s = msg.get("gap_s"), msg.get("gaps", 0), msg.get("beat_s", 0.0)
+    w.gap_steps = msg.get("gap_steps", w.gaps)
     w.beat_gap_s = msg.get("beat_gap_s")
     stats = s.gen_stats.setdefault(str(gen), {"started": now})
     if msg.get("phases") and str(pid) not in stats.get("phases", {}):
@@ -338,9 +340,10 @@ class Policy:
   def hang_limits(self, w: Worker) -> tuple[float, float]:
     """(silent, stuck) timeouts of a worker: no heartbeat at all, or heartbeats without progress.
 
-    Outside training, or before `fault.hang_warmup_steps` gaps between finished steps were seen
-    in this generation, both are the phase's fixed timeout. Then they are learned, each from
-    what it watches:
+    Outside training, or before `fault.hang_warmup_steps` finished steps were seen in this
+    generation (counted in steps: where steps run ahead of the host, one progress report may
+    span ten), both are the phase's fixed timeout. Then they are learned, each from what it
+    watches:
     - silent: a live worker's heartbeat thread beats every `beat_s` whatever its steps take, so
       silence past `fault.hang_factor` x its longest recent gap between heartbeats (at least
       `fault.hang_floor_s`) means the process is frozen (stopped, swapped out, wedged holding
@@ -353,7 +356,7 @@ class Policy:
     fixed = self._phase_timeout(w.phase)
     f = self.f
     if (w.phase != "training" or not f.hang_factor or w.gap_s is None
-        or w.gaps < f.hang_warmup_steps):
+        or w.gap_steps < f.hang_warmup_steps):
       return fixed, fixed
     beat_gap = w.beat_gap_s if w.beat_gap_s is not None else f.hang_factor * w.gap_s + w.beat_s
     silent = max(f.hang_floor_s, f.hang_factor * beat_gap)
@@ -384,10 +387,14 @@ class Policy:
       return
     quiet = [r for r in live if r[0] > max(2 * self.state.workers[r[2]].beat_s, 0.5)]
     silent, stuck, pid, silent_limit, stuck_limit = max(quiet or stale, key=lambda r: r[:2])
+    w = self.state.workers[pid]
     self._fail("hang", pid, self._host_of(pid), now,
                detail={"silent_s": round(silent, 3), "silent_limit_s": round(silent_limit, 3),
                        "stuck_s": round(stuck, 3), "stuck_limit_s": round(stuck_limit, 3),
-                       "tripped_by": sorted(r[2] for r in stale)})
+                       "tripped_by": sorted(r[2] for r in stale), "phase": w.phase,
+                       "learned_from": {"gaps": w.gaps, "gap_steps": w.gap_steps,
+                                        "gap_s": w.gap_s,
+                                        "beat_gap_s": w.beat_gap_s}})
 
   def _host_of(self, pid: int) -> str | None:
     hosts = (self.state.spec or {}).get("hosts", [])
