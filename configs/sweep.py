@@ -66,11 +66,14 @@ def get_config(arg=None):
   study.start_with_base = True  # trial 0 runs the base config's values (those in the space)
 
   # Pruning on the validation metric at each epoch end: 'asha' (successive halving), 'hyperband'
-  # or 'none'. Resources are epochs.
+  # or 'none'. Resources are epochs: a trial is judged after min_resource epochs, then after
+  # min_resource x reduction_factor^k, and goes on only in the top 1/reduction_factor of the
+  # trials judged there. 1 and 4 are the ASHA paper's and Ray Tune's defaults (grace period 1,
+  # eta 4); experiments/bench_asha.py replays other settings on a full-budget sweep's curves.
   config.pruner = pruner = ml_collections.ConfigDict()
   pruner.kind = "asha"
-  pruner.min_resource = 2
-  pruner.reduction_factor = 3
+  pruner.min_resource = 1
+  pruner.reduction_factor = 4
 
   config.trials = trials = ml_collections.ConfigDict()
   # The sweep process beats for the trial it runs; a trial silent for grace_s (its sweep
