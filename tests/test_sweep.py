@@ -136,7 +136,8 @@ def _trial_config(url: str, number: int):
 
 
 def test_reporter_reports_each_epoch_and_relays_asha(tmp_path):
-  asha = {"kind": "asha", "min_resource": 1, "reduction_factor": 2, "max_resource": 3}
+  # Steps are epochs trained: with min_resource 2 the first rung is after the second epoch.
+  asha = {"kind": "asha", "min_resource": 2, "reduction_factor": 2, "max_resource": 3}
   url, study = _study(tmp_path, asha)
   assert trial_lib.reporter(_trial_config("", 0)) is None        # not a trial
   first, second = study.ask(), study.ask()
@@ -144,14 +145,14 @@ def test_reporter_reports_each_epoch_and_relays_asha(tmp_path):
   assert [good.report(e, v) for e, v in enumerate([0.3, 0.6, 0.7])] == [False] * 3
   study.tell(first, 0.7)
   bad = trial_lib.reporter(_trial_config(url, second.number))
-  assert bad.report(0, 0.1) is False          # below the first rung (epoch 1)
-  assert bad.report(1, 0.2) is True           # at the rung, below the only other trial: pruned
+  assert bad.report(0, 0.1) is False          # one epoch trained: before the first rung
+  assert bad.report(1, 0.2) is True           # two: at the rung, below the only other trial
   stored = study.trials
-  assert stored[0].intermediate_values == {0: 0.3, 1: 0.6, 2: 0.7}
-  assert stored[1].intermediate_values == {0: 0.1, 1: 0.2}
+  assert stored[0].intermediate_values == {1: 0.3, 2: 0.6, 3: 0.7}
+  assert stored[1].intermediate_values == {1: 0.1, 2: 0.2}
   # The same epoch reported again (a resumed run) keeps the first value.
   bad.report(1, 0.9)
-  assert study.trials[1].intermediate_values[1] == 0.2
+  assert study.trials[1].intermediate_values[2] == 0.2
   # A trial the study no longer waits for (failed elsewhere) is told to stop.
   study.tell(second, state=optuna.trial.TrialState.FAIL)
   assert bad.report(2, 0.3) is True
