@@ -174,8 +174,7 @@ def main(argv=None) -> dict:
     os.makedirs(args.workdir)
   full = sweep(full_dir, "none", args, reuse=args.reuse_full)
   os.makedirs(asha_dir)
-  shutil.copytree(os.path.join(args.workdir, "full", "data"), os.path.join(asha_dir, "data"),
-                  symlinks=True)
+  shutil.copytree(os.path.join(full_dir, "data"), os.path.join(asha_dir, "data"), symlinks=True)
   asha = sweep(asha_dir, "asha", args)
   result = {"trials": args.trials, "seed": args.seed, "sampler": "tpe",
             "config": "configs/sweep.py" + (f":{args.variant}" if args.variant else ""),

@@ -54,10 +54,8 @@ def warm(fn, *args) -> None:
     fn.lower(*args).compile()   # fills jax.jit's own cache (and the persistent one)
 
 
-def compile_lowered(lowered: jax.stages.Lowered) -> jax.stages.Compiled:
-  """`lowered.compile()`, from this process's own entry when there is one (`needed()`)."""
-  if not needed():
-    return lowered.compile()
+def _load_or_compile(lowered: jax.stages.Lowered) -> jax.stages.Compiled:
+  """`lowered.compile()`, from this process's own entry when there is one."""
   path = _entry(lowered)
   try:
     with open(path, "rb") as f:
@@ -95,7 +93,8 @@ def _entry(lowered: jax.stages.Lowered) -> str:
 
 
 class _Cached:
-  """A jitted function whose executables come from `compile_lowered`, one per argument shapes."""
+  """A jitted function whose executables come from `_load_or_compile`, one per argument shapes
+  (made only where `needed()`)."""
 
   def __init__(self, jitted):
     self._jitted = jitted
@@ -110,7 +109,7 @@ class _Cached:
                               getattr(x, "sharding", None)) for x in leaves))
     compiled = self._compiled.get(signature)
     if compiled is None:
-      compiled = self._compiled[signature] = compile_lowered(self._jitted.lower(*args))
+      compiled = self._compiled[signature] = _load_or_compile(self._jitted.lower(*args))
     return compiled
 
   def __call__(self, *args):
