@@ -1,11 +1,12 @@
 """Missing-modality ablation: learned 'missing' embeddings vs zero-fill vs dropping incomplete
 records (and optionally mean-fill), on one cohort and one train/val/test split, over seeds.
 
-  python experiments/ablation_missing.py [--policies learned,zero,drop] [--seeds 0,1,2]
-      [--patients 1500] [--epochs 20] [--workdir /tmp/ablation_missing]
+  python experiments/ablation_missing.py [--config quickstart|default] [--policies ...]
+      [--seeds 0,1,2] [--patients N] [--epochs N] [--workdir /tmp/ablation_missing]
 
-Every run trains the quickstart config single-process in a child process of its own, calling
-`loop.train_and_evaluate(config, workdir)` as `launch.py --config.fault.supervised=False` does.
+Every run trains the config (configs/quickstart.py or configs/default.py) single-process in a
+child process of its own, calling `loop.train_and_evaluate(config, workdir)` as
+`launch.py --config.fault.supervised=False` does.
 What is held fixed across runs, and how:
   cohort  synthesised once into <workdir>/base/cohort and passed as config.data.root;
   salt    <workdir>/base/secrets/id_salt, passed as config.data.salt_file;
@@ -32,16 +33,19 @@ import sys
 import time
 
 import numpy as np
+from scipy import stats
 
 REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, REPO)
 
+from configs import default  # pylint: disable=wrong-import-position
 from configs import quickstart  # pylint: disable=wrong-import-position
 from medjax import paths  # pylint: disable=wrong-import-position
 from medjax.data import ingest  # pylint: disable=wrong-import-position
 from medjax.data import pipeline  # pylint: disable=wrong-import-position
 from medjax.train import metrics as metrics_lib  # pylint: disable=wrong-import-position
 
+CONFIGS = {"quickstart": quickstart.get_config, "default": default.get_config}
 ROWS = (("all3", "All 3 (I,L,V)"), ("any2", "Any 2"), ("single", "Single"))
 # The lineage paper's Table IV (its learned-embedding model on its own cohort), for reference.
 PAPER = {"all3": (0.892, 0.854), "any2": (0.858, 0.817), "single": (0.793, 0.742)}
@@ -54,8 +58,12 @@ def log(msg: str) -> None:
   print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
+def get_config(args):
+  return CONFIGS[args.config](args.variant or None)
+
+
 def base_config(args):
-  config = quickstart.get_config(args.variant or None)
+  config = get_config(args)
   if args.patients:
     config.data.synthetic.num_patients = args.patients
   if args.epochs:
@@ -96,7 +104,7 @@ def child(args) -> None:
   """One training run in this process (the driver starts one process per run)."""
   from medjax.train import loop  # pylint: disable=import-outside-toplevel
   workdir = args.child
-  config = quickstart.get_config(args.variant or None)
+  config = get_config(args)
   for key, value in json.loads(args.child_overrides).items():
     *path, leaf = key.split(".")
     node = config
@@ -136,7 +144,7 @@ def run_one(args, shared, policy: str, seed: int) -> dict:
     os.makedirs(workdir)
     shutil.copytree(paths.RunPaths(shared["base"]).ingest, paths.RunPaths(workdir).ingest)
     cmd = [sys.executable, os.path.abspath(__file__), f"--child={workdir}",
-           f"--variant={args.variant}",
+           f"--config={args.config}", f"--variant={args.variant}",
            f"--child-overrides={json.dumps(overrides(args, shared, policy, seed))}"]
     log(f"{policy} seed {seed}: training in {workdir}")
     t0 = time.perf_counter()
@@ -169,11 +177,15 @@ def check_split(shared, workdir: str) -> None:
 
 
 def mean_std(values) -> dict:
-  """Mean, sample std and the values; None where a subset had no test records (NaN metrics)."""
+  """Mean, sample std, the 95% interval of the mean over seeds (Student's t, n - 1 degrees of
+  freedom; None with one seed) and the values; None where a subset had no test records."""
   v = np.asarray(values, np.float64)
   if np.isnan(v).all():
-    return {"mean": None, "std": None, "values": [None] * len(v)}
-  return {"mean": float(np.mean(v)), "std": float(np.std(v, ddof=1)) if len(v) > 1 else 0.0,
+    return {"mean": None, "std": None, "ci95": None, "values": [None] * len(v)}
+  mean, std = float(np.mean(v)), float(np.std(v, ddof=1)) if len(v) > 1 else 0.0
+  half = float(stats.t.ppf(0.975, len(v) - 1) * std / np.sqrt(len(v))) if len(v) > 1 else None
+  return {"mean": mean, "std": std,
+          "ci95": None if half is None else [mean - half, mean + half],
           "values": [float(x) for x in v]}
 
 
@@ -241,7 +253,7 @@ def markdown(result: dict) -> str:
   agg, policies = result["aggregate"], result["policies"]
   ceiling = agg["ceiling"]
   lines = [
-      "# Missing-modality ablation (quickstart config)", "",
+      f"# Missing-modality ablation ({result['config']})", "",
       f"{result['records']} records ({result['train_records']} train, "
       f"{result['complete_train_records']} of them with all three modalities: what 'drop' trains "
       f"on), {result['test_records']} test; one cohort, salt and split; seeds "
@@ -317,9 +329,11 @@ def main():
   parser.add_argument("--policies", default="learned,zero,drop",
                       help="comma-separated config.model.missing values (learned,zero,mean,drop)")
   parser.add_argument("--seeds", default="0,1,2")
-  parser.add_argument("--patients", type=int, default=0, help="0: the quickstart's 1500")
-  parser.add_argument("--epochs", type=int, default=0, help="0: the quickstart's 20")
-  parser.add_argument("--variant", default="", help="quickstart variant, e.g. 'tiny'")
+  parser.add_argument("--config", default="quickstart", choices=sorted(CONFIGS),
+                      help="configs/<name>.py: every run trains it")
+  parser.add_argument("--patients", type=int, default=0, help="0: the config's")
+  parser.add_argument("--epochs", type=int, default=0, help="0: the config's")
+  parser.add_argument("--variant", default="", help="the config's variant, e.g. 'tiny'")
   parser.add_argument("--split-seed", type=int, default=0, help="config.seed of the one ingest")
   parser.add_argument("--workdir", default="/tmp/ablation_missing")
   parser.add_argument("--poll-s", type=float, default=60.0, help="progress line interval")
@@ -350,7 +364,7 @@ def main():
   manifest = shared["manifest"]
   train = manifest.indices("train")
   result = {
-      "config": "configs/quickstart.py" + (f":{args.variant}" if args.variant else ""),
+      "config": f"configs/{args.config}.py" + (f":{args.variant}" if args.variant else ""),
       "policies": policies, "seeds": seeds, "split_seed": args.split_seed,
       "patients": int(config.data.synthetic.num_patients), "epochs": int(config.optim.epochs),
       "records": len(manifest), "train_records": int(len(train)),

@@ -125,6 +125,10 @@ class Checkpointer:
                                      daemon=True)
       self._saver.start()
     self.blocked_s = 0.0
+    # Saves written and finalized, and the seconds their writes took (async: on the saver
+    # thread, one after another; a failure before a save is finalized loses what it would keep).
+    self.writes, self.write_s = 0, 0.0
+    self._write_s: dict[int, float] = {}   # per step, until `pop_write_s` takes it
 
   def save(self, state, lineage: lineage_lib.Lineage) -> None:
     """Starts saving `state` at `lineage.global_step`; returns at once (async) or once written."""
@@ -141,12 +145,16 @@ class Checkpointer:
 
   def _save_now(self, packed, layout: dict, lineage: lineage_lib.Lineage) -> None:
     """Writes and finalizes one step (every process), then reports it to `finalized`."""
+    t0 = time.perf_counter()
     self._manager.save(lineage.global_step,
                        args=ocp.args.Composite(state=ocp.args.StandardSave(packed),
                                                layout=ocp.args.JsonSave(layout)),
                        custom_metadata=lineage.to_dict(), force=True)
     with self._lock:
       self._pending.append(lineage)
+      self.writes += 1
+      self._write_s[lineage.global_step] = time.perf_counter() - t0
+      self.write_s += self._write_s[lineage.global_step]
 
   def _save_loop(self) -> None:
     while True:
@@ -173,6 +181,11 @@ class Checkpointer:
     with self._lock:
       done, self._pending = self._pending, []
     return done
+
+  def pop_write_s(self, step: int) -> float | None:
+    """Seconds the save of `step` took to write and finalize (once; None if unknown)."""
+    with self._lock:
+      return self._write_s.pop(step, None)
 
   @staticmethod
   def reached_preemption(step: int) -> bool:

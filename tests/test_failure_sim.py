@@ -60,6 +60,21 @@ def test_timeline():
   assert tl.saving(np.array([100.5, 150.0, 202.0])).tolist() == [0.5, 1.0, 2.0]
 
 
+def test_replay_async_writes_commit_one_after_another():
+  # Saves after steps 10, 20 and 30 (10 s steps, 1 s blocking) of a 40-step job, a crash after
+  # step 25 (t = 252 s). With 25 s writes the save after step 20 (written 202-227) is committed:
+  # 5 steps lost. With 150 s writes on one saver thread the first is written 101-251 and the
+  # second waits for it (251-401): 15 lost. Per-save times: 10 s then 100 s: the second is
+  # written 202-302, 15 lost; 100 s then 10 s: 101-201 and 202-212, 5 lost.
+  job = fs.Job(10.0, 10, 4, 1)
+  lost = lambda w: fs.replay(job, fs.Strategy("lineage"), 1.0, [crash(25)], w)["steps_wasted"]
+  assert [lost(0.0), lost(25.0), lost(150.0)] == [5, 5, 15]
+  assert lost([10.0, 100.0, 1.0, 1.0]) == 15 and lost([100.0, 10.0, 1.0, 1.0]) == 5
+  # A restart empties the saver's queue: restored at step 10, the next generation writes its
+  # save after step 20 from 202 to 352 (not after the lost generation's write, to 401), so a
+  # crash after step 35 (t = 353) finds it committed: 15 + 15 lost.
+  r = fs.replay(job, fs.Strategy("lineage"), 1.0, [crash(25), crash(35)], 150.0)
+  assert r["steps_wasted"] == 15 + 15
 def test_replay_waste_is_the_steps_since_the_last_save():
   # Partition boundaries every 10 steps: a crash after step 15 loses 5 steps, a hang after
   # step 47 loses 7, and a preemption after step 120 saves there and loses none.
@@ -103,6 +118,13 @@ def test_validate_on_a_hand_built_run():
   # With the model's costs instead of each failure's own: every failure costs 10 + 20 s.
   v = fs.validate(hand_measured(), costs=COSTS)
   assert v["simulated"]["wall_s"] == pytest.approx(hand_measured().wall_s - 38.5 + 90)
+  # With measured write times the replay draws each save's from them: instant ones give the
+  # same numbers; writes longer than a save's interval half the time lose more on average.
+  v = fs.validate(dataclasses.replace(hand_measured(), write_samples=(0.0,)), draws=5)
+  assert v["simulated"]["steps_wasted"] == 6 and v["simulated_p10_p90"]["steps_wasted"] == [6, 6]
+  v = fs.validate(dataclasses.replace(hand_measured(), write_samples=(0.0, 45.0)), draws=200)
+  low, high = v["simulated_p10_p90"]["steps_wasted"]
+  assert 6 == low < v["simulated"]["steps_wasted"] < high
 
 
 def test_simulate_is_deterministic_for_a_seed():
@@ -247,9 +269,26 @@ def test_measured_from_workdir(tmp_path):
     f.write("\n".join(map(json.dumps, events)) + "\n")
   m = fs.measured_from_workdir(str(tmp_path), step_s=0.1, checkpoint_s=0.01)
   assert [(f.kind, f.step) for f in m.failures] == [("crash", 15), ("preemption", 33)]
+  assert m.write_s == 0.0
   v = fs.validate(m)
   assert v["relative_error"]["wall_s"] == pytest.approx(0.0, abs=1e-9)
   assert v["relative_error"]["waste_fraction"] == pytest.approx(0.0)
+  # A summary with the ledger's steps replays at those (not the faults' nor the reported), with
+  # the run's async write time.
+  summary["fault_tolerance"]["failures"][0]["last_step"] = 17
+  summary["fault_tolerance"]["failures"][1]["last_step"] = 34
+  summary["fault_tolerance"]["checkpoint_write_s"] = 0.5
+  with open(tmp_path / "summary.json", "w") as f:
+    json.dump(summary, f)
+  m = fs.measured_from_workdir(str(tmp_path), step_s=0.1, checkpoint_s=0.01)
+  assert [(f.kind, f.step) for f in m.failures] == [("crash", 17), ("preemption", 34)]
+  assert m.write_s == 0.5 and "ledger" in m.sources["failures"]
+  # Saves (after steps 4, 8, 10, 12, 16) come every 0.2-0.4 s and each write takes 0.5 s on
+  # one thread: they fall behind, and at step 17's end (1.75 s) only those after steps 4 and 8
+  # (committed at 0.91 s and 1.41 s) are: 9 steps lost, where instant commits lose 1.
+  assert fs.validate(m)["simulated"]["steps_wasted"] == 17 - 8
+  m0 = dataclasses.replace(m, write_s=0.0)
+  assert fs.validate(m0)["simulated"]["steps_wasted"] == 17 - 16
 
 
 def test_main_writes_labelled_results(tmp_path):

@@ -110,6 +110,11 @@ def test_signals_recovery_exactly_once_and_same_parameters(shared, clean_run):
   assert all(f["recovered_s"] is not None for f in ft["failures"])
   assert ft["steps_committed"] == runs.summary(clean)["fault_tolerance"]["steps_committed"]
   assert ft["steps_executed"] > ft["steps_committed"]  # the crash and the hang cost work
+  # The ledger's accounting: every executed step is committed or lost to one failure.
+  assert ft["executed_from"] == "ledger"
+  lost = sum(f["steps_lost"] for f in ft["failures"])
+  assert ft["steps_executed"] - ft["steps_committed"] == lost, ft["failures"]
+  assert crash["last_step"] == 6 and hang["last_step"] == 13, ft["failures"]
   _assert_exactly_once(faulty, epochs=EPOCHS)
 
   # The run that survived three failures ends where the uninterrupted one does.
@@ -480,7 +485,10 @@ def test_checkpoint_strategy_decides_where_a_crash_resumes(shared, strategy, com
   # written when the crash came), and nothing older.
   assert recovered["step"] == newest + 1 and newest in (0, 15)
   ft = runs.summary(workdir)["fault_tolerance"]
-  # Executed steps are counted from heartbeats, which may lag the crash by a few steps.
-  assert 45 < ft["steps_executed"] <= 45 + 25 - newest, ft
+  # The ledger has every step the crashed generation ran, its last report or not.
+  assert ft["steps_executed"] == 45 + 25 - newest, ft
+  (failure,) = ft["failures"]
+  assert (failure["last_step"], failure["resumed_step"], failure["steps_lost"]) == (
+      25, newest, 25 - newest), failure
   _assert_exactly_once(workdir, epochs=3)
 

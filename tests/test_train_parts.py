@@ -85,6 +85,8 @@ def test_save_policy_time_based_takes_the_chiefs_decision():
 
 
 class _FakeCheckpointer:
+  writes, write_s = 0, 0.0
+
   def __init__(self):
     self.saved, self.finalized_queue, self.blocked_s, self.waits = [], [], 0.0, 0
 
@@ -99,20 +101,24 @@ class _FakeCheckpointer:
   def wait(self):
     self.waits += 1
 
+  def pop_write_s(self, step):
+    return 0.01 * step
+
 
 class _FakeContext:
   phase = "training"
   blocked_s = 0.0
 
   def __init__(self):
-    self.commits, self.phases, self.flushed = [], [], 0
+    self.commits, self.phases, self.flushed, self.commit_write_s = [], [], 0, []
 
   def set_phase(self, phase):
     self.phases.append(phase)
     self.phase = phase
 
-  def commit(self, lineage_now):
+  def commit(self, lineage_now, write_s=None):
     self.commits.append(lineage_now.global_step)
+    self.commit_write_s.append(write_s)
 
   def flush(self):
     self.flushed += 1
@@ -134,6 +140,8 @@ def test_saver_saves_once_per_step_and_only_the_chief_commits(is_chief):
     saver.preempt({}, _lineage(11))
   assert ckpt.saved == [8, 11] and ckpt.waits == 1 and ctx.flushed == 1
   assert ctx.commits == ([8, 11] if is_chief else [])
+  # Each commit carries its save's write time (for the coordinator's commit events).
+  assert ctx.commit_write_s == ([0.08, 0.11] if is_chief else [])
 
 
 class _Writer:

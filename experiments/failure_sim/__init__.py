@@ -14,7 +14,9 @@ The model
 - A job is `Job.steps` global steps of `Job.step_s` seconds, in epochs of `partitions_per_epoch`
   partitions of `partition_steps` steps (medjax's plan).
 - A strategy is the set of steps after which a checkpoint is saved (the last step always is).
-  A save blocks training for `Costs.checkpoint_s` and is committed when that ends.
+  A save blocks training for `Costs.checkpoint_s` and is committed when that ends (the
+  validation replay also models medjax's async write: one save at a time on a saver thread,
+  committed its measured write time after that write starts).
   none: only the end (a failure restarts from step 0); epoch: every epoch end; time: every
   `interval_s` s of training, rounded up to a step; lineage: every partition boundary and, with
   `every_k`, every global step divisible by k (medjax's `SavePolicy`); young_daly: every
@@ -49,8 +51,9 @@ What it leaves out (each can move the numbers at scale):
 - checkpoint and recovery costs that grow with scale: network contention of many hosts writing
   at once, storage bandwidth limits, restore and jax.distributed start-up growing with model and
   cluster size; the costs are the measured (or published) ones at every worker count;
-- the async commit latency of a save (it counts as committed when its blocking part ends), and
-  the CPU that Orbax's background write takes from training (on 2 CPU cores the extra wall time
+- at scale, the async write time of a save (it counts as committed when its blocking part
+  ends; seconds against hours between failures), and the CPU that Orbax's background write
+  takes from training (on 2 CPU cores the extra wall time
   per save is larger than its blocking time: `load_costs(checkpoint='wall')` uses it);
 - data-loader warm-up and cache refill after a restart or a host change, and the first compile;
 - elastic shrinking, waiting for a replacement machine (a lost host is replaced at once by a

@@ -18,7 +18,8 @@ LEFT_OUT = (
     "communication and parallel efficiency (strong scaling is perfect here)",
     "checkpoint and recovery costs growing with scale: write contention, storage bandwidth, "
     "restore and jax.distributed start-up time on many hosts",
-    "async commit latency of a save, and the CPU its background write takes from training",
+    "at scale, the async write time of a save (it commits when its blocking part ends; the "
+    "validation replay models it), and the CPU its background write takes from training",
     "data-loader warm-up and cache refill after a restart or a host change; the first compile",
     "elastic shrinking, waiting for a replacement machine, back-off after repeated failures",
     "silent data corruption and loss spikes that force a rollback past the last checkpoint",

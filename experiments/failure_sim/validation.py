@@ -34,6 +34,8 @@ class Measured:
   Attributes:
     job: the run's plan and medjax checkpoint policy (every_k); step_s from a measurement.
     checkpoint_s: blocking time per save.
+    write_s: an async save's mean write time, to finalized (0: committed when its blocking
+      ends); write_samples: the run's measured write times, which `validate` draws from.
     failures: in the order they happened.
     steps_executed, waste_fraction: the run's summary.json fault_tolerance numbers.
     wall_s: the run's training wall time, as `sources['wall_s']` defines it.
@@ -46,15 +48,33 @@ class Measured:
   waste_fraction: float
   wall_s: float
   sources: Mapping[str, str] = dataclasses.field(default_factory=dict)
+  write_s: float = 0.0
+  write_samples: tuple[float, ...] = ()
+
+
+def _committed(tl: model.Timeline, s0: int, t: float, writes: np.ndarray) -> int:
+  """The newest step committed by time `t` in a generation restored at step `s0`: its saves
+  are written one after another on a saver thread (idle at the restart), save j's write taking
+  `writes[j]` from when its blocking part ends or the previous write ends, whichever is later."""
+  j0 = int(np.searchsorted(tl.S, s0, "right"))
+  w = writes[j0:]
+  done = np.cumsum(w)
+  commit = done + np.maximum.accumulate(tl.end[j0:] - (done - w))
+  k = int(np.searchsorted(commit, t, "right"))
+  return int(tl.S[j0 + k - 1]) if k else s0
 
 
 def replay(job: model.Job, strategy: model.Strategy, checkpoint_s: float,
-           failures: Sequence[MeasuredFailure]) -> dict:
+           failures: Sequence[MeasuredFailure],
+           write_s: float | Sequence[float] = 0.0) -> dict:
   """A deterministic run of `job` under `strategy` with `failures` at their steps, each
-  costing its own detection and recovery time. Returns steps executed and wasted, wall time
-  (first step to the end), time in saves and the saves taken."""
+  costing its own detection and recovery time, saves blocking `checkpoint_s` and committed once
+  written: `write_s` seconds each (or per save, in order), one write at a time (`_committed`).
+  Returns steps executed and wasted, wall time (first step to the end), time in saves and the
+  saves taken."""
   tl = model.Timeline(model.checkpoint_steps(strategy, job, checkpoint_s, 0.0), job.step_s,
                       checkpoint_s)
+  writes = np.broadcast_to(np.asarray(write_s, float), tl.S.shape)
   s0, wall, saving, executed, wasted, saves, skipped = 0, 0.0, 0.0, 0, 0, 0, []
   for f in failures:
     if not s0 < f.step < tl.n:   # a fault fires once, the first time training passes its step
@@ -68,7 +88,7 @@ def replay(job: model.Job, strategy: model.Strategy, checkpoint_s: float,
     if f.kind == "preemption" and strategy.saves_on_preemption:
       s_new, wall, saving, saves = f.step, wall + tl.c, saving + tl.c, saves + 1
     else:
-      s_new = max(s0, int(tl.committed(t)))
+      s_new = _committed(tl, s0, t, writes)
       wasted += f.step - s_new
     s0 = s_new
   executed += tl.n - s0
@@ -81,7 +101,7 @@ def replay(job: model.Job, strategy: model.Strategy, checkpoint_s: float,
 
 
 def validate(measured: Measured, *, costs: inputs.Costs | None = None,
-             tolerance: float = 0.2) -> dict:
+             tolerance: float = 0.2, draws: int = 400, seed: int = 0) -> dict:
   """Simulates the measured run (same plan, checkpoint policy and failures at the same steps)
   and compares waste fraction, steps executed and wall time.
 
@@ -90,6 +110,10 @@ def validate(measured: Measured, *, costs: inputs.Costs | None = None,
     costs: None: each failure costs its own measured detection and recovery time; given: the
       model's per-kind detection and the recovery path's time instead.
     tolerance: the relative error within which a number agrees (issue 14: 20%).
+    draws, seed: with `measured.write_samples`, the replay runs `draws` times, each save's
+      write time drawn from the samples: whether a save is committed before a failure is a race
+      at small scale (a write can take most of a partition), and `simulated` is the mean over
+      draws, `simulated_p10_p90` the spread. Without samples, one replay at `write_s`.
 
   Returns:
     {'measured', 'simulated', 'relative_error', 'within_tolerance', 'tolerance', 'inputs'}:
@@ -100,22 +124,39 @@ def validate(measured: Measured, *, costs: inputs.Costs | None = None,
     failures = tuple(dataclasses.replace(
         f, detected_s=costs.detect_s[f.kind], recovered_s=costs.recover_s[costs.recovery_path])
         for f in failures)
-  sim = replay(measured.job, model.Strategy("lineage", every_k=measured.job.every_k),
-               measured.checkpoint_s, failures)
+  strategy = model.Strategy("lineage", every_k=measured.job.every_k)
+  spread = {}
+  if measured.write_samples:
+    rng = np.random.default_rng(seed)
+    saves = len(model.checkpoint_steps(strategy, measured.job, measured.checkpoint_s, 0.0))
+    runs = [replay(measured.job, strategy, measured.checkpoint_s, failures,
+                   rng.choice(np.asarray(measured.write_samples, float), saves))
+            for _ in range(draws)]
+    sim = {k: float(np.mean([r[k] for r in runs])) for k in runs[0]
+           if k != "skipped_failure_steps"}
+    sim["skipped_failure_steps"] = runs[0]["skipped_failure_steps"]
+    spread = {k: [float(np.percentile([r[k] for r in runs], q)) for q in (10, 90)]
+              for k in ("steps_wasted", "waste_fraction", "wall_s")}
+  else:
+    sim = replay(measured.job, strategy, measured.checkpoint_s, failures, measured.write_s)
   meas = {"waste_fraction": measured.waste_fraction, "steps_executed": measured.steps_executed,
           "wall_s": measured.wall_s}
   err = {k: (sim[k] - v) / v if v else (0.0 if sim[k] == v else math.inf)
          for k, v in meas.items()}
-  return {"measured": meas, "simulated": sim, "relative_error": err,
+  return {"measured": meas, "simulated": sim, "simulated_p10_p90": spread,
+          "relative_error": err,
           "within_tolerance": {k: abs(e) <= tolerance for k, e in err.items()},
           "tolerance": tolerance,
-          "notes": ["medjax counts executed steps from each generation's progress reports, so "
-                    "a worker that is SIGKILLed or SIGSTOPped may not report its last steps: "
-                    "the measured waste can be below the steps the replay throws away",
+          "notes": ["a run without a ledger counts executed steps from its progress reports, "
+                    "so a worker that is SIGKILLed or SIGSTOPped may not report its last steps: "
+                    "its measured waste can be below the steps the replay throws away "
+                    "(summary.json fault_tolerance.executed_from says which)",
                     "a preemption saves at the fault's step here; medjax's processes agree on "
                     "a step a few steps later, which changes no count"],
           "inputs": {"job": dataclasses.asdict(measured.job),
-                     "checkpoint_s": measured.checkpoint_s,
+                     "checkpoint_s": measured.checkpoint_s, "write_s": measured.write_s,
+                     "write_samples": len(measured.write_samples),
+                     "draws": draws if measured.write_samples else 1,
                      "failures": [dataclasses.asdict(f) for f in failures],
                      "costs": "per-failure measured times" if costs is None else costs.name,
                      "sources": dict(measured.sources)}}
@@ -142,10 +183,13 @@ def fault_steps(inject: str, job: model.Job) -> list[tuple[str, int]]:
 
 def _match_failures(recorded: list[dict], faults: list[tuple[str, int]] | None,
                     where: str) -> tuple[tuple[MeasuredFailure, ...], str]:
-  """The summary's failures (kind, detection, recovery) at the injected faults' steps when they
-  match one to one, else at their recorded steps (the last step the worker reported)."""
+  """The summary's failures (kind, detection, recovery) at the last step each failed generation
+  executed (the ledger's `last_step`) when every failure has one, else at the injected faults'
+  steps when they match one to one, else at their recorded steps (the last step the worker
+  reported)."""
   out = []
-  use_faults = faults is not None and len(faults) == len(recorded)
+  ledger = bool(recorded) and all(isinstance(f.get("last_step"), int) for f in recorded)
+  use_faults = not ledger and faults is not None and len(faults) == len(recorded)
   for i, f in enumerate(recorded):
     kind = inputs.KIND_OF.get(f.get("kind"))
     if kind is None:
@@ -160,9 +204,11 @@ def _match_failures(recorded: list[dict], faults: list[tuple[str, int]] | None,
       raise ValueError(f"{where}: failure {i} lacks step, detected_s or recovered_s: {f}")
     out.append(MeasuredFailure(kind, step, float(f["detected_s"]), float(recovered)))
   if not use_faults:
-    out = [MeasuredFailure(f.kind, r["step"], f.detected_s, f.recovered_s)
+    key = "last_step" if ledger else "step"
+    out = [MeasuredFailure(f.kind, r[key], f.detected_s, f.recovered_s)
            for f, r in zip(out, recorded)]
-  how = ("the injected faults' steps (config.fault.inject)" if use_faults else
+  how = ("the ledger's last executed step of each failed generation" if ledger else
+         "the injected faults' steps (config.fault.inject)" if use_faults else
          "the failures' recorded steps (the worker's last reported step: a lower bound)")
   return tuple(out), how
 
@@ -220,7 +266,8 @@ def measured_from_workdir(workdir: str, *, step_s: float | None = None,
   Args:
     workdir: the run's workdir.
     step_s: seconds per step from a clean run of the same config; default: this run's own
-      training seconds over the steps it executed (summary generations).
+      training seconds, less those blocked in saves, over the steps it executed (summary
+      generations).
     checkpoint_s: blocking seconds per save; default: this run's blocked seconds over the saves
       a replay of its policy takes.
 
@@ -243,7 +290,9 @@ def measured_from_workdir(workdir: str, *, step_s: float | None = None,
   gens = inputs._get(ft, "generations", where=where).values()
   executed = sum(int(g.get("executed", 0)) for g in gens)
   if step_s is None:
-    step_s = sum(float(g.get("training_s", 0.0)) for g in gens) / executed
+    # The replay adds each save's blocking to the steps' time: leave it out of the step.
+    step_s = sum(float(g.get("training_s", 0.0)) - float(g.get("blocked_s", 0.0))
+                 for g in gens) / executed
   job = model.Job(step_s, steps // (epochs * parts), parts, epochs, every_k, "measured",
                   f"{cfg_path}: optim.epochs {epochs}, data.num_partitions {parts}")
   events = jsonl.read(os.path.join(workdir, "events.jsonl"))
@@ -259,9 +308,19 @@ def measured_from_workdir(workdir: str, *, step_s: float | None = None,
   if checkpoint_s is None:
     saves = replay(job, model.Strategy("lineage", every_k=every_k), 0.0, failures)["saves"]
     checkpoint_s = sum(float(g.get("blocked_s", 0.0)) for g in gens) / saves
+  samples = tuple(float(e["write_s"]) for e in events
+                  if e.get("event") == "commit" and isinstance(e.get("write_s"), (int, float)))
+  write_s = float(np.mean(samples)) if samples else float(ft.get("checkpoint_write_s") or 0.0)
   return Measured(job, checkpoint_s, failures, int(inputs._get(ft, "steps_executed", where=where)),
                   float(inputs._get(ft, "waste_fraction", where=where)),
                   done[-1] - times["first_step"],
                   {"step_s": f"{step_s:.5f} s", "failures": f"{where}: steps: {how}",
                    "wall_s": f"{workdir}/events.jsonl: first first_step to done",
-                   "checkpoint_s": f"{checkpoint_s:.5f} s per save"})
+                   "checkpoint_s": f"{checkpoint_s:.5f} s per save",
+                   "write_s": (f"{workdir}/events.jsonl: {len(samples)} commits' write_s"
+                               if samples else f"{where}: fault_tolerance.checkpoint_write_s"
+                               if write_s else "not recorded (an older run): saves commit "
+                               "when their blocking ends"),
+                   "steps_executed": f"{where}: fault_tolerance.steps_executed (from "
+                                     f"{ft.get('executed_from', 'progress reports')})"},
+                  write_s, samples)

@@ -82,7 +82,8 @@ def simulate(scale: scales_lib.Scale, t1: dict, table_two: list[dict]) -> dict:
 def main(argv=None) -> dict:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--scale", default="quickstart", choices=sorted(scales_lib.SCALES))
-  parser.add_argument("--out", default=os.path.join(RESULTS, "report"))
+  parser.add_argument("--out", default="", help="default: experiments/results/report for the "
+                      "quickstart scale, experiments/results/report-<scale> for the others")
   parser.add_argument("--workdir", default="", help="default: /tmp/medjax_report/<scale>")
   parser.add_argument("--no-reuse", action="store_true", help="run every measured run again")
   parser.add_argument("--strategies", default=",".join(s for s, _, _ in measure.STRATEGIES),
@@ -95,6 +96,8 @@ def main(argv=None) -> dict:
   if "lineage" not in strategies or not set(strategies) <= set(known):
     parser.error(f"--strategies {args.strategies!r}: name some of {known}, lineage included")
   workdir = args.workdir or os.path.join("/tmp/medjax_report", scale.name)
+  args.out = args.out or os.path.join(
+      RESULTS, "report" if scale.name == "quickstart" else f"report-{scale.name}")
   t0 = time.perf_counter()
   os.makedirs(args.out, exist_ok=True)
   runner = measure.Runner(workdir, scale, reuse=not args.no_reuse)

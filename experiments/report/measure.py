@@ -167,17 +167,16 @@ def ablation(runner: Runner, out_prefix: str) -> dict | None:
   if runner.scale.ablation is None:
     return None
   policies, seeds = runner.scale.ablation
-  variant = runner.scale.config.partition(":")[2]
+  path, _, variant = runner.scale.config.partition(":")
+  name = os.path.splitext(os.path.basename(path))[0]
   cmd = [sys.executable, os.path.join(ROOT, "experiments", "ablation_missing.py"),
+         f"--config={name}",
          f"--policies={policies}", f"--seeds={','.join(map(str, seeds))}",
          # ablation_missing.py reuses any run it finds: a directory per code version.
          f"--workdir={runner.workdir}/ablation-{runner.fingerprint}", f"--out={out_prefix}",
          "--poll-s=120"]
   if variant:
     cmd.append(f"--variant={variant}")
-  if not runner.scale.config.startswith("configs/quickstart.py"):
-    raise ValueError(f"the ablation runs the quickstart config; scale {runner.scale.name} "
-                     "uses another")
   log("missing-modality ablation: " + " ".join(cmd[2:]))
   subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
   with open(out_prefix + ".json") as f:

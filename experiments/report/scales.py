@@ -38,7 +38,5 @@ SCALES = {
     "tiny": Scale("tiny", "configs/quickstart.py:tiny", ("--config.optim.epochs=3",),
                   every_k=4, ablation=None, sim_trials=20, sim_workers=(4, 64, 16384)),
     "quickstart": Scale("quickstart", "configs/quickstart.py"),
-    # The ablation runs the quickstart config (experiments/ablation_missing.py); the default
-    # scale reuses the quickstart report's.
-    "default": Scale("default", "configs/default.py", every_k=25, ablation=None),
+    "default": Scale("default", "configs/default.py", every_k=25),
 }

@@ -82,8 +82,12 @@ def table_two_numbers(t1: dict, strategy: str = "lineage") -> list[dict]:
   step_s = t1["clean"]["train"]["seconds"] / max(t1["total_steps"], 1)
   rows = []
   for f, event in zip(s["fault_tolerance"]["failures"], failure_events):
-    # The worker's last reported step and the newest step committed when the failure was seen.
-    lost_steps = max(int(f.get("step") or 0) - int(event.get("committed_step") or 0), 0)
+    # The ledger's count (the failed generation's last step to the next one's restore point);
+    # without a ledger, the worker's last reported step less the newest committed when the
+    # failure was seen (a lower bound).
+    lost_steps = f.get("steps_lost")
+    if lost_steps is None:
+      lost_steps = max(int(f.get("step") or 0) - int(event.get("committed_step") or 0), 0)
     at = event["time"]
     recovered = f.get("recovered_s")
     rows.append({"time_s": round(at - start, 2), "worker": f["worker"], "host": f.get("host"),
@@ -141,15 +145,32 @@ def table_four_md(summary: dict, ablation: dict | None) -> list[str]:
   if ablation:
     agg = ablation["aggregate"]["policies"]
     out += ["", f"Missing-modality ablation ({ablation['config']}, {ablation['patients']:,} "
-            f"patients, {ablation['epochs']} epochs, seeds {ablation['seeds']}; mean +- std of "
-            "test accuracy over seeds; one split):", "",
+            f"patients, {ablation['epochs']} epochs, seeds {ablation['seeds']}; test accuracy, "
+            "mean over seeds +- std and [95% interval of the mean, t with n - 1 degrees of "
+            "freedom]; one split):", "",
             "| policy | overall | " + " | ".join(label for _, label in IV_ROWS) + " |",
             "|---|---:|" + "---:|" * len(IV_ROWS)]
     for policy, a in agg.items():
       cells = [a["overall"]["accuracy"]] + [a["table_iv"][k]["accuracy"] for k, _ in IV_ROWS]
-      out.append(f"| {policy} | " + " | ".join(
-          f"{pct(c['mean'])} +- {pct(c['std'])}" for c in cells) + " |")
+      out.append(f"| {policy} | " + " | ".join(_mean_interval(c) for c in cells) + " |")
+    paired = ablation["aggregate"].get("paired_vs_learned") or {}
+    if paired:
+      out += ["", "Learned minus each other policy, paired by seed (same initialisation and data "
+              "order): the difference in test accuracy:", "",
+              "| learned minus | overall | " + " | ".join(label for _, label in IV_ROWS) + " |",
+              "|---|---:|" + "---:|" * len(IV_ROWS)]
+      for policy, d in paired.items():
+        cells = [d["overall"]["accuracy"]] + [d[k]["accuracy"] for k, _ in IV_ROWS]
+        out.append(f"| {policy} | " + " | ".join(_mean_interval(c) for c in cells) + " |")
   return out
+
+
+def _mean_interval(c: dict) -> str:
+  """'80.2% +- 0.2% [79.7, 80.7]' from ablation_missing's mean_std (older results: no interval)."""
+  text = f"{pct(c['mean'])} +- {pct(c['std'])}"
+  if c.get("ci95"):
+    text += f" [{100 * c['ci95'][0]:.1f}, {100 * c['ci95'][1]:.1f}]"
+  return text
 
 
 def cache_md(cache_sim: dict | None, cache_study: dict | None) -> list[str]:

@@ -43,6 +43,7 @@ class Local:
     self.keep_best = keep_best
     self.phase, self.step, self.counter = "starting", 0, 0
     self.blocked_s, self.executed = 0.0, 0
+    self.writes, self.write_s = 0, 0.0
 
   def set_phase(self, phase: str) -> None:
     self.phase = phase
@@ -64,7 +65,8 @@ class Local:
   def stop_requested(self) -> bool:
     return False
 
-  def commit(self, lineage: lineage_lib.Lineage) -> None:
+  def commit(self, lineage: lineage_lib.Lineage, write_s: float | None = None) -> None:
+    del write_s  # the coordinator's events record it; a local run has none
     self.store.commit(lineage, committed_at=time.time())
     best = lineage_lib.best_step(lineage) if self.keep_best else None
     lineage_lib.prune(self.checkpoints, self.store.committed_steps(), self.max_to_keep,
@@ -95,6 +97,7 @@ class Remote(Local):
     self._beat_gaps: collections.deque = collections.deque(maxlen=200)
     self._last_beat: float | None = None
     self.blocked_s, self.executed = 0.0, 0
+    self.writes, self.write_s = 0, 0.0
     self._stop = threading.Event()
     self._closed = threading.Event()
     self._pending: collections.deque = collections.deque()
@@ -126,10 +129,12 @@ class Remote(Local):
   def stop_requested(self) -> bool:
     return self._stop.is_set()
 
-  def commit(self, lineage: lineage_lib.Lineage) -> None:
-    """Queues `lineage` for the coordinator, which writes it to the store and prunes."""
+  def commit(self, lineage: lineage_lib.Lineage, write_s: float | None = None) -> None:
+    """Queues `lineage` for the coordinator, which writes it to the store and prunes (and
+    records in its commit event how long the save took to write, `write_s`)."""
     with self._lock:
-      self._pending.append(lineage.to_dict())
+      self._pending.append({"record": lineage.to_dict(),
+                            "write_s": None if write_s is None else round(write_s, 4)})
     self._send_commits()
 
   def flush(self, timeout_s: float = 30.0) -> bool:
@@ -145,7 +150,7 @@ class Remote(Local):
     with self._lock:
       while self._pending:
         try:
-          self.client.call("Commit", {"generation": self.generation, "record": self._pending[0]})
+          self.client.call("Commit", {"generation": self.generation, **self._pending[0]})
         except grpc.RpcError:
           return
         self._pending.popleft()
@@ -160,6 +165,7 @@ class Remote(Local):
           "generation": self.generation, "process_id": self.process_id, "phase": self.phase,
           "step": self.step, "epoch": self.epoch, "partition": self.partition,
           "counter": self.counter, "blocked_s": round(self.blocked_s, 4),
+          "writes": self.writes, "write_s": round(self.write_s, 4),
           "executed": self.executed, "time": time.time(),
           "gap_s": round(max(self._gaps), 4) if self._gaps else None,
           "gaps": len(self._gaps), "gap_steps": self._gap_steps, "beat_s": self._interval,

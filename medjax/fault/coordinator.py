@@ -126,7 +126,7 @@ class Coordinator:
                                   also_keep=() if best is None else (best,))
       self.events.write("commit", generation=msg.get("generation"), step=record.global_step,
                         epoch=record.epoch, partition=record.partition, offset=record.offset,
-                        pruned=removed)
+                        write_s=msg.get("write_s"), pruned=removed)
       self._apply(self.policy.committed(record.global_step))
     return {"ok": True}
 

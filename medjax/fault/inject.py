@@ -96,10 +96,15 @@ class Injector:
     elif fault.kind == "oom":
       raise InjectedOutOfMemory(f"RESOURCE_EXHAUSTED: injected out of memory at step {global_step}")
 
-  def after_step(self, global_step: int) -> None:
-    for f in self.faults:
-      if f.when == "step" and f.at == global_step:
-        self._fire(f, global_step)
+  def after_step(self, global_step: int, ready=None) -> None:
+    """Fires the faults of `global_step`, after `ready()` (which waits for the step's result):
+    steps are dispatched ahead of the computation, and a fault 'after step N' comes once step N
+    is computed, not while it is still queued."""
+    due = [f for f in self.faults if f.when == "step" and f.at == global_step]
+    if due and ready is not None:
+      ready()
+    for f in due:
+      self._fire(f, global_step)
 
   def at_partition(self, partition: int, global_step: int, epoch: int = 0) -> None:
     for f in self.faults:

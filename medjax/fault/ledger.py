@@ -56,6 +56,22 @@ def last_executions(workdir: str, final_step: int) -> dict[int, tuple[int, list[
   return out
 
 
+def steps_by_generation(workdir: str) -> dict[int, list[int]]:
+  """generation -> the global steps it executed (dispatched), in order, from the ledger: what a
+  SIGKILLed or SIGSTOPped worker ran after its last progress report is here too. A step runs on
+  every process (its collectives need them all): where one process died, the others may have
+  dispatched steps that never ran, so the process that got least far counts. {} without a
+  ledger."""
+  out: dict[int, list[int]] = {}
+  pattern = os.path.join(paths.RunPaths(workdir).ledger, "gen-*-proc-*.jsonl")
+  for path in sorted(glob.glob(pattern)):
+    generation = int(os.path.basename(path).split("-")[1])
+    steps = [int(e["step"]) for e in jsonl.read(path)]
+    if generation not in out or len(steps) < len(out[generation]):
+      out[generation] = steps
+  return out
+
+
 def exactly_once(workdir: str, final_step: int, train_rows: np.ndarray, epochs: int) -> dict:
   """Checks that committed steps cover every training record exactly once per epoch."""
   executions = last_executions(workdir, final_step)

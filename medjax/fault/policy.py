@@ -279,6 +279,7 @@ class Policy:
       self._first_step(gen, msg["step"], stats, now)
     if pid == 0:
       stats.update(executed=msg.get("executed", 0), blocked_s=msg.get("blocked_s", 0.0),
+                   writes=msg.get("writes", 0), write_s=msg.get("write_s", 0.0),
                    last_step=msg["step"])
       if msg["phase"] == "training":
         stats["training_s"] = now - stats.get("first_step", now)

@@ -10,8 +10,8 @@ Methods and their messages (all fields JSON):
                   -> {action: 'idle'|'run'|'stop'|'exit', generation, spec}
   ReportExit      {host, generation, process_id, exit_code, reason}   -> {ok}
   WorkerHeartbeat {generation, process_id, phase, step, epoch, partition, counter,
-                   blocked_s, executed}                        -> {stop}
-  Commit          {generation, record}                        -> {ok}
+                   blocked_s, executed, writes, write_s, ...}  -> {stop}
+  Commit          {generation, record, write_s}               -> {ok}
   Status          {}                                          -> the coordinator's state
 """
 

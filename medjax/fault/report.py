@@ -70,6 +70,18 @@ def recovery(events: list[dict], failure: policy_lib.Failure) -> dict | None:
              if len(reports) > 1 else {})}
 
 
+def _steps_lost(by_gen: dict[int, list[int]], generation: int) -> dict:
+  """From the ledger: the last step the failed generation executed, the step the next one
+  resumed after (its first step - 1) and the steps thrown away between them; {} without a
+  ledger or when either generation executed none."""
+  failed = by_gen.get(generation)
+  later = [g for g in sorted(by_gen) if g > generation and by_gen[g]]
+  if not failed or not later:
+    return {}
+  last, resumed = max(failed), by_gen[later[0]][0] - 1
+  return {"last_step": last, "resumed_step": resumed, "steps_lost": max(last - resumed, 0)}
+
+
 def fault_tolerance(run: paths.RunPaths, state: policy_lib.State,
                     store: lineage_lib.LineageStore) -> dict:
   """The summary's fault_tolerance block: failures, restarts, waste, checkpoint overhead, and the
@@ -77,8 +89,14 @@ def fault_tolerance(run: paths.RunPaths, state: policy_lib.State,
   final = store.latest()
   final_step, final_epoch = (final.global_step, final.epoch) if final else (0, 0)
   stats = state.gen_stats.values()
-  executed = sum(int(g.get("executed", 0)) for g in stats)
+  # The ledger has every step a generation dispatched; progress reports miss those after a
+  # SIGKILLed or SIGSTOPped worker's last report, so they count waste short.
+  by_gen = ledger.steps_by_generation(run.workdir)
+  executed = sum(len(by_gen[int(gen)]) if int(gen) in by_gen else int(g.get("executed", 0))
+                 for gen, g in state.gen_stats.items())
   blocked = sum(float(g.get("blocked_s", 0.0)) for g in stats)
+  writes = sum(int(g.get("writes", 0)) for g in stats)
+  write_s = sum(float(g.get("write_s", 0.0)) for g in stats)
   training = sum(float(g.get("training_s", 0.0)) for g in stats)
   manifest = ingest.load(run.workdir).manifest
   check = ledger.exactly_once(run.workdir, final_step, manifest.indices("train"), final_epoch)
@@ -87,6 +105,7 @@ def fault_tolerance(run: paths.RunPaths, state: policy_lib.State,
   for f in state.failures:
     entry = {k: getattr(f, k) for k in _FAILURE_KEYS}
     entry["recovery"] = recovery(events, f)
+    entry.update(_steps_lost(by_gen, f.generation))
     failures.append(entry)
   return {
       "failures": failures,
@@ -94,7 +113,11 @@ def fault_tolerance(run: paths.RunPaths, state: policy_lib.State,
       "steps_executed": executed,
       "steps_committed": int(final_step),
       "waste_fraction": round(max(executed - final_step, 0) / max(executed, 1), 5),
+      "executed_from": "ledger" if by_gen else "progress reports (no ledger: a lower bound)",
       "checkpoint_blocking_fraction": round(blocked / training, 5) if training else None,
+      # An async save's write on the saver thread, to finalized on disk: a failure before it
+      # ends loses the steps the save would have kept.
+      "checkpoint_write_s": round(write_s / writes, 4) if writes else None,
       "exactly_once": check["exactly_once"],
       "exactly_once_detail": check,
       "generations": state.gen_stats,

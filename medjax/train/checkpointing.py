@@ -127,7 +127,10 @@ class Saver:
   def commit_finalized(self) -> None:
     for lineage in self.ckpt.finalized():
       if self.is_chief:
-        self.ctx.commit(lineage)
+        self.ctx.commit(lineage, write_s=self.ckpt.pop_write_s(lineage.global_step))
+      else:
+        self.ckpt.pop_write_s(lineage.global_step)
+    self.ctx.writes, self.ctx.write_s = self.ckpt.writes, self.ckpt.write_s
 
   def finish(self) -> None:
     """Waits for every save, commits them, and for the commits to reach the coordinator."""

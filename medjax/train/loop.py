@@ -310,7 +310,7 @@ def run_prepared(prepared: Prepared, ctx, *, phases: phases_lib.Phases | None = 
           ledger.write(cursor.global_step, cursor.epoch, local["row"])
           reporter.step(global_step=cursor.global_step, epoch=cursor.epoch, partition=part,
                         offset=cursor.offset, rows=local["row"], metrics=metrics)
-          injector.after_step(cursor.global_step)
+          injector.after_step(cursor.global_step, ready=lambda: jax.block_until_ready(state))
           if policy.after_step(cursor.global_step, cursor.offset, len(steps)):
             saver.save(state, cursor.lineage())
           if preemption.reached(cursor.global_step):
