@@ -129,14 +129,22 @@ class Checkpointer:
     # thread, one after another; a failure before a save is finalized loses what it would keep).
     self.writes, self.write_s = 0, 0.0
     self._write_s: dict[int, float] = {}   # per step, until `pop_write_s` takes it
+    # The last state signature's (layout, its JSON): a run saves one structure every time, and
+    # working the layout out again took most of a save's blocking time.
+    self._layouts: tuple = (None, None, None)
 
   def save(self, state, lineage: lineage_lib.Lineage) -> None:
     """Starts saving `state` at `lineage.global_step`; returns at once (async) or once written."""
     t0 = time.perf_counter()
     self._raise_saver_error()
-    layout = _layout(state)
+    leaves, treedef = jax.tree.flatten(state)
+    key = (treedef, tuple((x.shape, x.dtype, x.sharding) for x in leaves))
+    if key != self._layouts[0]:
+      layout = _layout(state)
+      self._layouts = (key, layout, json.dumps(layout))
+    _, layout, layout_json = self._layouts
     # Packing copies: the next (donating) training step cannot touch what is being saved.
-    packed = _packer(json.dumps(layout))(jax.tree.leaves(state))
+    packed = _packer(layout_json)(leaves)
     if self._queue is None:
       self._save_now(packed, layout, lineage)
     else:

@@ -106,6 +106,32 @@ def test_lineage_store_bitmap_round_trip(tmp_path):
   assert store.get_state("coordinator") == {"generation": 3}
 
 
+def test_a_changed_state_structure_gets_its_own_layout(tmp_path):
+  """The saver keeps the last state's layout; another structure or sharding is laid out anew."""
+  mesh = jax.make_mesh((8,), ("fsdp",))
+  sharded = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("fsdp"))
+  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  directory = str(tmp_path / "ckpt")
+  ckpt = checkpoint.Checkpointer(directory)
+  first = jax.device_put(_state(1.0), replicated)
+  second = jax.device_put({**_state(2.0), "extra": jnp.arange(8.0)}, replicated)
+  third = {**second, "extra": jax.device_put(jnp.arange(8.0) + 1, sharded)}
+  for step, state in ((1, first), (2, second), (3, third), (4, first)):
+    ckpt.save(state, _lineage(step))
+  ckpt.wait()
+  groups = {step: [e["group"] for e in ckpt.layout(step)["leaves"]] for step in (1, 2, 3, 4)}
+  assert groups[1] == groups[4] == ["float32", "float32", "int32"]
+  assert groups[2] == ["float32", "float32", "float32", "int32"]
+  assert groups[3] == [None, "float32", "float32", "int32"]   # 'extra' sharded: saved as it is
+  for step, state in ((2, second), (3, third), (4, first)):
+    target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+                          state)
+    restored = ckpt.restore(step, target)
+    for a, b in zip(jax.tree.leaves(restored), jax.tree.leaves(state)):
+      np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  ckpt.close()
+
+
 def test_packed_state_restores_onto_other_shardings(tmp_path):
   mesh = jax.make_mesh((8,), ("fsdp",))
   sharded = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("fsdp"))
