@@ -50,6 +50,8 @@ _GENERATION = flags.DEFINE_integer("generation", 0, "Worker: generation.")
 _PROCESS_ID = flags.DEFINE_integer("process_id", 0, "Worker: jax process id.")
 _DEBUG = flags.DEFINE_bool("debug", False, "Show tracebacks (also MEDJAX_DEBUG=1); errors are "
                            "otherwise one line on stderr, exit code 2 for bad input or config.")
+_INGESTED = flags.DEFINE_bool("ingested", False, "Coordinator: the local launcher has ingested "
+                              "the data already; do not load it again.")
 _STANDBY = flags.DEFINE_bool("standby", False, "Worker: import everything, then wait for the "
                              "generation, process id, host and coordinator on stdin (JSON).")
 
@@ -156,10 +158,12 @@ def main(argv):
                        tls_ca=config.fault.tls_ca).run()
   if role == "coordinator":
     _setup_logging(workdir, "coordinator")
-    from medjax.data import pipeline  # pylint: disable=import-outside-toplevel
     from medjax.fault import coordinator  # pylint: disable=import-outside-toplevel
     from medjax.fault import protocol  # pylint: disable=import-outside-toplevel
-    pipeline.ingested(config, workdir, pipeline.cohort_root(config, workdir))
+    if not _INGESTED.value:
+      # A multi-host run's coordinator makes sure the data is ingested before agents start.
+      from medjax.data import pipeline  # pylint: disable=import-outside-toplevel
+      pipeline.ingested(config, workdir, pipeline.cohort_root(config, workdir))
     token = protocol.load_token(paths.RunPaths(workdir, config).token)
     return coordinator.Coordinator(config, workdir, token=token, host=_BIND.value,
                                    port=_PORT.value or config.fault.port).serve()

@@ -30,8 +30,11 @@ class RunFailed(RuntimeError):
 
 
 def start_coordinator(run_paths: paths.RunPaths, port: int) -> subprocess.Popen:
+  # The launcher has ingested the data: the coordinator does not load it again (on 2 cores its
+  # start shares the CPU with the spare standby's import, which the first step waits for).
   return agent_lib.popen(["--role=coordinator", f"--workdir={run_paths.workdir}",
-                          f"--port={port}"], log=run_paths.process_log("coordinator"))
+                          f"--port={port}", "--ingested"],
+                         log=run_paths.process_log("coordinator"))
 
 
 def start_agent(run_paths: paths.RunPaths, port: int, host: str) -> subprocess.Popen:
