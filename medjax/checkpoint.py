@@ -132,6 +132,9 @@ class Checkpointer:
     # The last state signature's (layout, its JSON): a run saves one structure every time, and
     # working the layout out again took most of a save's blocking time.
     self._layouts: tuple = (None, None, None)
+    # Called as on_finalized(lineage, write_s) once a save is finalized on every process (on the
+    # saver thread when async), instead of queueing it for `finalized`: see `Saver`.
+    self.on_finalized = None
 
   def save(self, state, lineage: lineage_lib.Lineage) -> None:
     """Starts saving `state` at `lineage.global_step`; returns at once (async) or once written."""
@@ -158,11 +161,15 @@ class Checkpointer:
                        args=ocp.args.Composite(state=ocp.args.StandardSave(packed),
                                                layout=ocp.args.JsonSave(layout)),
                        custom_metadata=lineage.to_dict(), force=True)
+    write_s = time.perf_counter() - t0
     with self._lock:
-      self._pending.append(lineage)
       self.writes += 1
-      self._write_s[lineage.global_step] = time.perf_counter() - t0
-      self.write_s += self._write_s[lineage.global_step]
+      self.write_s += write_s
+      if self.on_finalized is None:
+        self._pending.append(lineage)
+        self._write_s[lineage.global_step] = write_s
+    if self.on_finalized is not None:
+      self.on_finalized(lineage, write_s)
 
   def _save_loop(self) -> None:
     while True:

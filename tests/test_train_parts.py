@@ -2,6 +2,7 @@
 and which party commits and prunes."""
 
 import os
+import time
 
 import jax
 import jax.numpy as jnp
@@ -144,6 +145,21 @@ def test_saver_saves_once_per_step_and_only_the_chief_commits(is_chief):
   assert ctx.commit_write_s == ([0.08, 0.11] if is_chief else [])
 
 
+@pytest.mark.parametrize("is_chief", [True, False])
+def test_a_save_is_committed_when_its_write_is_finalized(tmp_path, is_chief):
+  """From the saver thread, not at the training thread's next commit_finalized: that thread may
+  be blocked on the device for most of a partition."""
+  ckpt, ctx = checkpoint.Checkpointer(str(tmp_path / "ckpt")), _FakeContext()
+  saver = checkpointing.Saver(ckpt, ctx, is_chief=is_chief, last_saved=None)
+  saver.save({"w": jnp.ones((3,)), "step": jnp.asarray(4, jnp.int32)}, _lineage(4))
+  ckpt.wait()   # the write is done; commit_finalized was never called
+  assert ctx.commits == ([4] if is_chief else [])
+  assert all(w > 0 for w in ctx.commit_write_s)
+  saver.commit_finalized()   # nothing left to commit twice
+  assert ctx.commits == ([4] if is_chief else []) and ckpt.writes == 1
+  ckpt.close()
+
+
 class _Writer:
   def __init__(self):
     self.rows = []
@@ -269,6 +285,31 @@ def test_remote_commit_sends_the_record_and_leaves_pruning_to_the_coordinator(tm
   assert [lineage.Lineage.from_dict(m["record"]).global_step for m in commits] == [1, 2, 3]
   assert all(m["generation"] == 2 for m in commits)
   assert sorted(int(d) for d in os.listdir(directory) if d.isdigit()) == [1, 2, 3]
+
+
+def test_remote_commit_goes_out_at_once_without_holding_the_caller():
+  # The coordinator takes its time (it writes the record and prunes before it answers): the
+  # saver thread that commits does not wait for it, and the commit does not wait for a
+  # heartbeat (every 60 s here) or a flush.
+  class SlowClient(_Client):
+    def call(self, method, message=None, timeout_s=None):
+      if method == "Commit":
+        time.sleep(0.5)
+      return super().call(method, message, timeout_s)
+
+  client = SlowClient()
+  ctx = context.Remote(client, generation=2, process_id=0, interval_s=60)
+  try:
+    t0 = time.monotonic()
+    ctx.commit(_lineage(4), write_s=0.05)
+    assert time.monotonic() - t0 < 0.25
+    while not any(method == "Commit" for method, _ in client.calls):
+      assert time.monotonic() - t0 < 5.0, "the commit was not sent"
+      time.sleep(0.01)
+  finally:
+    ctx.close()
+  (sent,) = [m for method, m in client.calls if method == "Commit"]
+  assert lineage.Lineage.from_dict(sent["record"]).global_step == 4 and sent["write_s"] == 0.05
 
 
 def test_remote_heartbeats_count_the_steps_their_gaps_span():

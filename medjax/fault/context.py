@@ -106,6 +106,12 @@ class Remote(Local):
     self._reachable = True
     self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
     self._thread.start()
+    # Commits go out from a thread of their own as soon as they are queued: the caller (the
+    # checkpoint saver thread) does not wait for the coordinator, which writes the record and
+    # prunes old checkpoints before it answers.
+    self._commit_ready = threading.Event()
+    self._sender = threading.Thread(target=self._send_loop, name="commit-sender", daemon=True)
+    self._sender.start()
 
   def set_phase(self, phase: str) -> None:
     self.phase = phase
@@ -131,11 +137,12 @@ class Remote(Local):
 
   def commit(self, lineage: lineage_lib.Lineage, write_s: float | None = None) -> None:
     """Queues `lineage` for the coordinator, which writes it to the store and prunes (and
-    records in its commit event how long the save took to write, `write_s`)."""
+    records in its commit event how long the save took to write, `write_s`); sent at once by
+    the commit sender, retried while the coordinator is unreachable."""
     with self._lock:
       self._pending.append({"record": lineage.to_dict(),
                             "write_s": None if write_s is None else round(write_s, 4)})
-    self._send_commits()
+    self._commit_ready.set()
 
   def flush(self, timeout_s: float = 30.0) -> bool:
     """Waits until every queued commit reached the coordinator (or the timeout)."""
@@ -185,9 +192,15 @@ class Remote(Local):
   def _run(self) -> None:
     while not self._closed.wait(self._interval):
       self._beat()
+
+  def _send_loop(self) -> None:
+    while not self._closed.is_set():
+      self._commit_ready.wait(self._interval)
+      self._commit_ready.clear()
       if self._pending:
         self._send_commits()
 
   def close(self) -> None:
     self._closed.set()
+    self._commit_ready.set()
     self._beat()

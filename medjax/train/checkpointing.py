@@ -112,6 +112,11 @@ class Saver:
     self.ckpt, self.ctx, self.is_chief = ckpt, ctx, is_chief
     self.last_saved = last_saved
     self._before_save = before_save
+    # A save is committed as soon as it is finalized, from the saver thread. Committed from the
+    # training thread between steps, it waited while that thread was blocked on the device (the
+    # steps run ahead of it, then it waits for them at the next partition boundary), often until
+    # the next save: a failure in between lost two partitions where it should lose one.
+    ckpt.on_finalized = self._commit if is_chief else (lambda lineage, write_s: None)
 
   def save(self, state, lineage: lineage_lib.Lineage) -> None:
     if lineage.global_step == self.last_saved:
@@ -123,6 +128,9 @@ class Saver:
     self.ckpt.save(state, lineage)
     self.ctx.blocked_s = self.ckpt.blocked_s
     self.ctx.set_phase(phase)
+
+  def _commit(self, lineage: lineage_lib.Lineage, write_s: float) -> None:
+    self.ctx.commit(lineage, write_s=write_s)
 
   def commit_finalized(self) -> None:
     for lineage in self.ckpt.finalized():
