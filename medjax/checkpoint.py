@@ -155,7 +155,8 @@ class Checkpointer:
     self.blocked_s += time.perf_counter() - t0
 
   def _save_now(self, packed, layout: dict, lineage: lineage_lib.Lineage) -> None:
-    """Writes and finalizes one step (every process), then reports it to `finalized`."""
+    """Writes and finalizes one step (every process), then hands it to `on_finalized` (which
+    commits it) or, without one, to `finalized`."""
     t0 = time.perf_counter()
     self._manager.save(lineage.global_step,
                        args=ocp.args.Composite(state=ocp.args.StandardSave(packed),
