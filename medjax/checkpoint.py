@@ -128,7 +128,6 @@ class Checkpointer:
     # Saves written and finalized, and the seconds their writes took (async: on the saver
     # thread, one after another; a failure before a save is finalized loses what it would keep).
     self.writes, self.write_s = 0, 0.0
-    self._write_s: dict[int, float] = {}   # per step, until `pop_write_s` takes it
     # The last state signature's (layout, its JSON): a run saves one structure every time, and
     # working the layout out again took most of a save's blocking time.
     self._layouts: tuple = (None, None, None)
@@ -168,7 +167,6 @@ class Checkpointer:
       self.write_s += write_s
       if self.on_finalized is None:
         self._pending.append(lineage)
-        self._write_s[lineage.global_step] = write_s
     if self.on_finalized is not None:
       self.on_finalized(lineage, write_s)
 
@@ -197,11 +195,6 @@ class Checkpointer:
     with self._lock:
       done, self._pending = self._pending, []
     return done
-
-  def pop_write_s(self, step: int) -> float | None:
-    """Seconds the save of `step` took to write and finalize (once; None if unknown)."""
-    with self._lock:
-      return self._write_s.pop(step, None)
 
   @staticmethod
   def reached_preemption(step: int) -> bool:

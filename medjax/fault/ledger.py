@@ -39,13 +39,18 @@ class Writer:
       self._f.close()
 
 
+def _files(workdir: str):
+  """(generation, the file's entries) for every ledger file, in name order."""
+  pattern = os.path.join(paths.RunPaths(workdir).ledger, "gen-*-proc-*.jsonl")
+  for path in sorted(glob.glob(pattern)):
+    yield int(os.path.basename(path).split("-")[1]), jsonl.read(path)
+
+
 def last_executions(workdir: str, final_step: int) -> dict[int, tuple[int, list[int]]]:
   """global step -> (epoch, rows of all processes) from the newest generation that ran it."""
   by_step: dict[int, dict[int, tuple[int, list[int]]]] = collections.defaultdict(dict)
-  pattern = os.path.join(paths.RunPaths(workdir).ledger, "gen-*-proc-*.jsonl")
-  for path in sorted(glob.glob(pattern)):
-    generation = int(os.path.basename(path).split("-")[1])
-    for entry in jsonl.read(path):
+  for generation, entries in _files(workdir):
+    for entry in entries:
       gen_rows = by_step[entry["step"]].setdefault(generation, (entry["epoch"], []))
       gen_rows[1].extend(entry["rows"])
   out = {}
@@ -63,10 +68,8 @@ def steps_by_generation(workdir: str) -> dict[int, list[int]]:
   dispatched steps that never ran, so the process that got least far counts. {} without a
   ledger."""
   out: dict[int, list[int]] = {}
-  pattern = os.path.join(paths.RunPaths(workdir).ledger, "gen-*-proc-*.jsonl")
-  for path in sorted(glob.glob(pattern)):
-    generation = int(os.path.basename(path).split("-")[1])
-    steps = [int(e["step"]) for e in jsonl.read(path)]
+  for generation, entries in _files(workdir):
+    steps = [int(e["step"]) for e in entries]
     if generation not in out or len(steps) < len(out[generation]):
       out[generation] = steps
   return out

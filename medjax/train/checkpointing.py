@@ -133,11 +133,11 @@ class Saver:
     self.ctx.commit(lineage, write_s=write_s)
 
   def commit_finalized(self) -> None:
+    """Passes the write counters on to the context (for heartbeats); commits what a
+    Checkpointer without `on_finalized` queued."""
     for lineage in self.ckpt.finalized():
       if self.is_chief:
-        self.ctx.commit(lineage, write_s=self.ckpt.pop_write_s(lineage.global_step))
-      else:
-        self.ckpt.pop_write_s(lineage.global_step)
+        self.ctx.commit(lineage)
     self.ctx.writes, self.ctx.write_s = self.ckpt.writes, self.ckpt.write_s
 
   def finish(self) -> None:
