@@ -129,6 +129,10 @@ def get_config(arg=None):
   ckpt.partition_boundaries = True      # lineage: checkpoint at every partition boundary
   ckpt.every_steps = 0                  # lineage: also every k steps inside a partition (0: no)
   ckpt.every_seconds = 0.0              # time: seconds between checkpoints
+  # Host-local snapshots (medjax.snapshots): the state every k global steps in host memory, which
+  # a crashed or hung worker's replacement on the same host resumes from (0: off).
+  ckpt.snapshot_every_steps = 4
+  ckpt.snapshot_dir = ""                # default /dev/shm (else the temporary directory)
   ckpt.lineage_store = ""               # TensorStore kvstore path or URL; default <workdir>/lineage
   # When every committed checkpoint is damaged: 'stop' (one line naming the damage) or
   # 'start_fresh' (train from step 0; the damaged checkpoints are moved aside, not deleted).

@@ -99,6 +99,9 @@ def bench_overhead(args, base: str, common: list[str]) -> dict:
       "every_k": ["--config.ckpt.partition_boundaries=True",
                   f"--config.ckpt.every_steps={args.every_k}"],
   }
+  # Checkpoints alone: host-local snapshots (bench_snapshots.py measures them) are off.
+  variants = {name: flags + ["--config.ckpt.snapshot_every_steps=0"]
+              for name, flags in variants.items()}
   runs = {name: [] for name in variants}
   for r in range(args.repeats):
     for name, flags in variants.items():

@@ -20,7 +20,10 @@ B. Recovery per failure kind: a supervised run per layout ('auto': one worker pr
    --settle-s after the previous recovery): SIGKILL (crash), SIGSTOP (hang), SIGTERM
    (preemption). Per failure:
    detection, recovery (detection -> the next generation's first step; target < 3 s) and where
-   it went, phase by phase (summary.json fault_tolerance.failures[].recovery).
+   it went, phase by phase (summary.json fault_tolerance.failures[].recovery), what it resumed
+   from (a host-local snapshot or a checkpoint) and the steps it lost; per run, the waste
+   (target < 0.5%). A layout suffixed '-nosnap' (e.g. 'auto-nosnap') runs without host-local
+   snapshots (config.ckpt.snapshot_every_steps=0): the checkpoints alone, side by side.
 The machine's load average is recorded with every run: on a shared machine the ratios are what
 compare, not the absolute times.
 """
@@ -208,11 +211,14 @@ def bench_failures(args, base: str, common: list[str], layout: str) -> dict:
   # 'auto': the default (config.fault.warm_standby='after_failure': the first restart takes a
   # spare that imported at the start, later ones a spare prepared ahead);
   # 'auto-always': a prepared spare from the start, so the first restart takes one too.
-  warm = layout.startswith("auto")
-  if layout == "auto-always":
+  if layout.endswith("-nosnap"):   # the checkpoints alone (no host-local snapshots)
+    flags.append("--config.ckpt.snapshot_every_steps=0")
+  shape = layout.removesuffix("-nosnap")
+  warm = shape.startswith("auto")
+  if shape == "auto-always":
     flags.append("--config.fault.warm_standby=always")
-  elif layout != "auto":
-    flags.append(f"--config.fault.workers_per_host={layout}")
+  elif shape != "auto":
+    flags.append(f"--config.fault.workers_per_host={shape}")
   workdir = workdir_from(base, name)
   print(f"B. recovery, layout {layout}: {', '.join(k for k, _, _ in KINDS)} sent from outside",
         flush=True)
@@ -225,7 +231,7 @@ def bench_failures(args, base: str, common: list[str], layout: str) -> dict:
       while time.time() < deadline and proc.poll() is None:
         gen = _training_generation(workdir)
         # With a spare to be prepared, once it is; otherwise after settle_s of training.
-        prepared = i + 1 if layout == "auto-always" else i
+        prepared = i + 1 if shape == "auto-always" else i
         ready = gen is not None and (
             _standby_ready(workdir, prepared) if warm and prepared else
             time.time() - _first_step_time(workdir, gen) > args.settle_s)
@@ -258,8 +264,11 @@ def bench_failures(args, base: str, common: list[str], layout: str) -> dict:
   for f in ft["failures"]:
     r = f.get("recovery") or {}
     print(f"  {f['kind']:<11} detected {f['detected_s']:6.3f} s, recovered {f['recovered_s']} s "
-          f"by {r.get('path')}: " + ", ".join(f"{k} {v:.3f}" for k, v in
-                                               (r.get("phases_s") or {}).items()), flush=True)
+          f"by {r.get('path')} from {(r.get('restored_from') or {}).get('from')}, "
+          f"{f.get('steps_lost')} steps lost: " + ", ".join(
+              f"{k} {v:.3f}" for k, v in (r.get("phases_s") or {}).items()), flush=True)
+  print(f"  waste {ft['waste_fraction']:.2%} ({ft['steps_executed']} steps executed, "
+        f"{ft['steps_committed']} kept)", flush=True)
   return {"layout": layout, "sent": sent, "load_at_faults": load_at,
           "failures": ft["failures"], "waste_fraction": ft["waste_fraction"],
           "exactly_once": ft["exactly_once"], "launch_s": s["_launch_s"],
@@ -290,7 +299,9 @@ def table(result: dict) -> str:
     for f in b["failures"]:
       r = f.get("recovery") or {}
       lines.append(f"  {f['kind']:<11}{'detect':>7} {f['detected_s']:6.3f} s  recover "
-                   f"{f['recovered_s']} s  {r.get('path')}")
+                   f"{f['recovered_s']} s  {r.get('path')}, from "
+                   f"{(r.get('restored_from') or {}).get('from')}, {f.get('steps_lost')} steps "
+                   "lost")
       lines.append("    " + ", ".join(f"{k} {v:.3f}" for k, v in
                                       (r.get("phases_s") or {}).items()))
   return "\n".join(lines)

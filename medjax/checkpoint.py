@@ -142,11 +142,11 @@ class Checkpointer:
     leaves, treedef = jax.tree.flatten(state)
     key = (treedef, tuple((x.shape, x.dtype, x.sharding) for x in leaves))
     if key != self._layouts[0]:
-      layout = _layout(state)
+      layout = state_layout(state)
       self._layouts = (key, layout, json.dumps(layout))
     _, layout, layout_json = self._layouts
     # Packing copies: the next (donating) training step cannot touch what is being saved.
-    packed = _packer(layout_json)(leaves)
+    packed = packer(layout_json)(leaves)
     if self._queue is None:
       self._save_now(packed, layout, lineage)
     else:
@@ -241,13 +241,13 @@ class Checkpointer:
           f"checkpoint {step} in {self.directory} holds another state structure "
           f"(not in it: {missing}; only in it: {extra}); was it saved with another "
           "model config?")
-    whole = _replicated_like(targets[0].sharding)
+    whole = replicated_like(targets[0].sharding)
     saved = {"packed": {g: jax.ShapeDtypeStruct((n,), jnp.dtype(g), sharding=whole)
                         for g, n in layout["sizes"].items()},
              "own": [t for e, t in zip(layout["leaves"], targets) if e["group"] is None]}
     restored = self._manager.restore(
         step, args=ocp.args.Composite(state=ocp.args.StandardRestore(saved)))["state"]
-    leaves = _unpacker(json.dumps(layout), tuple(t.sharding for t in targets))(
+    leaves = unpacker(json.dumps(layout), tuple(t.sharding for t in targets))(
         restored["packed"], restored["own"])
     return treedef.unflatten(leaves)
 
@@ -366,7 +366,7 @@ def load_arrays(directory: str, step: int | None = None) -> tuple[dict[str, np.n
   return {path: np.asarray(x) for path, x in zip(target, jax.tree.leaves(state))}, step
 
 
-def _layout(state) -> dict:
+def state_layout(state) -> dict:
   """Where each leaf goes: replicated leaves packed per dtype, the others saved as they are."""
   leaves, sizes = [], {}
   for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]:
@@ -381,7 +381,7 @@ def _layout(state) -> dict:
 
 
 @functools.lru_cache(maxsize=8)
-def _packer(layout_json: str):
+def packer(layout_json: str):
   entries = json.loads(layout_json)["leaves"]
 
   def pack(leaves):
@@ -395,7 +395,7 @@ def _packer(layout_json: str):
 
 
 @functools.lru_cache(maxsize=8)
-def _unpacker(layout_json: str, shardings: tuple):
+def unpacker(layout_json: str, shardings: tuple):
   entries = json.loads(layout_json)["leaves"]
 
   def unpack(packed, own):
@@ -412,7 +412,7 @@ def _unpacker(layout_json: str, shardings: tuple):
   return programs.cached(jax.jit(unpack, out_shardings=list(shardings)))
 
 
-def _replicated_like(sharding):
+def replicated_like(sharding):
   """A sharding that puts a whole array on every device of `sharding`'s devices."""
   if isinstance(sharding, jax.sharding.NamedSharding):
     return jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec())

@@ -97,7 +97,8 @@ def test_signals_recovery_exactly_once_and_same_parameters(shared, clean_run):
   # 'always': spare standbys from the first generation on (by default a CPU host keeps them
   # only once the run has restarted), so every restart here takes one.
   code = runs.run(faulty, *_common(shared), TWO_WORKERS, f"--config.optim.epochs={EPOCHS}",
-                  f"--config.fault.inject={faults}", "--config.fault.warm_standby=always")
+                  f"--config.fault.inject={faults}", "--config.fault.warm_standby=always",
+                  "--config.ckpt.snapshot_every_steps=2")
   assert code == 0, runs.tail(faulty)
 
   ft = runs.summary(faulty)["fault_tolerance"]
@@ -115,6 +116,15 @@ def test_signals_recovery_exactly_once_and_same_parameters(shared, clean_run):
   lost = sum(f["steps_lost"] for f in ft["failures"])
   assert ft["steps_executed"] - ft["steps_committed"] == lost, ft["failures"]
   assert crash["last_step"] == 6 and hang["last_step"] == 13, ft["failures"]
+  # Each restart resumed where it says: a host-local snapshot (every 2 steps here) where one was
+  # newer than the newest committed checkpoint, else that checkpoint (the preemption's, saved on
+  # SIGTERM). Which one a crash finds depends on where the writer was; the parameters below are
+  # the uninterrupted run's either way.
+  restored = [f["recovery"]["restored_from"] for f in ft["failures"]]
+  assert all(f["resumed_step"] == r["step"] for f, r in zip(ft["failures"], restored)), restored
+  assert "snapshot" in {restored[0]["from"], restored[1]["from"]}, restored
+  assert restored[2]["from"] == "checkpoint", restored
+  assert preempt["resumed_step"] == preempt["last_step"], preempt
   _assert_exactly_once(faulty, epochs=EPOCHS)
 
   # The run that survived three failures ends where the uninterrupted one does.
@@ -474,6 +484,7 @@ def test_checkpoint_strategy_decides_where_a_crash_resumes(shared, strategy, com
   workdir = str(shared["base"] / f"strategy-{strategy}")
   code = runs.run(workdir, *_common(shared), "--config.optim.epochs=3",
                   f"--config.ckpt.strategy={strategy}", "--config.ckpt.every_steps=0",
+                  "--config.ckpt.snapshot_every_steps=0",   # the checkpoints alone
                   "--config.fault.inject=kill@step=25:process=0")
   assert code == 0, runs.tail(workdir)
   events = runs.events(workdir)

@@ -49,7 +49,10 @@ def ckpt_flags(strategy: str, scale: scales_lib.Scale, interval_s: float) -> lis
            "lineage_k": ["--config.ckpt.strategy=lineage",
                          "--config.ckpt.partition_boundaries=True",
                          f"--config.ckpt.every_steps={scale.every_k}"]}[strategy]
-  return flags + ([] if strategy == "lineage_k" else ["--config.ckpt.every_steps=0"])
+  # The paper's strategies have no host-local tier: snapshots off, so that a row measures its
+  # checkpoints alone (bench_recovery.py measures them with and without snapshots).
+  return (flags + ([] if strategy == "lineage_k" else ["--config.ckpt.every_steps=0"])
+          + ["--config.ckpt.snapshot_every_steps=0"])
 
 
 class Runner:

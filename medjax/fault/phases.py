@@ -15,7 +15,8 @@ Phases (absent when a path skips them):
   data_takeover      a warm standby's prepared data becomes the generation's (cache writer)
   model_build        model, optimizer and the training state created sharded
   compile            the training step compiled (from the persistent cache when it holds it)
-  restore            the newest committed checkpoint restored (or a fresh start)
+  restore            the newest committed checkpoint, or a newer host-local snapshot, restored
+                     (or a fresh start); `restored` says which and its step
   first_step         from the training loop's start to its first finished step
 A warm standby did data_setup, model_build and compile before its generation existed: they are
 reported under `prepared` (with `prepared_before_s`, how long before the hand-over it was ready).
@@ -69,6 +70,8 @@ class Phases:
     self.prepared: dict[str, float] = {}
     self.compile_cache: dict[str, int] = {}
     self.first_step_at: float | None = None
+    # Where training went on from: {"from": "snapshot" | "checkpoint" | "start", "step": N}.
+    self.restored: dict = {}
     self._first_step_start: float | None = None
     _listen_to_compilation_cache()
 
@@ -120,6 +123,7 @@ class Phases:
            else "partial")
     return {"path": self.path, "phases": dict(self.seconds), "prepared": dict(self.prepared),
             "compile_cache": hit, "compile_cache_counts": dict(cache),
+            "restored": dict(self.restored),
             "assigned_at": self.assigned_at, "first_step_at": self.first_step_at,
             "total_s": total}
 

@@ -63,6 +63,7 @@ def recovery(events: list[dict], failure: policy_lib.Failure) -> dict | None:
           "phases_s": {k: round(max(v, 0.0) if k == "other" else v, 3)
                        for k, v in parts.items()},
           "compile_cache": report.get("compile_cache"),
+          "restored_from": report.get("restored") or None,
           "prepared_ahead_s": report.get("prepared") or None,
           "paths_by_process": {str(e.get("process_id")): e.get("path") for e in reports},
           **({"phases_by_process": {str(e.get("process_id")): e.get("phases") for e in reports}}

@@ -30,6 +30,7 @@ from medjax import monitor as monitor_lib
 from medjax import monitor_plots
 from medjax import programs
 from medjax import paths
+from medjax import snapshots as snapshots_lib
 from medjax import progress
 from medjax.data import host as host_lib
 from medjax.data import loader
@@ -247,6 +248,17 @@ def run_prepared(prepared: Prepared, ctx, *, phases: phases_lib.Phases | None = 
         ckpt, store, p.built.abstract, placement=data.placement_id, hosts=data.placement.hosts,
         seed=config.seed, num_records=len(manifest), is_chief=is_chief, barrier=barrier,
         if_all_damaged=config.ckpt.if_all_damaged, records=records_fingerprint(manifest))
+    # A host-local snapshot newer than that checkpoint, when this host has one (a crash or hang
+    # of this generation's predecessor on the same hosts).
+    snapshots = open_snapshots(config, workdir, p.topology, store, is_chief=is_chief,
+                               barrier=barrier)
+    snapshot = snapshots.restore(p.built.abstract, placement=data.placement_id,
+                                 after_step=-1 if last_good is None else last_good)
+    phases.restored = {"from": "checkpoint" if restored is not None else "start",
+                       "step": lineage.global_step}
+    if snapshot is not None:
+      restored, lineage, _ = snapshot
+      phases.restored = {"from": "snapshot", "step": lineage.global_step}
     state = p.state
     p.state = None   # the fresh state is donated by the first step (or replaced here)
     if restored is not None:
@@ -289,6 +301,7 @@ def run_prepared(prepared: Prepared, ctx, *, phases: phases_lib.Phases | None = 
                              enabled=config.fault.ledger)
   recacher = data.start_recache(data.plan(cursor.epoch, cursor.base_N), cursor.partition)
   t_start = time.perf_counter()
+  finished = False
   ctx.set_phase("compiling")
   phases.start_first_step()
   monitor.start()
@@ -308,6 +321,9 @@ def run_prepared(prepared: Prepared, ctx, *, phases: phases_lib.Phases | None = 
           cursor.step_done(steps[s])
           ctx.executed += 1
           ledger.write(cursor.global_step, cursor.epoch, local["row"])
+          # Not a partition's last step: its position is the boundary's (checkpointed there).
+          if snapshots.due(cursor.global_step) and cursor.offset < len(steps):
+            snapshots.save(state, cursor.lineage())
           reporter.step(global_step=cursor.global_step, epoch=cursor.epoch, partition=part,
                         offset=cursor.offset, rows=local["row"], metrics=metrics)
           injector.after_step(cursor.global_step, ready=lambda: jax.block_until_ready(state))
@@ -339,9 +355,13 @@ def run_prepared(prepared: Prepared, ctx, *, phases: phases_lib.Phases | None = 
     # not a training step a learned hang timeout could judge.
     ctx.set_phase("finishing")
     saver.finish()
+    finished = True
   finally:
     bar.close()
     ledger.close()
+    # A finished run's snapshots are no longer needed (they hold host memory); a failed one's
+    # are what its replacement resumes from.
+    snapshots.close(remove=finished)
   train_seconds = time.perf_counter() - t_start
   if validator is not None:
     state = validator.state_to_test(state, cursor, ckpt)
@@ -361,7 +381,8 @@ def run_prepared(prepared: Prepared, ctx, *, phases: phases_lib.Phases | None = 
                        "global_step": cursor.global_step, "epochs": config.optim.epochs,
                        "seconds": round(train_seconds, 2), "parameters": p.num_params,
                        "devices": p.mesh.size, "processes": jax.process_count(),
-                       "checkpoint_blocked_s": round(ckpt.blocked_s, 3)},
+                       "checkpoint_blocked_s": round(ckpt.blocked_s, 3),
+                       "snapshots": snapshots.counters()},
              "cache": cache_summary(config.data, data.gathered_counters())}
   if validator is not None:
     summary["early_stopping"] = validator.summary(cursor)
@@ -374,6 +395,18 @@ def run_prepared(prepared: Prepared, ctx, *, phases: phases_lib.Phases | None = 
     monitor_plots.plot_monitor(writers.read_metrics(workdir), [], run.plot("monitor"))
   ctx.set_phase("done")
   return summary
+
+
+def open_snapshots(config, workdir: str, topology: Topology, store: lineage_lib.LineageStore, *,
+                   is_chief: bool, barrier) -> snapshots_lib.Snapshots:
+  """This process's host-local snapshots (config.ckpt.snapshot_every_steps; 0: none)."""
+  every = int(config.ckpt.get("snapshot_every_steps", 0))
+  root = ""
+  if every:
+    run_id = snapshots_lib.run_id(store, is_chief=is_chief, barrier=barrier)
+    root = snapshots_lib.run_root(config.ckpt.get("snapshot_dir", ""), workdir, run_id)
+  return snapshots_lib.Snapshots(root, host=topology.host, process=jax.process_index(),
+                                 every_steps=every)
 
 
 def records_fingerprint(manifest) -> str:

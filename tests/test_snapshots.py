@@ -1,0 +1,216 @@
+"""Host-local snapshots (medjax.snapshots): real files, written by the writer thread, restored,
+rotated, damaged. tests/test_fault.py restores from them after real crashes and hangs."""
+
+import dataclasses
+import glob
+import logging
+import os
+import re
+import signal
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding, PartitionSpec
+
+from medjax import checkpoint
+from medjax import lineage
+from medjax import snapshots
+from tests import runs
+
+
+def _state(value: float, sharding=None):
+  state = {"params": {"w": jnp.full((4, 3), value), "b": jnp.full((3,), value)},
+           "opt": {"count": jnp.asarray(int(value), jnp.int32)}}
+  return jax.device_put(state, sharding) if sharding is not None else state
+
+
+def _abstract(state):
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+                      state)
+
+
+def _lineage(step, placement="p"):
+  start = lineage.Lineage.start(epoch=0, global_step=step, seed=0, placement=placement,
+                                hosts=("h",), base_N=np.zeros(10, bool))
+  return dataclasses.replace(start, offset=step % 5)
+
+
+def _snapshots(tmp_path, every=1, keep=2):
+  return snapshots.Snapshots(str(tmp_path / "run"), host="host-0", process=0, every_steps=every,
+                             keep=keep)
+
+
+def _save(snaps, steps, sharding=None):
+  for step in steps:
+    assert snaps.save(_state(float(step), sharding), _lineage(step))
+    snaps.wait()
+
+
+def test_restores_the_newest_snapshot_and_deletes_the_others(tmp_path):
+  snaps = _snapshots(tmp_path, keep=2)
+  _save(snaps, [2, 4, 6, 8])
+  # Two kept; the file of the oldest was written over, not left behind.
+  assert snapshots.step_files(snaps.directory) == [6, 8]
+  assert sorted(os.listdir(snaps.directory)) == ["step-6.snap", "step-8.snap"]
+  assert snaps.counters() == {"every_steps": 1, "written": 4, "skipped": 0,
+                              "write_s": pytest.approx(snaps.write_s, abs=1e-3)}
+  state, saved, step = snaps.restore(_abstract(_state(0.0)), after_step=5, placement="p")
+  assert step == 8 and saved == _lineage(8)
+  np.testing.assert_array_equal(np.asarray(state["params"]["w"]), 8.0)
+  assert int(state["opt"]["count"]) == 8 and state["opt"]["count"].dtype == jnp.int32
+  # The one restored stays (a second failure before the next snapshot needs it again).
+  assert snapshots.step_files(snaps.directory) == [8]
+  snaps.close(remove=True)
+  assert not os.path.exists(snaps.root)
+
+
+def test_a_checkpoint_as_new_wins_and_the_snapshots_are_dropped(tmp_path):
+  snaps = _snapshots(tmp_path)
+  _save(snaps, [3, 4])
+  assert snaps.restore(_abstract(_state(0.0)), after_step=4, placement="p") is None
+  assert snapshots.step_files(snaps.directory) == []
+
+
+def test_another_placement_is_not_resumed_from(tmp_path):
+  """A snapshot planned for another host set: the checkpoint's re-planning applies instead."""
+  snaps = _snapshots(tmp_path)
+  _save(snaps, [4])
+  assert snaps.restore(_abstract(_state(0.0)), after_step=-1, placement="other") is None
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "longer"])
+def test_a_damaged_snapshot_falls_back_to_the_previous_one(tmp_path, caplog, damage):
+  snaps = _snapshots(tmp_path)
+  _save(snaps, [4, 6])
+  path = os.path.join(snaps.directory, "step-6.snap")
+  size = os.path.getsize(path)
+  if damage == "truncate":
+    os.truncate(path, size - 100)
+  elif damage == "garbage":
+    with open(path, "r+b") as f:
+      f.write(b"\x00" * 64)
+  else:
+    with open(path, "ab") as f:
+      f.write(b"\x00" * 8)
+  with caplog.at_level(logging.WARNING):
+    _, saved, step = snaps.restore(_abstract(_state(0.0)), after_step=-1, placement="p")
+  assert step == 4 and saved.global_step == 4
+  assert "snapshot 6" in caplog.text and "damaged" in caplog.text
+  assert snapshots.step_files(snaps.directory) == [4]
+
+
+def test_another_state_structure_is_not_restored(tmp_path, caplog):
+  """A rerun with another model config in the same workdir: the checkpoints decide."""
+  snaps = _snapshots(tmp_path)
+  _save(snaps, [4])
+  other = {"params": {"w": jnp.zeros((4, 3))}}
+  with caplog.at_level(logging.WARNING):
+    assert snaps.restore(_abstract(other), after_step=-1, placement="p") is None
+  assert "another state structure" in caplog.text
+
+
+def test_a_busy_writer_skips_the_step_and_training_does_not_wait(tmp_path, monkeypatch):
+  snaps = _snapshots(tmp_path)
+  writing, release = threading.Event(), threading.Event()
+  write = snaps._write
+  monkeypatch.setattr(snaps, "_write",
+                      lambda *a: (writing.set(), release.wait(10), write(*a)))
+  assert snaps.save(_state(1.0), _lineage(1))
+  assert writing.wait(10)
+  # The writer is busy with step 1: step 2 waits in the queue, step 3 finds it full.
+  assert [snaps.save(_state(float(s)), _lineage(s)) for s in (2, 3)] == [True, False]
+  assert snaps.skipped == 1
+  release.set()
+  snaps.wait()
+  assert snapshots.step_files(snaps.directory) == [1, 2]
+  snaps.close(remove=True)
+
+
+def test_every_steps_says_which_steps_are_due(tmp_path):
+  snaps = _snapshots(tmp_path, every=4)
+  assert [s for s in range(1, 13) if snaps.due(s)] == [4, 8, 12]
+  off = snapshots.Snapshots("", host="h", process=0, every_steps=0)
+  assert not off.due(4) and off.save(_state(1.0), _lineage(4)) is False
+  assert off.restore(_abstract(_state(0.0)), after_step=-1, placement="p") is None
+  off.close(remove=False)
+
+
+def test_an_fsdp_sharded_state_is_left_to_the_checkpoints(tmp_path, caplog):
+  mesh = jax.sharding.Mesh(np.array(jax.devices()[:2]), ("fsdp",))
+  sharded = {"w": jax.device_put(jnp.zeros((4, 3)), NamedSharding(mesh, PartitionSpec("fsdp")))}
+  snaps = _snapshots(tmp_path)
+  with caplog.at_level(logging.INFO):
+    assert snaps.save(sharded, _lineage(1)) is False
+  assert "sharded" in caplog.text and snapshots.step_files(snaps.directory) == []
+
+
+def test_replicated_over_a_mesh_restores_onto_its_sharding(tmp_path):
+  mesh = jax.sharding.Mesh(np.array(jax.devices()[:4]), ("data",))
+  replicated = NamedSharding(mesh, PartitionSpec())
+  snaps = _snapshots(tmp_path)
+  _save(snaps, [5], sharding=replicated)
+  state, _, _ = snaps.restore(_abstract(_state(0.0, replicated)), after_step=-1, placement="p")
+  assert state["params"]["w"].sharding == replicated
+  np.testing.assert_array_equal(np.asarray(state["params"]["w"]), 5.0)
+
+
+def test_the_run_root_belongs_to_one_run_of_one_workdir(tmp_path):
+  store = lineage.LineageStore(str(tmp_path / "lineage"))
+  first = snapshots.run_id(store, is_chief=True, barrier=lambda name: None)
+  assert snapshots.run_id(store, is_chief=True, barrier=lambda name: None) == first
+  fresh = snapshots.run_id(lineage.LineageStore(str(tmp_path / "lineage2")), is_chief=True,
+                           barrier=lambda name: None)
+  assert fresh != first   # a new store (a new run in the same workdir): other snapshots
+  a = snapshots.run_root("/base", str(tmp_path / "a"), first)
+  assert a != snapshots.run_root("/base", str(tmp_path / "b"), first)
+  assert a != snapshots.run_root("/base", str(tmp_path / "a"), fresh)
+  assert a.startswith("/base/medjax-snapshots-")
+  assert snapshots.run_root("", "w", first).startswith(snapshots.default_base())
+
+
+@pytest.mark.slow
+def test_a_killed_unsupervised_run_rerun_resumes_from_its_snapshot(tmp_path):
+  """A single-process run SIGKILLed mid-partition, then run again as a user would: it resumes
+  from the host-local snapshot, not the partition's start, and ends where an uninterrupted run
+  does; the finished run leaves nothing in host memory."""
+  # One partition per epoch (15 steps): a boundary checkpoint at every epoch end only.
+  common = ["--config.fault.supervised=False", "--config.optim.epochs=4",
+            "--config.data.num_partitions=1", "--config.ckpt.every_steps=0",
+            "--config.ckpt.snapshot_every_steps=1",
+            f"--config.mesh.compilation_cache_dir={tmp_path / 'jax_cache'}",
+            f"--config.data.salt_file={tmp_path / 'id_salt'}"]
+  clean, killed = str(tmp_path / "clean"), str(tmp_path / "killed")
+  assert runs.run(clean, *common) == 0, runs.tail(clean)
+  proc = runs.start(killed, *common)
+  ledger = os.path.join(killed, "ledger", "gen-000-proc-000.jsonl")
+  executed = lambda: len(open(ledger).readlines()) if os.path.exists(ledger) else 0
+  # Killed in epoch 2 (steps 31-45), a few steps after its start.
+  try:
+    runs.wait_for(lambda: proc.poll() is not None or executed() >= 35, 300, "step 35", poll=0.02)
+    assert proc.poll() is None, runs.tail(killed)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+  finally:
+    if proc.poll() is None:
+      os.killpg(proc.pid, signal.SIGKILL)
+  killed_at = executed()
+  assert killed_at < 45, killed_at   # before the epoch's checkpoint
+  assert runs.run(killed, *common) == 0, runs.tail(killed)
+  log = open(os.path.join(killed, "launcher.log")).read()
+  found = re.search(r"snapshot: restored step (\d+) from host memory", log)
+  assert found, runs.tail(killed)
+  # Newer than the checkpoint at 30 that it would otherwise have resumed from; at most the
+  # step it was killed at.
+  assert 30 < int(found.group(1)) <= killed_at, (found.group(0), killed_at)
+  a, step_a = checkpoint.load_arrays(os.path.join(clean, "checkpoints"))
+  b, step_b = checkpoint.load_arrays(os.path.join(killed, "checkpoints"))
+  assert step_a == step_b and sorted(a) == sorted(b)
+  for k in (k for k in a if k.startswith("['params']")):
+    np.testing.assert_allclose(a[k], b[k], rtol=1e-5, atol=1e-6, err_msg=k)
+  # The finished run's snapshots are gone from host memory.
+  store = lineage.LineageStore(os.path.join(killed, "lineage"))
+  run = snapshots.run_id(store, is_chief=False, barrier=lambda name: None)
+  assert not glob.glob(os.path.join(snapshots.run_root("", killed, run), "*", "*", "*"))
