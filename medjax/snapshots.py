@@ -27,7 +27,9 @@ Only states whose leaves are all replicated are snapshotted (each process then h
 fsdp-sharded states keep the persistent tier alone (logged once).
 
 `<run>` is the workdir's path hashed and the lineage store's run id (`run_id`): a new run in the
-same workdir (its store deleted) never resumes from an old run's snapshots.
+same workdir (its store deleted) never resumes from an old run's snapshots, and deletes them
+(`drop_earlier_runs`). A finished run deletes its own; a killed run that is never resumed leaves
+its newest two per process in host memory (`rm -r /dev/shm/medjax-snapshots-<uid>` frees them).
 """
 
 from __future__ import annotations
@@ -74,6 +76,19 @@ def run_root(base: str, workdir: str, run: str) -> str:
   """Where one run's snapshots go, under `base` (config.ckpt.snapshot_dir or `default_base`)."""
   where = hashlib.sha256(os.path.abspath(workdir).encode()).hexdigest()[:12]
   return os.path.join(base or default_base(), f"medjax-snapshots-{os.getuid()}", f"{where}-{run}")
+
+
+def drop_earlier_runs(root: str) -> list[str]:
+  """Deletes the snapshots of earlier runs in the same workdir (`root`'s siblings with the same
+  workdir hash): a run killed and then replaced by a new one left them in host memory."""
+  parent, name = os.path.split(root)
+  prefix = name.split("-")[0] + "-"
+  dropped = []
+  for other in (os.listdir(parent) if os.path.isdir(parent) else []):
+    if other.startswith(prefix) and other != name:
+      shutil.rmtree(os.path.join(parent, other), ignore_errors=True)
+      dropped.append(other)
+  return dropped
 
 
 def step_files(directory: str) -> list[int]:

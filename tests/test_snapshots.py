@@ -169,6 +169,14 @@ def test_the_run_root_belongs_to_one_run_of_one_workdir(tmp_path):
   assert a != snapshots.run_root("/base", str(tmp_path / "a"), fresh)
   assert a.startswith("/base/medjax-snapshots-")
   assert snapshots.run_root("", "w", first).startswith(snapshots.default_base())
+  # A new run in the workdir drops the earlier run's snapshots, not other workdirs'.
+  earlier = snapshots.run_root(str(tmp_path / "base"), str(tmp_path / "a"), first)
+  other_workdir = snapshots.run_root(str(tmp_path / "base"), str(tmp_path / "b"), first)
+  new = snapshots.run_root(str(tmp_path / "base"), str(tmp_path / "a"), fresh)
+  for root in (earlier, other_workdir, new):
+    os.makedirs(os.path.join(root, "host-0", "proc-0"))
+  assert snapshots.drop_earlier_runs(new) == [os.path.basename(earlier)]
+  assert not os.path.exists(earlier) and os.path.exists(other_workdir) and os.path.exists(new)
 
 
 @pytest.mark.slow

@@ -405,6 +405,7 @@ def open_snapshots(config, workdir: str, topology: Topology, store: lineage_lib.
   if every:
     run_id = snapshots_lib.run_id(store, is_chief=is_chief, barrier=barrier)
     root = snapshots_lib.run_root(config.ckpt.get("snapshot_dir", ""), workdir, run_id)
+    snapshots_lib.drop_earlier_runs(root)
   return snapshots_lib.Snapshots(root, host=topology.host, process=jax.process_index(),
                                  every_steps=every)
 
