@@ -12,13 +12,11 @@ Roles (--role):
   worker       started by an agent, never by hand
 """
 
-import importlib
 import logging
 import os
 import re
 import socket
 import sys
-import threading
 import time
 
 from medjax import lifeline  # first: a child of an agent or sweep dies with it (lifeline.py)
@@ -179,17 +177,15 @@ def main(argv):
   elif config.mode == "train":
     if config.fault.supervised:
       from medjax.fault import local  # pylint: disable=import-outside-toplevel
-      # The summary table's module (matplotlib, scipy: seconds) is imported while the run goes
-      # on in other processes, not after it.
-      threading.Thread(target=importlib.import_module, args=("medjax.evaluate",),
-                       name="import-evaluate", daemon=True).start()
+      # The summary table only: no JAX or matplotlib in this process, whose imports would take
+      # the CPU from the worker starting beside it.
+      from medjax import summary_table  # pylint: disable=import-outside-toplevel
       try:
         summary = local.run(config, workdir)
       except local.RunFailed as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-      from medjax import evaluate  # pylint: disable=import-outside-toplevel
-      print(evaluate.format_summary(summary))
+      print(summary_table.format_summary(summary))
     else:
       from medjax.train import loop  # pylint: disable=import-outside-toplevel
       summary = loop.train_and_evaluate(config, workdir)  # logs the summary table itself
