@@ -494,3 +494,24 @@ def test_standby_lists_checkpoints_again_when_one_is_pruned_meanwhile(monkeypatc
       FileNotFoundError("gone")))
   with pytest.raises(FileNotFoundError):
     open_while_pruned(paths.RunPaths(str(tmp_path)), config, attempts=2)
+
+
+def test_a_newer_snapshot_is_resumed_from_without_reading_a_checkpoint(tmp_path, monkeypatch):
+  directory, store = _committed_run(tmp_path, [2, 4])
+  asked = []
+  snap = ({"w": jnp.full((2,), 6.0)}, _lineage(6), 6)
+  read = []
+  monkeypatch.setattr(checkpoint.Checkpointer, "restore",
+                      lambda self, step, abstract: read.append(step))
+  ckpt, (state, start, step) = _restore(
+      directory, store, snapshot=lambda after: (asked.append(after), snap)[1])
+  # Asked for one newer than the newest committed step; the checkpoint on disk is still 4.
+  assert asked == [4] and start.global_step == 6 and step == 4 and read == []
+  np.testing.assert_array_equal(np.asarray(state["w"]), 6.0)
+  ckpt.close()
+  # Without one, the newest committed checkpoint.
+  monkeypatch.undo()
+  ckpt, (state, start, step) = _restore(directory, store, snapshot=lambda after: None)
+  assert step == 4 and start.global_step == 4
+  np.testing.assert_array_equal(np.asarray(state["w"]), 4.0)
+  ckpt.close()

@@ -176,8 +176,13 @@ class Preemption:
 def restore_or_start(ckpt: checkpoint_lib.Checkpointer, store: lineage_lib.LineageStore,
                      abstract_state, *, placement: str, hosts: tuple[str, ...], seed: int,
                      num_records: int, is_chief: bool, barrier,
-                     if_all_damaged: str = "stop", records: str = "") -> tuple:
+                     if_all_damaged: str = "stop", records: str = "", snapshot=None) -> tuple:
   """(state or None, lineage, restored step or None): where training goes on from.
+
+  `snapshot(after_step)`, if given, is asked first (after uncommitted checkpoints are discarded)
+  for a host-local snapshot newer than the newest committed step (`medjax.snapshots`): when it
+  gives one ((state, lineage, step)), that is where training goes on, no checkpoint is read, and
+  the restored step returned is the newest committed one (what is on disk).
 
   Checkpoints newer than the newest committed step are work a failure discarded: the chief
   deletes them first. The newest committed, readable checkpoint whose two lineage copies agree
@@ -226,6 +231,11 @@ def restore_or_start(ckpt: checkpoint_lib.Checkpointer, store: lineage_lib.Linea
   # save of the same step fail (StepAlreadyExistsError).
   ckpt.reload()
   committed = store.committed_steps()
+  if snapshot is not None:
+    newer = snapshot(committed[-1] if committed else -1)
+    if newer is not None:
+      state, lineage, _ = newer
+      return state, lineage, committed[-1] if committed else None
   damaged: list[tuple[int, str]] = []
   restored = checkpoint_lib.restore_committed(ckpt.directory, store, abstract_state, ckpt,
                                               damaged=damaged)

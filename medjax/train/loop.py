@@ -244,21 +244,26 @@ def run_prepared(prepared: Prepared, ctx, *, phases: phases_lib.Phases | None = 
     # Opening the checkpoint manager waits for every process (a barrier in Orbax).
     ckpt = p.ckpt or checkpoint_lib.Checkpointer(run.checkpoints,
                                                  async_save=config.ckpt.async_save)
+    # A host-local snapshot newer than the newest committed checkpoint, when this host has one
+    # (a crash or hang of this generation's predecessor on the same hosts), else that checkpoint.
+    snapshots = open_snapshots(config, workdir, p.topology, store, is_chief=is_chief,
+                               barrier=barrier)
+    from_snapshot = []
+
+    def newer_snapshot(after_step: int):
+      got = snapshots.restore(p.built.abstract, placement=data.placement_id,
+                              after_step=after_step)
+      from_snapshot.append(got is not None)
+      return got
+
     restored, lineage, last_good = checkpointing.restore_or_start(
         ckpt, store, p.built.abstract, placement=data.placement_id, hosts=data.placement.hosts,
         seed=config.seed, num_records=len(manifest), is_chief=is_chief, barrier=barrier,
-        if_all_damaged=config.ckpt.if_all_damaged, records=records_fingerprint(manifest))
-    # A host-local snapshot newer than that checkpoint, when this host has one (a crash or hang
-    # of this generation's predecessor on the same hosts).
-    snapshots = open_snapshots(config, workdir, p.topology, store, is_chief=is_chief,
-                               barrier=barrier)
-    snapshot = snapshots.restore(p.built.abstract, placement=data.placement_id,
-                                 after_step=-1 if last_good is None else last_good)
-    phases.restored = {"from": "checkpoint" if restored is not None else "start",
-                       "step": lineage.global_step}
-    if snapshot is not None:
-      restored, lineage, _ = snapshot
-      phases.restored = {"from": "snapshot", "step": lineage.global_step}
+        if_all_damaged=config.ckpt.if_all_damaged, records=records_fingerprint(manifest),
+        snapshot=newer_snapshot)
+    source = ("snapshot" if any(from_snapshot) else "checkpoint" if restored is not None
+              else "start")
+    phases.restored = {"from": source, "step": lineage.global_step}
     state = p.state
     p.state = None   # the fresh state is donated by the first step (or replaced here)
     if restored is not None:
