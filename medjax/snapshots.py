@@ -119,7 +119,7 @@ class Snapshots:
 
   def __init__(self, root: str, *, host: str, process: int, every_steps: int, keep: int = 2):
     self.root = root
-    self.directory = os.path.join(root, host, f"proc-{process}")
+    self.directory = os.path.join(root, host, f"proc-{process}") if root else ""
     self.every_steps, self.keep = int(every_steps), max(int(keep), 1)
     self.written = self.skipped = 0
     self.write_s = 0.0
@@ -230,7 +230,7 @@ class Snapshots:
       self._queue.put(None)
       self._thread.join()
       self._thread = None
-    if remove:
+    if remove and self.directory:
       shutil.rmtree(self.directory, ignore_errors=True)
       for parent in (os.path.dirname(self.directory), self.root):
         try:
@@ -245,6 +245,8 @@ class Snapshots:
     checkpoint's step, -1 for none) that every process holds and planned under `placement`;
     None when there is none. A collective: every process calls it. Deletes this process's other
     snapshots either way."""
+    if self.every_steps <= 0:
+      return None   # off (every process of the run has the same config: none asks the others)
     steps = [s for s in step_files(self.directory) if s > after_step]
     usable = []
     for step in reversed(steps):
@@ -303,15 +305,11 @@ class Snapshots:
     entries = json.loads(layout_json)["leaves"]
     if [e["path"] for e in entries] != [jax.tree_util.keystr(p) for p, _ in paths_and_targets]:
       raise ValueError(f"snapshot {step} holds another state structure")
-    leaves = []
     for e, (_, target) in zip(entries, paths_and_targets):
       if tuple(e["shape"]) != tuple(target.shape) or e["dtype"] != str(target.dtype):
         raise ValueError(f"snapshot {step} holds another state structure ({e['path']}: "
                          f"{e['dtype']}{e['shape']}, not {target.dtype}{list(target.shape)})")
-      n = int(np.prod(e["shape"], dtype=np.int64))
-      host = arrays[e["group"]][e["offset"]:e["offset"] + n].reshape(e["shape"])
-      leaves.append(jax.make_array_from_callback(host.shape, target.sharding,
-                                                 lambda index, host=host: host[index]))
+    leaves = checkpoint_lib.unpack_on_host(arrays, entries, [t for _, t in paths_and_targets])
     return treedef.unflatten(leaves)
 
 

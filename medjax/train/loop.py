@@ -218,7 +218,7 @@ def _open_while_pruned(run: paths.RunPaths, config, attempts: int = 10):
 
 def _warm_restore(run: paths.RunPaths, ckpt: checkpoint_lib.Checkpointer, abstract) -> None:
   """Restores the newest committed checkpoint and drops it: the first restore of a process
-  loads Orbax and compiles the unpacking (seconds); the one after a failure then takes ~0.1 s."""
+  loads Orbax and TensorStore's drivers; the one after a failure then takes ~0.1 s."""
   try:
     store = lineage_lib.LineageStore(run.lineage_store)
     restored = checkpoint_lib.restore_committed(run.checkpoints, store, abstract, ckpt)
