@@ -13,6 +13,7 @@ ledger and fault injection (`fault.ledger`, `fault.inject`).
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import hashlib
 import logging
@@ -305,6 +306,9 @@ def run_prepared(prepared: Prepared, ctx, *, phases: phases_lib.Phases | None = 
   ledger = ledger_lib.Writer(workdir, ctx.generation, jax.process_index(),
                              enabled=config.fault.ledger)
   recacher = data.start_recache(data.plan(cursor.epoch, cursor.base_N), cursor.partition)
+  # The steps dispatched and maybe not yet run (their metrics): at most config.max_steps_in_flight.
+  in_flight: collections.deque = collections.deque()
+  in_flight_limit = int(config.get("max_steps_in_flight", 0))
   t_start = time.perf_counter()
   finished = False
   ctx.set_phase("compiling")
@@ -321,6 +325,9 @@ def run_prepared(prepared: Prepared, ctx, *, phases: phases_lib.Phases | None = 
           if ctx.stop_requested():
             raise Stopped(f"stop requested at step {cursor.global_step}")
           state, metrics = train_step(state, batch)
+          in_flight.append(metrics)
+          if len(in_flight) > in_flight_limit > 0:
+            jax.block_until_ready(in_flight.popleft())
           monitor.step_done(1, local_examples)
           batches.read_ahead()   # while the step runs
           cursor.step_done(steps[s])
