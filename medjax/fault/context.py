@@ -104,6 +104,7 @@ class Remote(Local):
     self._lock = threading.Lock()
     self._interval = interval_s
     self._reachable = True
+    self._beat_now = threading.Event()   # a beat before the interval is up (a phase change)
     self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
     self._thread.start()
     # Commits go out from a thread of their own as soon as they are queued: the caller (the
@@ -114,10 +115,13 @@ class Remote(Local):
     self._sender.start()
 
   def set_phase(self, phase: str) -> None:
+    """The coordinator hears of it at once, from the heartbeat thread: the caller (the training
+    thread, twice a checkpoint) does not wait for the call (a synchronous heartbeat per phase
+    change made supervised training 6-10% slower on 2 cores)."""
     self.phase = phase
     self.counter += 1
     self._last_progress = None   # a gap across another phase is not a training step
-    self._beat()
+    self._beat_now.set()
 
   def progress(self, step: int = 0, epoch: int = 0, partition: int = 0) -> None:
     first = self.phase != "training"
@@ -190,7 +194,11 @@ class Remote(Local):
       self._stop.set()
 
   def _run(self) -> None:
-    while not self._closed.wait(self._interval):
+    while True:
+      self._beat_now.wait(self._interval)
+      self._beat_now.clear()
+      if self._closed.is_set():
+        return
       self._beat()
 
   def _send_loop(self) -> None:
@@ -203,4 +211,5 @@ class Remote(Local):
   def close(self) -> None:
     self._closed.set()
     self._commit_ready.set()
+    self._beat_now.set()
     self._beat()
