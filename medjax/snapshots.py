@@ -224,19 +224,16 @@ class Snapshots:
       self._queue.join()
 
   def close(self, *, remove: bool) -> None:
-    """Stops the writer; `remove`: deletes this process's snapshots (a finished run)."""
+    """Stops the writer; `remove` (a finished run): deletes the run's snapshots on this host,
+    every process's and host's (the processes of a finished run have all finished training;
+    hosts that left the run earlier left theirs here too, when they shared this machine)."""
     if self._thread is not None:
       self._queue.join()
       self._queue.put(None)
       self._thread.join()
       self._thread = None
-    if remove and self.directory:
-      shutil.rmtree(self.directory, ignore_errors=True)
-      for parent in (os.path.dirname(self.directory), self.root):
-        try:
-          os.rmdir(parent)   # only when empty: other processes' snapshots stay
-        except OSError:
-          break
+    if remove and self.root:
+      shutil.rmtree(self.root, ignore_errors=True)
 
   # -- restoring -------------------------------------------------------------------------------
 
