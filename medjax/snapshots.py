@@ -95,7 +95,7 @@ def step_files(directory: str) -> list[int]:
   """The steps with a complete snapshot file in `directory`, ascending."""
   try:
     names = os.listdir(directory)
-  except FileNotFoundError:
+  except OSError:   # none yet, or not a folder we can read
     return []
   steps = []
   for name in names:
@@ -129,7 +129,12 @@ class Snapshots:
     self._error: BaseException | None = None
     self._thread: threading.Thread | None = None
     if self.every_steps > 0:
-      os.makedirs(self.directory, exist_ok=True)
+      try:
+        os.makedirs(self.directory, exist_ok=True)
+      except OSError as e:   # e.g. config.ckpt.snapshot_dir not writable: training goes on
+        logging.warning("snapshots: cannot write %s (%s); recovery uses the checkpoints alone "
+                        "(config.ckpt.snapshot_dir sets where they go)", self.directory, e)
+        return
       self._thread = threading.Thread(target=self._write_loop, name="snapshot-writer",
                                       daemon=True)
       self._thread.start()

@@ -138,6 +138,17 @@ def test_every_steps_says_which_steps_are_due(tmp_path):
   off.close(remove=False)
 
 
+def test_an_unwritable_snapshot_dir_leaves_training_to_the_checkpoints(tmp_path, caplog):
+  (tmp_path / "file").write_text("not a folder")
+  with caplog.at_level(logging.WARNING):
+    snaps = snapshots.Snapshots(str(tmp_path / "file" / "run"), host="h", process=0,
+                                every_steps=2)
+  assert "cannot write" in caplog.text and "snapshot_dir" in caplog.text
+  assert not snaps.due(2) and snaps.save(_state(1.0), _lineage(2)) is False
+  assert snaps.restore(_abstract(_state(0.0)), after_step=-1, placement="p") is None
+  snaps.close(remove=True)
+
+
 def test_an_fsdp_sharded_state_is_left_to_the_checkpoints(tmp_path, caplog):
   mesh = jax.sharding.Mesh(np.array(jax.devices()[:2]), ("fsdp",))
   sharded = {"w": jax.device_put(jnp.zeros((4, 3)), NamedSharding(mesh, PartitionSpec("fsdp")))}
