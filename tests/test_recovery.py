@@ -4,6 +4,10 @@ generation, the phase report a worker sends, and the per-failure breakdown in su
 tests/test_fault.py runs them for real (a crash recovered through a warm standby).
 """
 
+import socket
+import threading
+import time
+
 import ml_collections
 import pytest
 
@@ -12,6 +16,7 @@ from medjax.fault import agent as agent_lib
 from medjax.fault import layout
 from medjax.fault import phases as phases_lib
 from medjax.fault import policy
+from medjax.fault import protocol
 from medjax.fault import report
 from tests import test_coordinator_policy as policy_tests
 
@@ -180,3 +185,24 @@ def test_a_failures_recovery_is_broken_down_by_phase():
   assert r["prepared_ahead_s"]["compile"] == 1.1 and r["compile_cache"] == "hit"
   # A failure the run never recovered from (it ended, or gave up) has no breakdown.
   assert report.recovery(events[:3], _failure(100.0, None)) is None
+
+
+def test_a_process_other_than_0_waits_for_the_jax_distributed_service_to_listen():
+  """A gRPC client that connects before its server listens retries only after a second:
+  `wait_for_listener` returns as soon as the port accepts connections, and False when nothing
+  ever listens."""
+  port = protocol.free_port()
+  listener = socket.socket()
+  listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+  timer = threading.Timer(0.3, lambda: (listener.bind(("127.0.0.1", port)), listener.listen()))
+  timer.start()
+  try:
+    t0 = time.monotonic()
+    assert protocol.wait_for_listener(f"127.0.0.1:{port}", timeout_s=10.0)
+    assert 0.25 < time.monotonic() - t0 < 2.0
+  finally:
+    timer.join()
+    listener.close()
+  t0 = time.monotonic()
+  assert not protocol.wait_for_listener(f"127.0.0.1:{protocol.free_port()}", timeout_s=0.2)
+  assert time.monotonic() - t0 < 2.0

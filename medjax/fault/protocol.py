@@ -24,6 +24,7 @@ import logging
 import os
 import secrets
 import socket
+import time
 from concurrent import futures
 from typing import Callable
 
@@ -73,6 +74,24 @@ def free_port() -> int:
   with socket.socket() as s:
     s.bind(("127.0.0.1", 0))
     return s.getsockname()[1]
+
+
+def wait_for_listener(address: str, timeout_s: float, poll_s: float = 0.005) -> bool:
+  """Waits until something accepts TCP connections at `address` ("host:port"); False after
+  `timeout_s`. A gRPC client that connects before its server listens backs off for a second
+  before it tries again (gRPC's initial reconnect backoff): jax.distributed's processes other
+  than 0 wait here for process 0's service instead, which cut a two-process restart's
+  jax.distributed start from about 1 s to a few milliseconds."""
+  host, _, port = address.rpartition(":")
+  deadline = time.monotonic() + timeout_s
+  while True:
+    try:
+      with socket.create_connection((host.strip("[]"), int(port)), timeout=max(poll_s, 0.05)):
+        return True
+    except OSError:
+      if time.monotonic() >= deadline:
+        return False
+      time.sleep(poll_s)
 
 
 class _Auth(grpc.ServerInterceptor):

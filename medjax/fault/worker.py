@@ -204,6 +204,8 @@ def run(workdir: str, generation: int, process_id: int, host: str,
     # acts. Its service (in process 0) listens only on the address the first host advertises
     # (loopback for local runs), never on every interface. One process needs none of it.
     with phases.phase("distributed_init"):
+      if process_id != 0:
+        protocol.wait_for_listener(spec["jax_address"], config.fault.timeout_start_s)
       jax.distributed.initialize(spec["jax_address"], spec["num_processes"], process_id,
                                  heartbeat_timeout_seconds=config.fault.jax_heartbeat_timeout_s,
                                  initialization_timeout=int(config.fault.timeout_start_s),
