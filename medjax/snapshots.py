@@ -10,7 +10,7 @@ and is lost with its host, where recovery falls back to the newest committed che
 
 A snapshot is one file per process, `<root>/<run>/<host>/proc-<p>/step-<N>.snap`: a JSON header
 (its lineage, the state's layout, each packed vector's dtype and size) and the raw vectors. The
-state is packed on its devices as a checkpoint is (`checkpoint.packer`: one copy, which the next
+state is packed on its devices as a checkpoint is (`checkpoint.StatePacker`: one copy, which the next
 donating step cannot touch); a writer thread copies it to the host and writes it under a
 temporary name, then renames it (atomic: a process killed mid-write leaves no partial snapshot),
 so training only dispatches the copy. When the writer is still busy with the previous snapshot,
@@ -123,7 +123,8 @@ class Snapshots:
     self.every_steps, self.keep = int(every_steps), max(int(keep), 1)
     self.written = self.skipped = 0
     self.write_s = 0.0
-    self._layouts: tuple = (None, None, None)
+    self._packer = checkpoint_lib.StatePacker()
+    self._checked = ""   # the layout whose leaves were checked (all replicated)
     self._unsupported = False
     self._queue: queue.Queue = queue.Queue(maxsize=1)
     self._error: BaseException | None = None
@@ -157,19 +158,16 @@ class Snapshots:
     if self._queue.full():
       self.skipped += 1
       return False
-    leaves, treedef = jax.tree.flatten(state)
-    key = (treedef, tuple((x.shape, x.dtype, x.sharding) for x in leaves))
-    if key != self._layouts[0]:
-      layout = checkpoint_lib.state_layout(state)
-      if any(e["group"] is None for e in layout["leaves"]):
+    packed = self._packer(state)
+    layout_json = self._packer.layout_json
+    if layout_json != self._checked:
+      self._checked = layout_json
+      if any(e["group"] is None for e in self._packer.layout["leaves"]):
         logging.info("snapshots: the state has sharded (fsdp) leaves; host-local snapshots are "
                      "off, recovery uses the checkpoints")
         self._unsupported = True
         return False
-      self._layouts = (key, layout, json.dumps(layout))
-    layout_json = self._layouts[2]
-    packed = checkpoint_lib.packer(layout_json)(leaves)["packed"]
-    self._queue.put_nowait((packed, layout_json, lineage))
+    self._queue.put_nowait((packed["packed"], layout_json, lineage))
     return True
 
   def _write_loop(self) -> None:

@@ -106,6 +106,28 @@ def test_lineage_store_bitmap_round_trip(tmp_path):
   assert store.get_state("coordinator") == {"generation": 3}
 
 
+def test_states_of_one_layout_are_laid_out_once_and_another_shape_anew(monkeypatch):
+  """A run's saves pack states of one layout: worked out at the first, then only the packing
+  program runs; a state of other shapes (the same structure) is caught where the program is
+  traced again, and packed by a layout of its own."""
+  calls = []
+  real = checkpoint.state_layout
+  monkeypatch.setattr(checkpoint, "state_layout", lambda state: calls.append(1) or real(state))
+  packer = checkpoint.StatePacker()
+  for value in (1.0, 2.0, 3.0):
+    packed = packer(_state(value))
+    np.testing.assert_array_equal(np.asarray(packed["packed"]["float32"]),
+                                  np.full(15, value, np.float32))
+  assert len(calls) == 1
+  wider = {"params": {"w": jnp.full((4, 5), 7.0), "b": jnp.full((5,), 7.0)},
+           "step": jnp.asarray(7, jnp.int32)}
+  packed = packer(wider)
+  assert len(calls) == 2
+  assert [e["shape"] for e in packer.layout["leaves"]] == [[5], [4, 5], []]
+  np.testing.assert_array_equal(np.asarray(packed["packed"]["float32"]),
+                                np.full(25, 7.0, np.float32))
+
+
 def test_a_changed_state_structure_gets_its_own_layout(tmp_path):
   """The saver keeps the last state's layout; another structure or sharding is laid out anew."""
   mesh = jax.make_mesh((8,), ("fsdp",))

@@ -180,6 +180,8 @@ def prepare(config, workdir: str, topology: Topology = Topology(), ctx=None,
     _, _, batch = next(iter(data_batches(config, reader, first_plan.steps[0], 0,
                                          batch_sharding)))
     programs.warm(train_step, state, batch)
+    # The packing that checkpoints and snapshots dispatch (a program shared by layout).
+    checkpoint_lib.StatePacker().warm(state)
 
   ckpt = None
   if standby:
@@ -310,7 +312,7 @@ def run_prepared(prepared: Prepared, ctx, *, phases: phases_lib.Phases | None = 
   in_flight: collections.deque = collections.deque()
   in_flight_limit = int(config.get("max_steps_in_flight", 0))
   t_start = time.perf_counter()
-  finished = False
+  trained = False
   ctx.set_phase("compiling")
   phases.start_first_step()
   monitor.start()
@@ -363,28 +365,35 @@ def run_prepared(prepared: Prepared, ctx, *, phases: phases_lib.Phases | None = 
         if cursor.stopped:
           break
     reporter.flush()
-    # No more steps: waiting for the last saves (and, with keep_best, restoring the best) is
-    # not a training step a learned hang timeout could judge.
-    ctx.set_phase("finishing")
-    saver.finish()
-    finished = True
+    trained = True
   finally:
     bar.close()
     ledger.close()
-    # A finished run's snapshots are no longer needed (they hold host memory); a failed one's
-    # are what its replacement resumes from.
-    snapshots.close(remove=finished)
+    if not trained:
+      # A failed run's snapshots are what its replacement resumes from.
+      snapshots.close(remove=False)
   train_seconds = time.perf_counter() - t_start
-  if validator is not None:
-    state = validator.state_to_test(state, cursor, ckpt)
-  ckpt.close()
 
-  # Evaluation.
+  def finish_saves() -> None:
+    """Waits for the last saves and commits them; then the snapshots are no longer needed
+    (they hold host memory). No training step: a learned hang timeout does not judge it."""
+    ctx.set_phase("finishing")
+    saver.finish()
+    snapshots.close(remove=True)
+    ckpt.close()
+
+  if validator is not None:
+    finish_saves()   # keep_best may restore the best checkpoint
+    state = validator.state_to_test(state, cursor, ckpt)
+
+  # Evaluation; without a validator, while the last checkpoint is written.
   ctx.set_phase("evaluating")
   predict = step_lib.make_predict_step(p.built.graphdef, p.built, p.mesh)
   results, _ = evaluate_lib.evaluate_splits(config.evals.splits, predict, state, reader, data,
                                             sharding=p.batch_sharding, global_batch=global_batch,
                                             bootstrap=config.evals.bootstrap, seed=config.seed)
+  if validator is None:
+    finish_saves()
   recacher.close()
   data.publish_counters()
   barrier("cache counters final", config.fault.timeout_start_s)
