@@ -13,6 +13,7 @@ import pytest
 
 from configs import default
 from medjax.fault import agent as agent_lib
+from medjax.fault import context
 from medjax.fault import layout
 from medjax.fault import phases as phases_lib
 from medjax.fault import policy
@@ -206,3 +207,36 @@ def test_a_process_other_than_0_waits_for_the_jax_distributed_service_to_listen(
   t0 = time.monotonic()
   assert not protocol.wait_for_listener(f"127.0.0.1:{protocol.free_port()}", timeout_s=0.2)
   assert time.monotonic() - t0 < 2.0
+
+
+def test_a_phase_change_rides_on_the_next_heartbeat_without_a_call_of_its_own():
+  """A checkpoint flips the phase twice in under a millisecond: no heartbeat is sent for it;
+  the next regular one carries the phase then current and the counter moved by the flips (a
+  phase change is progress)."""
+  beats = []
+
+  class Client:
+    address = "127.0.0.1:1"
+
+    def call(self, method, msg=None):
+      if method == "WorkerHeartbeat":
+        beats.append((time.monotonic(), msg["phase"], msg["counter"]))
+      return {}
+
+  ctx = context.Remote(Client(), generation=1, process_id=0, interval_s=0.5)
+  try:
+    time.sleep(0.1)
+    flipped_at = time.monotonic()
+    for _ in range(20):
+      ctx.set_phase("checkpointing")
+      ctx.set_phase("training")
+    ctx.set_phase("validating")
+    time.sleep(0.05)
+    assert [b for b in beats if b[0] >= flipped_at] == []
+    deadline = time.monotonic() + 2.0
+    while not [b for b in beats if b[0] >= flipped_at] and time.monotonic() < deadline:
+      time.sleep(0.01)
+    after = [b for b in beats if b[0] >= flipped_at]
+    assert after and after[0][1] == "validating" and after[0][2] == 41
+  finally:
+    ctx.close()
