@@ -4,8 +4,12 @@ experiments/results/bench_fault.json.
   python experiments/bench_fault.py [--epochs 5] [--repeats 2] [--failure-epochs 15] [--parts A,B]
 
 A. Checkpoint overhead: the same supervised training (coordinator, agent, worker processes) with
-   no checkpoints but the last, with checkpoints at partition boundaries (target: <= 1% more wall
-   time; the lineage paper: 1.1%), and with checkpoints every k steps too (target: <= 3%).
+   no checkpoints but the last, with checkpoints at partition boundaries, and with checkpoints
+   every k steps too. Per variant: the training loop's time inside checkpoint calls over its
+   wall time (summary.json fault_tolerance.checkpoint_blocking_fraction; issue 12's targets:
+   under 0.5% at partition boundaries, under 2% every k steps), the training wall time against
+   no checkpoints (`extra_vs_none`, what the saves cost in all, the saver thread's share of the
+   cores included; the lineage paper: 1.1%) and launch.py's wall time end to end.
 B. Failures: a quickstart-length run with 3 injected failures (SIGKILL, SIGSTOP past the hang
    timeout, SIGTERM): waste fraction (target <= 2%; the paper: under 5%), crash detection
    (target < 1 s), hang detection (target < timeout + 2 s), recovery (target < 20 s on CPU;
@@ -108,12 +112,16 @@ def bench_overhead(args, base: str, common: list[str]) -> dict:
       s = launch(f"{base}/{name}-{r}", common + flags + [f"--config.optim.epochs={args.epochs}"],
                  args.config)
       runs[name].append({"train_s": s["train"]["seconds"],
+                         "launch_s": round(s["_launch_s"], 2),
+                         "test_accuracy": s["test"]["accuracy"],
                          "checkpoint_blocked_s": s["train"]["checkpoint_blocked_s"],
                          "steps": s["fault_tolerance"]["steps_committed"],
                          "checkpoint_blocking_fraction":
                              s["fault_tolerance"]["checkpoint_blocking_fraction"]})
-      print(f"  {name:<10} {runs[name][-1]['train_s']:8.2f} s training, "
-            f"{runs[name][-1]['checkpoint_blocked_s']:.2f} s in checkpoint calls", flush=True)
+      r = runs[name][-1]
+      print(f"  {name:<10} {r['train_s']:8.2f} s training, {r['launch_s']:7.2f} s end to end, "
+            f"{r['checkpoint_blocked_s']:.3f} s in checkpoint calls (blocking fraction "
+            f"{r['checkpoint_blocking_fraction']:.3%})", flush=True)
   overhead = {}
   for name, rs in runs.items():
     overhead[name] = {k: float(np.median([r[k] for r in rs])) for k in rs[0]
@@ -122,10 +130,12 @@ def bench_overhead(args, base: str, common: list[str]) -> dict:
   none = overhead["none"]["train_s"]
   for name in ("partition", "every_k"):
     overhead[name]["extra_vs_none"] = round(overhead[name]["train_s"] / none - 1, 4)
-  overhead["targets"] = {"partition": 0.01, "every_k": 0.03}
-  print(f"partition-boundary checkpoints: {overhead['partition']['extra_vs_none']:+.2%} wall "
-        f"time (target <= 1%); every {args.every_k} steps: "
-        f"{overhead['every_k']['extra_vs_none']:+.2%} (target <= 3%)")
+  overhead["targets"] = {"checkpoint_blocking_fraction": {"partition": 0.005, "every_k": 0.02}}
+  for name, target in overhead["targets"]["checkpoint_blocking_fraction"].items():
+    label = "partition boundaries" if name == "partition" else f"every {args.every_k} steps"
+    print(f"checkpoints at {label}: blocking "
+          f"{overhead[name]['checkpoint_blocking_fraction']:.3%} of training (target < "
+          f"{target:.1%}); training wall time {overhead[name]['extra_vs_none']:+.2%} against none")
   return overhead
 
 
