@@ -204,11 +204,12 @@ def run(workdir: str, generation: int, process_id: int, host: str,
     # acts. Its service (in process 0) listens only on the address the first host advertises
     # (loopback for local runs), never on every interface. One process needs none of it.
     with phases.phase("distributed_init"):
+      deadline = time.monotonic() + config.fault.timeout_start_s
       if process_id != 0:
         protocol.wait_for_listener(spec["jax_address"], config.fault.timeout_start_s)
       jax.distributed.initialize(spec["jax_address"], spec["num_processes"], process_id,
                                  heartbeat_timeout_seconds=config.fault.jax_heartbeat_timeout_s,
-                                 initialization_timeout=int(config.fault.timeout_start_s),
+                                 initialization_timeout=max(int(deadline - time.monotonic()), 1),
                                  coordinator_bind_address=spec["jax_address"])
   logging.info("worker %d: generation %d by %s", process_id, generation, phases.path)
   try:
