@@ -1,7 +1,33 @@
 """Test setup: 8 fake CPU devices, set before jax is imported anywhere."""
 
 import os
+import shutil
 
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                            + " --xla_force_host_platform_device_count=8").strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import pytest  # pylint: disable=wrong-import-position
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_snapshots_left_in_host_memory(tmp_path_factory):
+  """A run that is killed and never resumed leaves its host-local snapshots in
+  /dev/shm/medjax-snapshots-<uid>/, as a user's would; many tests end runs that way. After the
+  session, the snapshot folders of the suite's own workdirs (each folder's name starts with a
+  hash of its workdir, `snapshots.run_root`) are removed, and nothing else: another run of the
+  same user on this machine keeps its own."""
+  yield
+  from medjax import snapshots  # pylint: disable=import-outside-toplevel  (after XLA_FLAGS)
+  base = str(tmp_path_factory.getbasetemp())
+  parent = os.path.dirname(snapshots.run_root("", base, "run"))
+  if not os.path.isdir(parent):
+    return
+  ours = set()
+  for directory, subdirectories, _ in os.walk(base):
+    ours.add(os.path.basename(snapshots.run_root("", directory, "run")).split("-")[0])
+    if directory.count(os.sep) - base.count(os.sep) >= 4:
+      subdirectories.clear()   # workdirs sit a few levels under the base
+  for name in os.listdir(parent):
+    if name.split("-")[0] in ours:
+      shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
