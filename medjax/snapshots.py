@@ -72,10 +72,20 @@ def run_id(store: lineage_lib.LineageStore, *, is_chief: bool, barrier) -> str:
   return store.get_state("snapshots")["run"]
 
 
+def user_root(base: str = "") -> str:
+  """This user's snapshot folder under `base` (config.ckpt.snapshot_dir or `default_base`):
+  every run's root (`run_root`) sits in it."""
+  return os.path.join(base or default_base(), f"medjax-snapshots-{os.getuid()}")
+
+
+def workdir_tag(workdir: str) -> str:
+  """What a run root's name starts with for runs in `workdir` (a hash: no path in /dev/shm)."""
+  return hashlib.sha256(os.path.abspath(workdir).encode()).hexdigest()[:12]
+
+
 def run_root(base: str, workdir: str, run: str) -> str:
   """Where one run's snapshots go, under `base` (config.ckpt.snapshot_dir or `default_base`)."""
-  where = hashlib.sha256(os.path.abspath(workdir).encode()).hexdigest()[:12]
-  return os.path.join(base or default_base(), f"medjax-snapshots-{os.getuid()}", f"{where}-{run}")
+  return os.path.join(user_root(base), f"{workdir_tag(workdir)}-{run}")
 
 
 def drop_earlier_runs(root: str) -> list[str]:

@@ -14,18 +14,18 @@ import pytest  # pylint: disable=wrong-import-position
 def _no_snapshots_left_in_host_memory(tmp_path_factory):
   """A run that is killed and never resumed leaves its host-local snapshots in
   /dev/shm/medjax-snapshots-<uid>/, as a user's would; many tests end runs that way. After the
-  session, the snapshot folders of the suite's own workdirs (each folder's name starts with a
-  hash of its workdir, `snapshots.run_root`) are removed, and nothing else: another run of the
-  same user on this machine keeps its own."""
+  session, the snapshot folders of the suite's own workdirs (each folder's name starts with its
+  workdir's tag, `snapshots.workdir_tag`) are removed, and nothing else: another run of the same
+  user on this machine keeps its own."""
   yield
   from medjax import snapshots  # pylint: disable=import-outside-toplevel  (after XLA_FLAGS)
   base = str(tmp_path_factory.getbasetemp())
-  parent = os.path.dirname(snapshots.run_root("", base, "run"))
+  parent = snapshots.user_root()
   if not os.path.isdir(parent):
     return
   ours = set()
   for directory, subdirectories, _ in os.walk(base):
-    ours.add(os.path.basename(snapshots.run_root("", directory, "run")).split("-")[0])
+    ours.add(snapshots.workdir_tag(directory))
     if directory.count(os.sep) - base.count(os.sep) >= 4:
       subdirectories.clear()   # workdirs sit a few levels under the base
   for name in os.listdir(parent):
