@@ -47,6 +47,18 @@ def test_auto_layout_is_one_process_per_gpu(monkeypatch):
   assert layout.resolve(_fault(), environ={"JAX_PLATFORMS": "cpu"}).platform == "cpu"
 
 
+def test_each_gpu_worker_of_a_host_takes_its_own_gpus(monkeypatch):
+  gpus = [f"/proc/driver/nvidia/gpus/0000:0{i}:00.0" for i in range(4)]
+  monkeypatch.setattr(layout.glob, "glob",
+                      lambda pattern: gpus if pattern.startswith("/proc/driver/nvidia") else [])
+  # Host 1 of a 4-GPU-per-host job: processes 4..7 are its local workers 0..3.
+  assert [layout.local_device_ids(p, 4, 1, environ={}) for p in range(4, 8)] == [[0], [1], [2], [3]]
+  assert layout.local_device_ids(3, 2, 2, environ={}) == [2, 3]
+  # One worker per host, or CPU workers (their own fake devices): jax.distributed's default.
+  assert layout.local_device_ids(0, 1, 1, environ={}) is None
+  assert layout.local_device_ids(1, 2, 1, environ={"JAX_PLATFORMS": "cpu"}) is None
+
+
 def test_resolve_config_writes_the_layout_into_the_config():
   config = default.get_config()
   fault, chosen = layout.resolved(config.fault, environ={"JAX_PLATFORMS": "cpu"})

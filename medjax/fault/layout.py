@@ -49,7 +49,9 @@ def accelerators(environ=None) -> tuple[str, int]:
   platforms = environ.get("JAX_PLATFORMS", "").lower()
   if platforms and "cpu" in platforms.split(",")[0]:
     return "cpu", 0
-  gpus = len(glob.glob("/proc/driver/nvidia/gpus/*"))
+  # The driver lists its GPUs under /proc; some containers show only the device nodes.
+  gpus = (len(glob.glob("/proc/driver/nvidia/gpus/*"))
+          or len(glob.glob("/dev/nvidia[0-9]*")))
   gpus = _visible(environ.get("CUDA_VISIBLE_DEVICES"), gpus) if gpus else 0
   if gpus and (not platforms or "cuda" in platforms or "gpu" in platforms):
     return "gpu", gpus
@@ -73,6 +75,18 @@ def resolve(fault_config, environ=None) -> Layout:
   cores = os.cpu_count() or 1
   return Layout(1, dpw, platform, f"auto: CPU only, one worker process of {dpw} device(s) "
                                   f"using the {cores} cores")
+
+
+def local_device_ids(process_id: int, workers_per_host: int, devices_per_worker: int,
+                     environ=None) -> list[int] | None:
+  """The accelerators (indices among those visible) that worker `process_id` drives when a
+  host runs several: on GPU, local worker i takes devices [i * d, (i + 1) * d), so that the
+  workers of one host do not all claim every GPU (jax.distributed's default). None elsewhere:
+  CPU workers have their own fake devices, and a TPU host runs one worker."""
+  if accelerators(environ)[0] != "gpu" or workers_per_host <= 1:
+    return None
+  local = process_id % workers_per_host   # the agents number a host's workers consecutively
+  return list(range(local * devices_per_worker, (local + 1) * devices_per_worker))
 
 
 def resolve_config(config, environ=None) -> Layout:

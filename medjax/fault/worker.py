@@ -208,6 +208,9 @@ def run(workdir: str, generation: int, process_id: int, host: str,
       if process_id != 0:
         protocol.wait_for_listener(spec["jax_address"], config.fault.timeout_start_s)
       jax.distributed.initialize(spec["jax_address"], spec["num_processes"], process_id,
+                                 local_device_ids=layout_lib.local_device_ids(
+                                     process_id, spec["workers_per_host"],
+                                     spec["devices_per_worker"]),
                                  heartbeat_timeout_seconds=config.fault.jax_heartbeat_timeout_s,
                                  initialization_timeout=max(int(deadline - time.monotonic()), 1),
                                  coordinator_bind_address=spec["jax_address"])
