@@ -44,6 +44,7 @@ import psutil
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from medjax import jsonl  # pylint: disable=wrong-import-position
 from medjax.fault import inject  # pylint: disable=wrong-import-position
+from medjax.fault import layout as layout_lib  # pylint: disable=wrong-import-position
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KINDS = (("crash", "kill", signal.SIGKILL), ("hang", "sigstop", signal.SIGSTOP),
@@ -214,7 +215,9 @@ def bench_failures(args, base: str, common: list[str], layout: str) -> dict:
   if layout.endswith("-nosnap"):   # the checkpoints alone (no host-local snapshots)
     flags.append("--config.ckpt.snapshot_every_steps=0")
   shape = layout.removesuffix("-nosnap")
-  warm = shape.startswith("auto")
+  # Spares are prepared ahead only on a CPU host (agent.warm_key): on an accelerator the faults
+  # are sent --settle-s after each recovery instead of waiting for a spare that never gets ready.
+  warm = shape.startswith("auto") and layout_lib.accelerators(_env())[0] == "cpu"
   if shape == "auto-always":
     flags.append("--config.fault.warm_standby=always")
   elif shape != "auto":
@@ -241,7 +244,7 @@ def bench_failures(args, base: str, common: list[str], layout: str) -> dict:
       else:
         print(f"  {kind}: not sent (the run ended or no standby got ready)", flush=True)
         break
-      process = 0 if (warm or kind == "hang") else 1
+      process = 0 if (shape.startswith("auto") or kind == "hang") else 1
       victim = _worker(workdir, gen, process)
       if victim is None:
         print(f"  {kind}: no worker {process} of generation {gen} found", flush=True)

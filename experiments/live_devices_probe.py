@@ -5,7 +5,8 @@ experiments/results/live_devices.json.
   python experiments/live_devices_probe.py [--processes 3] [--platform cpu|gpu]
 
 N processes join one jax.distributed job (CPU: one device each, gloo collectives; GPU: one GPU
-each, NCCL) with recoverability on, agree on the live devices once, and the last process exits
+each, NCCL, or, where there are fewer GPUs than processes, GPUs shared round-robin without
+preallocation, which NCCL may refuse: the result says what happened) with recoverability on, agree on the live devices once, and the last process exits
 hard (os._exit, as a crash). The survivors then run a collective over every device (the dead
 one's included, as a training step in flight would), catch the ProcessFailureError that
 live_devices raises, agree on the devices left, and run the collective over those. Recorded:
@@ -18,10 +19,13 @@ survivors agree in under 1 s and compute over the 2 live devices correctly, with
 So on CPU a relaunch from the newest committed checkpoint (medjax's path, 2-8 s) is faster than
 surviving in place. On GPU, NCCL communicators can be aborted when a peer fails, which is what
 the feature is built for: `tests/test_live_devices.py` runs this probe where two or more GPUs
-are present and expects the survivors to go on within 10 s.
+are present and expects the survivors to go on within 10 s. On one H200 shared by two processes
+(jax 0.11.2, experiments/results/gpu_h200/live_devices.json) the survivor's collective was still
+blocked 35 s after the crash; one GPU cannot say what two do.
 """
 
 import argparse
+import faulthandler
 import json
 import os
 import subprocess
@@ -30,10 +34,11 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from medjax.fault import protocol  # pylint: disable=wrong-import-position
+from medjax.fault import layout, protocol  # pylint: disable=wrong-import-position
 
 
-def worker(pid: int, n: int, port: int, platform: str, heartbeat_s: int) -> None:
+def worker(pid: int, n: int, port: int, platform: str, heartbeat_s: int, dump_s: float) -> None:
+  faulthandler.dump_traceback_later(dump_s, exit=False)   # where a stuck process is stuck
   if platform == "cpu":
     os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=1"
     os.environ["JAX_PLATFORMS"] = "cpu"
@@ -82,32 +87,39 @@ def probe(processes: int = 3, platform: str = "cpu", heartbeat_s: int = 3,
           timeout_s: float = 180.0) -> dict:
   """Runs the probe; returns what the survivors recorded."""
   port = protocol.free_port()
+  gpus = layout.accelerators(environ={})[1] if platform == "gpu" else 0
   procs = []
   for pid in range(processes):
     env = dict(os.environ)
     if platform == "gpu":
       env.pop("JAX_PLATFORMS", None)   # the tests pin CPU for themselves
       env.pop("XLA_FLAGS", None)
-      env["CUDA_VISIBLE_DEVICES"] = str(pid)
+      env["CUDA_VISIBLE_DEVICES"] = str(pid % max(gpus, 1))
+      if processes > gpus:
+        env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
     procs.append(subprocess.Popen(
         [sys.executable, os.path.abspath(__file__), "--worker", str(pid),
          f"--processes={processes}", f"--port={port}", f"--platform={platform}",
-         f"--heartbeat-s={heartbeat_s}"], env=env, stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL, cwd=ROOT))
+         f"--heartbeat-s={heartbeat_s}", f"--timeout-s={timeout_s}"], env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, cwd=ROOT))
   t0 = time.monotonic()
-  survivors = []
-  for p in procs:
+  survivors, silent = [], []
+  for pid, p in enumerate(procs):
     try:
-      stdout, _ = p.communicate(timeout=max(timeout_s - (time.monotonic() - t0), 1.0))
+      stdout, stderr = p.communicate(timeout=max(timeout_s - (time.monotonic() - t0), 1.0))
     except subprocess.TimeoutExpired:
       p.kill()
-      stdout, _ = p.communicate()
-    for line in stdout.decode(errors="replace").splitlines():
-      if line.startswith("RESULT "):
-        survivors.append(json.loads(line[len("RESULT "):]))
+      stdout, stderr = p.communicate()
+    results = [json.loads(line[len("RESULT "):]) for line in
+               stdout.decode(errors="replace").splitlines() if line.startswith("RESULT ")]
+    survivors += results
+    if not results and pid != processes - 1:   # the last one is the crash
+      silent.append({"process": pid, "exit_code": p.returncode,
+                     "stderr_tail": stderr.decode(errors="replace")[-2000:]})
   import jax  # pylint: disable=import-outside-toplevel
-  return {"platform": platform, "processes": processes, "jax": jax.__version__,
-          "heartbeat_timeout_s": heartbeat_s, "survivors": survivors,
+  return {"platform": platform, "processes": processes, "gpus": gpus,
+          "jax": jax.__version__, "heartbeat_timeout_s": heartbeat_s,
+          "survivors": survivors, "silent": silent,
           "went_on": len(survivors) == processes - 1 and all(
               s.get("total") == s.get("expected") for s in survivors),
           "wall_s": round(time.monotonic() - t0, 1)}
@@ -118,15 +130,17 @@ def main():
   parser.add_argument("--processes", type=int, default=3)
   parser.add_argument("--platform", choices=("cpu", "gpu"), default="cpu")
   parser.add_argument("--heartbeat-s", type=int, default=3)
+  parser.add_argument("--timeout-s", type=float, default=180.0)
   parser.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
   parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
   parser.add_argument("--out", default=os.path.join(ROOT, "experiments", "results",
                                                     "live_devices.json"))
   args = parser.parse_args()
   if args.worker is not None:
-    worker(args.worker, args.processes, args.port, args.platform, args.heartbeat_s)
+    worker(args.worker, args.processes, args.port, args.platform, args.heartbeat_s,
+           max(args.timeout_s - 10, 5))
     return
-  result = probe(args.processes, args.platform, args.heartbeat_s)
+  result = probe(args.processes, args.platform, args.heartbeat_s, args.timeout_s)
   print(json.dumps(result, indent=2))
   with open(args.out, "w") as f:
     json.dump(result, f, indent=2)

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# The checks medjax runs where an NVIDIA GPU is lent (CI has none): one script, one call.
+#
+#   bash experiments/gpu_checks.sh OUTDIR [DEADLINE_S]
+#
+# Run from the repository root on the GPU machine. Where the machine lacks packages that
+# requirements.txt pins, carry them as Python 3.12 wheels in .whl/ (the GPU image's own jax and
+# its CUDA plugin are used: jaxlib and the CUDA libraries are too big to carry). Stages, each
+# logged to OUTDIR and skipped once DEADLINE_S (default 480) seconds have passed (STAGES, a
+# space-separated list, picks some):
+#   env        the GPU, driver and library versions, what medjax's layout sees
+#   tiny       the tests' tiny config end to end, supervised, in the auto layout (one worker
+#              process per GPU), on the GPU
+#   probe      experiments/live_devices_probe.py on the GPU(s) (issue 12, item 6)
+#   recovery   experiments/bench_recovery.py: three faults on the quickstart (part B, auto
+#              layout), then supervised vs unsupervised (part A, one repeat)
+# The workdirs' logs, events and summaries end up in OUTDIR/runs.tgz.
+set -u
+out=${1:?usage: gpu_checks.sh OUTDIR [DEADLINE_S]}
+deadline=${2:-480}
+mkdir -p "$out"
+start=$SECONDS
+left() { echo $(( deadline - (SECONDS - start) )); }
+stage() {  # stage NAME SECONDS COMMAND...: runs COMMAND under a timeout, if there is time
+  local name=$1 limit=$2; shift 2
+  if [[ " ${STAGES:-env tiny probe recovery} " != *" $name "* ]]; then return 0; fi
+  local budget; budget=$(left)
+  if (( budget < 20 )); then echo "$name: skipped (deadline)" | tee -a "$out/stages.txt"; return 1; fi
+  (( limit > budget )) && limit=$budget
+  local t0=$SECONDS
+  timeout -k 5 "$limit" "$@" > "$out/$name.log" 2>&1
+  local rc=$?
+  echo "$name: rc=$rc in $(( SECONDS - t0 )) s (limit $limit s)" | tee -a "$out/stages.txt"
+  return $rc
+}
+
+export PYTHONUNBUFFERED=1
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl > "$out/pip.log" 2>&1 && export PYTHONPATH=/tmp/site
+fi
+
+stage env 60 bash -c '
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+  ls /proc/driver/nvidia/gpus /dev/nvidia* 2>&1 | head
+  nproc; free -g | head -2
+  python3 - <<EOF
+import importlib.metadata as md
+for name in ("jax", "jaxlib", "jax-cuda13-plugin", "jax-cuda12-plugin", "flax", "optax",
+             "orbax-checkpoint", "tensorstore", "grain", "pandas", "numpy", "grpcio", "protobuf",
+             "pydicom", "optuna", "nvidia-ml-py"):
+  try:
+    print(name, md.version(name))
+  except md.PackageNotFoundError:
+    print(name, "absent")
+import jax
+print("devices", jax.devices())
+from medjax.fault import layout
+print("layout accelerators", layout.accelerators())
+EOF'
+
+export JAX_PLATFORMS=cuda
+rm -rf /tmp/gpu_tiny
+stage tiny 180 python3 launch.py --config configs/quickstart.py:tiny --workdir /tmp/gpu_tiny
+tiny=$?
+(unset JAX_PLATFORMS; stage probe 60 python3 experiments/live_devices_probe.py --platform gpu --processes 2 \
+  --timeout-s 45 --out "$out/live_devices_gpu.json")
+
+if (( tiny == 0 )); then
+  stage recovery 400 python3 experiments/bench_recovery.py --parts B,A --layouts auto \
+    --repeats 1 --out "$out/recovery_gpu.json"
+fi
+
+# What the runs left, without the cohorts, ingests, checkpoints and compilation caches.
+tar czf "$out/runs.tgz" --exclude='*/cohort' --exclude='*/ingest' --exclude='*/cache' \
+  --exclude='*/ckpt' --exclude='*/jax_cache' --exclude='*/lineage' --exclude='*/ledger' \
+  --exclude='*/tensorboard' --exclude='*/secrets' \
+  /tmp/gpu_tiny /tmp/bench_recovery_* 2> /dev/null
+echo "total $(( SECONDS - start )) s" | tee -a "$out/stages.txt"
