@@ -15,8 +15,9 @@ A. Supervision cost: the default quickstart (supervised: coordinator, agent and 
 B. Recovery per failure kind: a supervised run per layout ('auto': one worker process, the
    default fault.warm_standby='after_failure', so the first restart takes a spare standby that
    imported while the run started and later ones a spare prepared ahead; 'auto-always': a prepared spare from the
-   start; '2': two worker processes, the multi-process path), with three faults sent from
-   outside, each once the spare standby is prepared (where there is one to prepare; otherwise
+   start; '2': two worker processes, the multi-process path, whose spares after the first
+   restart join jax.distributed and prepare as a group), with three faults sent from outside,
+   each once the spare standbys are prepared (where there are any to prepare; otherwise
    --settle-s after the previous recovery): SIGKILL (crash), SIGSTOP (hang), SIGTERM
    (preemption). Per failure:
    detection, recovery (detection -> the next generation's first step; target < 3 s) and where
@@ -215,9 +216,11 @@ def bench_failures(args, base: str, common: list[str], layout: str) -> dict:
   if layout.endswith("-nosnap"):   # the checkpoints alone (no host-local snapshots)
     flags.append("--config.ckpt.snapshot_every_steps=0")
   shape = layout.removesuffix("-nosnap")
-  # Spares are prepared ahead only on a CPU host (agent.warm_key): on an accelerator the faults
-  # are sent --settle-s after each recovery instead of waiting for a spare that never gets ready.
-  warm = shape.startswith("auto") and layout_lib.accelerators(_env())[0] == "cpu"
+  # Spares are prepared ahead only on a CPU host (agent.warm_key; several processes of one host
+  # as a group, one "standby: prepared" line each): on an accelerator the faults are sent
+  # --settle-s after each recovery instead of waiting for spares that never get ready.
+  warm = layout_lib.accelerators(_env())[0] == "cpu"
+  processes = 1 if shape.startswith("auto") else int(shape)
   if shape == "auto-always":
     flags.append("--config.fault.warm_standby=always")
   elif shape != "auto":
@@ -234,7 +237,7 @@ def bench_failures(args, base: str, common: list[str], layout: str) -> dict:
       while time.time() < deadline and proc.poll() is None:
         gen = _training_generation(workdir)
         # With a spare to be prepared, once it is; otherwise after settle_s of training.
-        prepared = i + 1 if shape == "auto-always" else i
+        prepared = (i + 1 if shape == "auto-always" else i) * processes
         ready = gen is not None and (
             _standby_ready(workdir, prepared) if warm and prepared else
             time.time() - _first_step_time(workdir, gen) > args.settle_s)

@@ -72,12 +72,17 @@ SPEC = {"generation": 3, "hosts": ["host-0"], "host_history": [["host-0"]],
         "jax_address": "127.0.0.1:1"}
 
 
-def test_only_one_process_generations_on_cpu_get_a_warm_standby():
+def test_generations_of_one_cpu_host_get_warm_standbys():
   assert agent_lib.warm_key(SPEC, "host-0", "cpu") is not None
   assert agent_lib.warm_key({**SPEC, "generation": 9, "jax_address": "x:2"}, "host-0", "cpu") == \
       agent_lib.warm_key(SPEC, "host-0", "cpu")   # the same shape, whatever the generation
   two = {**SPEC, "workers_per_host": 2, "num_processes": 2}
-  assert agent_lib.warm_key(two, "host-0", "cpu") is None       # jax.distributed first
+  # Several processes of one host: a group that joins jax.distributed ahead; not over hosts.
+  assert agent_lib.warm_key(two, "host-0", "cpu") not in (None, agent_lib.warm_key(SPEC, "host-0",
+                                                                                   "cpu"))
+  over_two = {**SPEC, "hosts": ["host-0", "host-1"], "host_history": [["host-0", "host-1"]],
+              "num_processes": 2}
+  assert agent_lib.warm_key(over_two, "host-0", "cpu") is None
   assert agent_lib.warm_key(SPEC, "host-0", "gpu") is None       # its memory, twice
   shrunk = {**SPEC, "host_history": [["host-0", "host-1"], ["host-0"]]}
   assert agent_lib.warm_key(shrunk, "host-0", "cpu") != agent_lib.warm_key(SPEC, "host-0", "cpu")
@@ -104,10 +109,13 @@ class _Proc:
   def kill(self):
     self.killed = True
 
+  def wait(self, timeout=None):
+    return self.poll()
 
-def _agent(tmp_path) -> agent_lib.Agent:
+
+def _agent(tmp_path, workers_per_host: int = 1) -> agent_lib.Agent:
   config = default.get_config()
-  config.fault.workers_per_host = 1
+  config.fault.workers_per_host = workers_per_host
   return agent_lib.Agent("127.0.0.1:1", "token", host="host-0", workdir=str(tmp_path),
                          fault_config=config.fault)
 
@@ -125,6 +133,65 @@ def test_a_generation_takes_the_standby_prepared_for_its_shape(tmp_path):
   two = {**SPEC, "workers_per_host": 2, "num_processes": 2}
   agent.standby = [agent_lib.Standby(_Proc(), key), agent_lib.Standby(_Proc())]
   assert agent._take_standby(two)[1] == "standby"
+
+
+def _group_agent(tmp_path, monkeypatch):
+  """An agent of 2 workers per host whose standbys and processes are fakes; what it tells them."""
+  agent = _agent(tmp_path, workers_per_host=2)
+  told = []
+  monkeypatch.setattr(agent, "_tell", lambda s, message, close: told.append((s, message)) or True)
+  monkeypatch.setattr(agent_lib, "popen", lambda *a, **k: _Proc())
+  return agent, told
+
+
+def test_a_group_of_standbys_joins_one_address_and_becomes_the_next_generation(
+    tmp_path, monkeypatch):
+  agent, told = _group_agent(tmp_path, monkeypatch)
+  running = {**SPEC, "workers_per_host": 2, "num_processes": 2}
+  agent._replenish(running)
+  prepares = [m for _, m in told if "prepare" in m]
+  assert [m["distributed"]["process_id"] for m in prepares] == [0, 1]
+  (address,) = {m["distributed"]["address"] for m in prepares}
+  assert all(m["distributed"]["num_processes"] == 2 for m in prepares)
+  # Offered as this host's port, so that the coordinator's next spec uses it.
+  assert f"127.0.0.1:{agent._free_port()}" == address
+  agent._replenish(running)   # the group is there: nothing told again
+  assert len([m for _, m in told if "prepare" in m]) == 2
+  group = sorted(agent.standby, key=lambda s: s.process_id)
+  told.clear()
+  agent._start({**running, "generation": 4, "jax_address": address})
+  assigned = [(s, m["process_id"], m["path"]) for s, m in told]
+  assert assigned == [(group[0], 0, "warm_standby"), (group[1], 1, "warm_standby")]
+  assert agent.group_port is None and not agent.standby
+
+
+def test_a_group_that_cannot_serve_the_generation_is_ended(tmp_path, monkeypatch):
+  agent, told = _group_agent(tmp_path, monkeypatch)
+  running = {**SPEC, "workers_per_host": 2, "num_processes": 2}
+  agent._replenish(running)
+  group = list(agent.standby)
+  # Another address (the coordinator chose before the group existed): the group joined its own.
+  told.clear()
+  agent._start({**running, "generation": 4, "jax_address": "127.0.0.1:1"})
+  assert all(s.proc.killed for s in group) and agent.group_port is None
+  assert [m.get("path") for _, m in told] == []   # new processes, not the group's
+  assert [w.process_id for w in agent.workers] == [0, 1]
+  # A member that exits takes its group with it; a new group is tried, at most MAX_GROUPS.
+  agent.workers = []
+  agent._replenish(running)
+  first = [s for s in agent.standby if s.process_id is not None]
+  assert len(first) == 2
+  first[1].proc.kill()
+  agent._replenish(running)
+  assert first[0].proc.killed and agent.group_port is None
+  agent._replenish(running)
+  assert len([s for s in agent.standby if s.process_id is not None]) == 2
+  agent.standby[0].proc.kill()
+  agent._replenish(running)
+  agent._replenish(running)
+  # Two groups lost this generation: its standbys stay unprepared ('standby' at the next start).
+  assert agent.groups_tried == agent_lib.Agent.MAX_GROUPS
+  assert [s.prepared_for for s in agent.standby] == [None, None]
 
 
 def test_the_phase_report_rides_on_one_heartbeat_once_the_first_step_is_done():

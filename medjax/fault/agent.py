@@ -11,12 +11,16 @@ So that a restart does not wait for Python to import JAX and the rest (seconds),
 `fault.workers_per_host` standby worker processes that have imported everything and wait for an
 assignment on stdin; a new generation's workers are standbys given their process ids. Used
 standbys are replaced once the generation trains, so replacing them does not slow recovery.
-Where the generation is one process on a CPU host (the default layout there,
-`medjax.fault.layout`), the agent also tells its standby to prepare for the next generation of
-the same shape (`warm_key`): it builds the data, the model, the state and the compiled step
-ahead, so that a restart only restores the checkpoint and goes on ('warm_standby'). A standby
-prepared for another shape (the host set changed) is replaced; a generation of several processes
-takes unprepared standbys ('standby'), or new processes ('relaunch'). Replacement standbys run
+Where the generation runs on a CPU host alone (one process, the default layout there,
+`medjax.fault.layout`, or several), the agent also tells its standbys to prepare for the next
+generation of the same shape (`warm_key`): they build the data, the model, the state and the
+compiled step ahead, so that a restart only restores the checkpoint and goes on
+('warm_standby'). Several processes prepare as a group: the agent picks a port, each standby
+joins jax.distributed there as the process it will be, and the agent offers that port to the
+coordinator as the next generation's address; the group serves a generation only if its
+address, process count and hosts are the ones the group joined for, and is replaced otherwise. A
+standby prepared for another shape (the host set changed) is replaced; other generations take
+unprepared standbys ('standby'), or new processes ('relaunch'). Replacement standbys run
 at the lowest CPU priority until they are handed a generation, where that priority can be given
 back (`priority_restorable`), so that their start-up does not slow the training that goes on.
 """
@@ -88,27 +92,32 @@ def priority_restorable() -> bool:
 
 def warm_key(spec: dict, host: str, platform: str, when: str = "always") -> str | None:
   """What a warm standby of `host` prepares for after generation `spec`: the next generation if
-  it has the same hosts and history. None where no standby can prepare: several processes
-  (jax.distributed must start before JAX does, so a standby cannot initialise JAX ahead), or an
-  accelerator (a second process would hold its memory too); and where `when`
+  it has the same hosts and history. None where no standby can prepare: several processes over
+  several hosts (jax.distributed must start before JAX does, at an address the first host's
+  agent offers; a group of standbys joins it ahead only where one agent owns every process), or
+  an accelerator (a second process would hold its memory too); and where `when`
   (config.fault.warm_standby) says not yet: 'after_failure' prepares from the second generation
   on. Preparing takes about 2 CPU-seconds from a CPU host's training (measured on 2 cores: the
   quickstart trained 10-30% longer), and a run that never fails gains nothing from it; one that
   has failed once is the one likely to fail again."""
-  if spec["num_processes"] != 1 or host not in spec["hosts"] or platform != "cpu":
+  if host not in spec["hosts"] or platform != "cpu":
+    return None
+  if spec["num_processes"] != 1 and spec["hosts"] != [host]:
     return None
   if when == "never" or (when == "after_failure" and spec["generation"] <= 1):
     return None
   return json.dumps({"hosts": spec["hosts"], "host_history": spec["host_history"],
-                     "host": host, "devices_per_worker": spec["devices_per_worker"]},
-                    sort_keys=True)
+                     "host": host, "devices_per_worker": spec["devices_per_worker"],
+                     "num_processes": spec["num_processes"]}, sort_keys=True)
 
 
 @dataclasses.dataclass
 class Standby:
-  """A standby worker process; `prepared_for`: the `warm_key` it was told to prepare for."""
+  """A standby worker process; `prepared_for`: the `warm_key` it was told to prepare for;
+  `process_id`: the jax.distributed process it joined as, in a group (`Agent._prepare_group`)."""
   proc: subprocess.Popen
   prepared_for: str | None = None
+  process_id: int | None = None
 
 
 @dataclasses.dataclass
@@ -143,6 +152,10 @@ class Agent:
     self.stopping_since = 0.0
     self.registered = False
     self.standby: list[Standby] = []
+    # The port of the jax.distributed service a group of standbys joined (its process 0 holds
+    # it), offered to the coordinator as this host's free port; groups tried this generation.
+    self.group_port: int | None = None
+    self.groups_tried = 0
     self.low_priority = priority_restorable()
     # A config.json from before the field existed means what the default means.
     self.warm_when = fault_config.get("warm_standby", "after_failure")
@@ -166,7 +179,7 @@ class Agent:
   def _register(self) -> None:
     self.client.call("RegisterAgent", {
         "host": self.host, "agent_id": self.agent_id, "address": self.advertise,
-        "free_port": protocol.free_port(), "generation": self.generation,
+        "free_port": self._free_port(), "generation": self.generation,
         "workers": self._worker_status()})
     self.registered = True
 
@@ -187,6 +200,8 @@ class Agent:
       return
     self.standby = [s for s in self.standby if s.proc.poll() is None]
     key = self._warm_key(spec) if spec is not None else None
+    if any(s.process_id is not None and s.prepared_for != key for s in self.standby):
+      self._drop_group()
     for s in [s for s in self.standby if s.prepared_for not in (None, key)]:
       s.proc.kill()   # prepared for a generation that will not come (the host set changed)
       self.standby.remove(s)
@@ -198,9 +213,80 @@ class Agent:
     if key is None:
       return
     expected = {"hosts": spec["hosts"], "host_history": spec["host_history"], "host": self.host}
+    if spec["num_processes"] > 1:
+      self._prepare_group(key, expected, spec["num_processes"])
+      return
     for s in self.standby:
       if s.prepared_for is None and self._tell(s, {"prepare": expected}, close=False):
         s.prepared_for = key
+
+  # Groups tried per generation: a group whose member cannot join or prepare is not retried
+  # without end (its standbys stay unprepared).
+  MAX_GROUPS = 2
+
+  def _prepare_group(self, key: str, expected: dict, n: int) -> None:
+    """Tells `n` unprepared standbys to join jax.distributed at a port of this host as
+    processes 0..n-1 of the next generation and to prepare for it. A group with a member gone
+    is of no use (its service, or a peer, is missing): it is replaced."""
+    members = [s for s in self.standby if s.process_id is not None]
+    if members and (len(members) < n or any(s.proc.poll() is not None for s in members)):
+      logging.warning("agent %s: a standby of the prepared group exited; replacing the group",
+                      self.host)
+      self._drop_group()
+      return
+    if members or self.groups_tried >= self.MAX_GROUPS:
+      return
+    bare = [s for s in self.standby if s.prepared_for is None and s.proc.poll() is None]
+    if len(bare) < n:
+      return
+    self.groups_tried += 1
+    port = protocol.free_port()
+    address = f"{self.advertise}:{port}"
+    for i, s in enumerate(bare[:n]):
+      s.prepared_for, s.process_id = key, i
+      job = {"prepare": expected,
+             "distributed": {"address": address, "num_processes": n, "process_id": i}}
+      if not self._tell(s, job, close=False):
+        self._drop_group()
+        return
+    self.group_port = port
+    logging.info("agent %s: %d standbys join jax.distributed at %s and prepare for the next "
+                 "generation", self.host, n, address)
+
+  def _drop_group(self) -> None:
+    """Ends the standbys that joined a group, and waits for them: the group's process 0 holds
+    the port offered to the coordinator, which the next generation's process 0 may need."""
+    members = [s for s in self.standby if s.process_id is not None]
+    for s in members:
+      s.proc.kill()
+    for s in members:
+      try:
+        s.proc.wait(timeout=5)
+      except subprocess.TimeoutExpired:
+        logging.warning("agent %s: standby %d did not exit after SIGKILL", self.host, s.proc.pid)
+      self.standby.remove(s)
+    self.group_port = None
+
+  def _free_port(self) -> int:
+    """The port this host offers for the next generation's jax.distributed service: the one a
+    prepared group joined, else any free one."""
+    if self.group_port is not None and any(s.process_id == 0 and s.proc.poll() is None
+                                           for s in self.standby):
+      return self.group_port
+    return protocol.free_port()
+
+  def _group_for(self, spec: dict) -> list[Standby] | None:
+    """The prepared group that can be `spec`'s processes 0..n-1, in order, or None."""
+    n = spec["num_processes"]
+    key = self._warm_key(spec)
+    members = sorted((s for s in self.standby if s.process_id is not None),
+                     key=lambda s: s.process_id)
+    if (n == 1 or key is None or self.group_port is None
+        or spec["jax_address"] != f"{self.advertise}:{self.group_port}"
+        or [s.process_id for s in members] != list(range(n))
+        or any(s.prepared_for != key or s.proc.poll() is not None for s in members)):
+      return None
+    return members
 
   def _popen_standby(self, *, low_priority: bool) -> subprocess.Popen:
     return popen(["--role=worker", "--standby", f"--workdir={self.workdir}"],
@@ -228,7 +314,9 @@ class Agent:
     alive = [s for s in self.standby if s.proc.poll() is None]
     if spec["devices_per_worker"] != self.f.devices_per_worker:
       alive = []   # they were started with another device count
-    for path, pick in (("warm_standby", lambda s: key is not None and s.prepared_for == key),
+    single = spec["num_processes"] == 1   # a group is handed over whole (`_group_for`)
+    for path, pick in (("warm_standby",
+                        lambda s: single and key is not None and s.prepared_for == key),
                        ("standby", lambda s: s.prepared_for is None)):
       for s in alive:
         if pick(s):
@@ -238,12 +326,20 @@ class Agent:
 
   def _start(self, spec: dict) -> None:
     self.generation = spec["generation"]
+    self.groups_tried = 0
     host_index = spec["hosts"].index(self.host)
     os.makedirs(self.run_paths.logs, exist_ok=True)
+    group = self._group_for(spec)
+    if group is None:
+      self._drop_group()
     paths_taken = []
     for local in range(spec["workers_per_host"]):
       pid = host_index * spec["workers_per_host"] + local
-      standby, path = self._take_standby(spec)
+      if group is not None:
+        standby, path = group[local], "warm_standby"
+        self.standby.remove(standby)
+      else:
+        standby, path = self._take_standby(spec)
       proc = None
       if standby is not None:
         assignment = {"generation": self.generation, "process_id": pid, "host_name": self.host,
@@ -263,6 +359,8 @@ class Agent:
                      log=self.run_paths.worker_output(self.generation, pid), env=env)
       paths_taken.append(path)
       self.workers.append(Worker(pid, proc))
+    if group is not None:
+      self.group_port = None   # its service is the generation's now
     # Standbys prepared for another shape will not serve the next generation either.
     for s in [s for s in self.standby if s.prepared_for is not None
               and s.prepared_for != self._warm_key(spec)]:
@@ -336,7 +434,7 @@ class Agent:
           self._register()
         reply = self.client.call("AgentHeartbeat", {
             "host": self.host, "agent_id": self.agent_id, "generation": self.generation,
-            "free_port": protocol.free_port(), "workers": self._worker_status()})
+            "free_port": self._free_port(), "workers": self._worker_status()})
         unreachable_since = None
       except grpc.RpcError:
         if unreachable_since is None:

@@ -41,9 +41,11 @@ def wait_for_assignment(workdir: str) -> dict | None:
   """A standby worker: imports the trainer, then waits for lines from its agent on stdin.
 
   A line {"prepare": {...}} (the agent sends it once its generation trains, when the next
-  generation can be one process: `agent.warm_key`) makes it a warm standby: it builds the data,
+  generation can be prepared for: `agent.warm_key`) makes it a warm standby: it builds the data,
   model, state and compiled step of that generation now (`loop.prepare(standby=True)`), so that
-  a restart only restores and trains. The assignment line {generation, process_id, host_name,
+  a restart only restores and trains. With "distributed": {address, num_processes, process_id}
+  it first joins jax.distributed there, as one of a group that will be the generation's
+  processes (`agent.Agent._prepare_group`). The assignment line {generation, process_id, host_name,
   coordinator, assigned_at, path} ends the wait and is returned; None when stdin closes first.
   From then on stdout and stderr go to the generation's log, like a worker started for it.
 
@@ -59,7 +61,7 @@ def wait_for_assignment(workdir: str) -> dict | None:
       return None
     if "prepare" not in job:
       break
-    _prepare(workdir, job["prepare"])
+    _prepare(workdir, job["prepare"], job.get("distributed"))
   sys.stdout.flush()
   sys.stderr.flush()
   path = paths.RunPaths(workdir).worker_output(job["generation"], job["process_id"])
@@ -100,8 +102,9 @@ def _restore_priority(nice: int) -> None:
       logging.warning("standby: could not restore the priority of thread %d: %s", tid, e)
 
 
-def _prepare(workdir: str, expected: dict) -> None:
-  """Builds what a generation of `expected` (hosts, host history, this host) needs, ahead."""
+def _prepare(workdir: str, expected: dict, distributed: dict | None = None) -> None:
+  """Builds what a generation of `expected` (hosts, host history, this host) needs, ahead; as
+  process `distributed["process_id"]` of a group that joined jax.distributed first, if given."""
   from medjax.train import loop  # pylint: disable=import-outside-toplevel
   if _handover.get("prepared") is not None:
     return
@@ -113,14 +116,47 @@ def _prepare(workdir: str, expected: dict) -> None:
     topology = loop.Topology(hosts=tuple(expected["hosts"]), host=expected["host"])
     phases = phases_lib.Phases("warm_standby")
     t0 = time.perf_counter()
+    if distributed is not None:
+      with phases.phase("distributed_init"):
+        _join(distributed, config)
+      topology = loop.Topology(hosts=topology.hosts, host=topology.host,
+                               local_index=distributed["process_id"],
+                               local_count=distributed["num_processes"])
     prepared = loop.prepare(config, workdir, topology, None, expected["host_history"],
                             standby=True, phases=phases)
   except Exception:  # pylint: disable=broad-except  (the generation will prepare itself)
+    if distributed is not None:
+      # Its group's barriers would no longer meet: the agent replaces the whole group.
+      logging.exception("standby: joining or preparing as process %d of a group failed; "
+                        "leaving", distributed["process_id"])
+      sys.stdout.flush()
+      sys.stderr.flush()
+      os._exit(policy.EXIT_ERROR)  # pylint: disable=protected-access
     logging.exception("standby: preparing ahead failed; the assigned generation prepares itself")
     return
   _handover.update(prepared=prepared, prepared_phases=phases, prepared_at=time.time())
   logging.info("standby: prepared %s for hosts %s in %.1f s (%s)", expected["host"],
                expected["hosts"], time.perf_counter() - t0, phases.seconds)
+
+
+def _join(distributed: dict, config) -> None:
+  """jax.distributed.initialize at `distributed`'s address as its process: the others wait until
+  process 0's service listens (connecting earlier costs gRPC's reconnect back-off). That service
+  listens only on the address the first host advertises (loopback for local runs), never on
+  every interface; jax.distributed's own failure detection waits longer than the coordinator's
+  (config.fault.jax_heartbeat_timeout_s), so ours acts."""
+  address, pid = distributed["address"], distributed["process_id"]
+  deadline = time.monotonic() + config.fault.timeout_start_s
+  if pid != 0:
+    protocol.wait_for_listener(address, config.fault.timeout_start_s)
+  jax.distributed.initialize(address, distributed["num_processes"], pid,
+                             local_device_ids=layout_lib.local_device_ids(
+                                 pid, config.fault.workers_per_host,
+                                 config.fault.devices_per_worker),
+                             heartbeat_timeout_seconds=config.fault.jax_heartbeat_timeout_s,
+                             initialization_timeout=max(int(deadline - time.monotonic()), 1),
+                             coordinator_bind_address=address)
+  _handover["distributed"] = dict(distributed)
 
 
 def _configure_jax(run_paths: paths.RunPaths) -> None:
@@ -186,8 +222,13 @@ def run(workdir: str, generation: int, process_id: int, host: str,
   wph = spec["workers_per_host"]
   topology = loop.Topology(hosts=tuple(spec["hosts"]), host=host, local_index=process_id % wph,
                            local_count=wph)
+  # The jax.distributed job this process is to join (None: one process needs none), and the
+  # one a group standby joined ahead (`_prepare`): JAX joins once per process.
+  wanted = ({"address": spec["jax_address"], "num_processes": spec["num_processes"],
+             "process_id": process_id} if spec["num_processes"] > 1 else None)
+  joined = handover.get("distributed")
   prepared = handover.get("prepared")
-  if prepared is not None and not (spec["num_processes"] == 1
+  if prepared is not None and not (joined == wanted
                                    and prepared.serves(topology, spec["host_history"])):
     logging.warning("worker %d: the standby was prepared for hosts %s, history %s; generation %d "
                     "has %s, %s: preparing again", process_id, list(prepared.topology.hosts),
@@ -199,23 +240,15 @@ def run(workdir: str, generation: int, process_id: int, host: str,
     if phases.path == "warm_standby":
       phases.path = "standby"
     _configure_jax(run_paths)
-  if spec["num_processes"] > 1:
-    # jax.distributed's own failure detection waits longer than the coordinator's, so ours
-    # acts. Its service (in process 0) listens only on the address the first host advertises
-    # (loopback for local runs), never on every interface. One process needs none of it.
-    with phases.phase("distributed_init"):
-      deadline = time.monotonic() + config.fault.timeout_start_s
-      if process_id != 0:
-        protocol.wait_for_listener(spec["jax_address"], config.fault.timeout_start_s)
-      jax.distributed.initialize(spec["jax_address"], spec["num_processes"], process_id,
-                                 local_device_ids=layout_lib.local_device_ids(
-                                     process_id, spec["workers_per_host"],
-                                     spec["devices_per_worker"]),
-                                 heartbeat_timeout_seconds=config.fault.jax_heartbeat_timeout_s,
-                                 initialization_timeout=max(int(deadline - time.monotonic()), 1),
-                                 coordinator_bind_address=spec["jax_address"])
   logging.info("worker %d: generation %d by %s", process_id, generation, phases.path)
   try:
+    if joined is not None and joined != wanted:
+      # The agent hands a group over only to the generation it joined for (`agent._group_for`).
+      raise RuntimeError(f"this standby joined jax.distributed as {joined}; generation "
+                         f"{generation} needs {wanted}, and a process joins once")
+    if wanted is not None and joined is None:
+      with phases.phase("distributed_init"):
+        _join(wanted, config)
     if prepared is None:
       prepared = loop.prepare(config, workdir, topology, ctx, spec["host_history"],
                               phases=phases)

@@ -136,8 +136,9 @@ def prepare(config, workdir: str, topology: Topology = Topology(), ctx=None,
   """Mesh -> data -> model and optimizer -> sharded state -> the compiled step.
 
   `standby`: a warm standby prepares while the generation it will replace still trains: it opens
-  the host's cache without writing it (`host.setup`), and restores the newest committed
-  checkpoint once (discarded) so that Orbax and the restore's programs are loaded too.
+  the host's cache without writing it (`host.setup`), and, as a single process, restores the
+  newest committed checkpoint once (discarded) so that Orbax and the restore's programs are
+  loaded too.
   """
   ctx = ctx or _Quiet()
   phases = phases or phases_lib.Phases()
@@ -184,7 +185,9 @@ def prepare(config, workdir: str, topology: Topology = Topology(), ctx=None,
     checkpoint_lib.StatePacker().warm(state)
 
   ckpt = None
-  if standby:
+  # Not in a group of several processes: each would list the checkpoints at its own moment while
+  # the running generation commits, and Orbax's cross-process barriers would not meet.
+  if standby and jax.process_count() == 1:
     with phases.phase("warm_restore"):
       run = paths.RunPaths(workdir, config)
       ckpt = _open_while_pruned(run, config)
