@@ -14,9 +14,10 @@ A. Supervision cost: the default quickstart (supervised: coordinator, agent and 
    Target: supervised <= 1.05x the unsupervised wall time, with the same accuracy.
 B. Recovery per failure kind: a supervised run per layout ('auto': one worker process, the
    default fault.warm_standby='after_failure', so the first restart takes a spare standby that
-   imported while the run started and later ones a spare prepared ahead; 'auto-always': a prepared spare from the
-   start; '2': two worker processes, the multi-process path, whose spares after the first
-   restart join jax.distributed and prepare as a group), with three faults sent from outside,
+   imported while the run started and later ones a spare prepared ahead; '2': two worker
+   processes, the multi-process path, whose spares after the first restart join
+   jax.distributed and prepare as a group; '-always' as in 'auto-always' or '2-always':
+   fault.warm_standby='always', spares prepared from the start), with three faults sent from outside,
    each once the spare standbys are prepared (where there are any to prepare; otherwise
    --settle-s after the previous recovery): SIGKILL (crash), SIGSTOP (hang), SIGTERM
    (preemption). Per failure:
@@ -211,19 +212,22 @@ def bench_failures(args, base: str, common: list[str], layout: str) -> dict:
   name = f"faults-{layout}"
   flags = [f"--config.optim.epochs={args.failure_epochs}"]
   # 'auto': the default (config.fault.warm_standby='after_failure': the first restart takes a
-  # spare that imported at the start, later ones a spare prepared ahead);
-  # 'auto-always': a prepared spare from the start, so the first restart takes one too.
+  # spare that imported at the start, later ones a spare prepared ahead); '-always' (e.g.
+  # 'auto-always', '2-always'): spares prepared from the start, so the first restart takes them
+  # too; '2': two worker processes.
   if layout.endswith("-nosnap"):   # the checkpoints alone (no host-local snapshots)
     flags.append("--config.ckpt.snapshot_every_steps=0")
   shape = layout.removesuffix("-nosnap")
+  always = shape.endswith("-always")
+  shape = shape.removesuffix("-always")
   # Spares are prepared ahead only on a CPU host (agent.warm_key; several processes of one host
   # as a group, one "standby: prepared" line each): on an accelerator the faults are sent
   # --settle-s after each recovery instead of waiting for spares that never get ready.
   warm = layout_lib.accelerators(_env())[0] == "cpu"
-  processes = 1 if shape.startswith("auto") else int(shape)
-  if shape == "auto-always":
+  processes = 1 if shape == "auto" else int(shape)
+  if always:
     flags.append("--config.fault.warm_standby=always")
-  elif shape != "auto":
+  if shape != "auto":
     flags.append(f"--config.fault.workers_per_host={shape}")
   workdir = workdir_from(base, name)
   print(f"B. recovery, layout {layout}: {', '.join(k for k, _, _ in KINDS)} sent from outside",
@@ -237,7 +241,7 @@ def bench_failures(args, base: str, common: list[str], layout: str) -> dict:
       while time.time() < deadline and proc.poll() is None:
         gen = _training_generation(workdir)
         # With a spare to be prepared, once it is; otherwise after settle_s of training.
-        prepared = (i + 1 if shape == "auto-always" else i) * processes
+        prepared = (i + 1 if always else i) * processes
         ready = gen is not None and (
             _standby_ready(workdir, prepared) if warm and prepared else
             time.time() - _first_step_time(workdir, gen) > args.settle_s)
@@ -247,7 +251,7 @@ def bench_failures(args, base: str, common: list[str], layout: str) -> dict:
       else:
         print(f"  {kind}: not sent (the run ended or no standby got ready)", flush=True)
         break
-      process = 0 if (shape.startswith("auto") or kind == "hang") else 1
+      process = 0 if (shape == "auto" or kind == "hang") else 1
       victim = _worker(workdir, gen, process)
       if victim is None:
         print(f"  {kind}: no worker {process} of generation {gen} found", flush=True)

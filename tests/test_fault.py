@@ -482,7 +482,7 @@ def test_two_processes_recover_through_a_group_of_standbys_that_joined_ahead(sha
   jax.distributed at a port it offers the coordinator and prepare together, so the next crash's
   generation only restores (no jax.distributed start, data, model or compilation)."""
   workdir = str(shared["base"] / "group")
-  proc = runs.start(workdir, *_common(shared), TWO_WORKERS, "--config.optim.epochs=40",
+  proc = runs.start(workdir, *_common(shared), TWO_WORKERS, "--config.optim.epochs=30",
                     "--config.fault.inject=kill@step=4:process=1")
   standby_log = os.path.join(workdir, "logs", "standby-host-0.log")
   try:
@@ -513,7 +513,7 @@ def test_two_processes_recover_through_a_group_of_standbys_that_joined_ahead(sha
   assert not {"distributed_init", "data_setup", "model_build", "compile"} & set(phases), phases
   assert recovery["prepared_ahead_s"]["distributed_init"] > 0, recovery
   assert second["recovered_s"] < 10.0, recovery   # ~0.5 s on an idle machine (bench_recovery.py)
-  _assert_exactly_once(workdir, epochs=40)
+  _assert_exactly_once(workdir, epochs=30)
 
 
 # 'none' (a crash restarts from step 0) and a lost host replaced by a local spare are in
