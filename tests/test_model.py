@@ -7,6 +7,7 @@ import pytest
 
 from configs import default as default_config
 from configs import paper as paper_config
+from medjax import errors
 from medjax import model as model_lib
 from medjax.data import records
 from medjax.model import fusion
@@ -142,3 +143,16 @@ def test_fsdp_mesh_shards_parameters_and_matches():
   batch = jax.device_put(_batch(np.random.default_rng(4), n=16), state_lib.batch_sharding(mesh))
   state, metrics = train_step(state, batch)
   assert np.isfinite(float(metrics["loss"])) and int(state["step"]) == 1
+
+
+@pytest.mark.parametrize("failure", [AssertionError(), RuntimeError("Unable to initialize "
+                                                                      "backend 'cuda'")])
+def test_a_platform_jax_cannot_start_is_one_line_that_says_what_to_do(monkeypatch, failure):
+  def devices():
+    raise failure
+  monkeypatch.setattr(state_lib.jax, "devices", devices)
+  monkeypatch.setenv("JAX_PLATFORMS", "cuda")
+  with pytest.raises(errors.InputError, match=r"JAX could not start JAX_PLATFORMS=cuda .*"
+                                              r"set JAX_PLATFORMS=cpu") as e:
+    state_lib.make_mesh(default_config.get_config().mesh)
+  assert "\n" not in str(e.value)

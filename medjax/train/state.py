@@ -12,6 +12,7 @@ Parameters are replicated over the 'data' axis and, when config.mesh.fsdp > 1, s
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import jax
 import jax.numpy as jnp
@@ -28,9 +29,24 @@ from medjax.model import fusion
 DATA_AXES = ("data", "fsdp")
 
 
+def available_devices() -> list:
+  """jax.devices(); where JAX cannot start the platform it was asked for (JAX_PLATFORMS=cuda
+  without JAX's CUDA plugin, or no GPU; tpu without libtpu), one line that says so and what to do,
+  instead of JAX's internal error."""
+  try:
+    return jax.devices()
+  except (RuntimeError, AssertionError) as e:   # jax 0.10 asserts where no platform is left
+    asked = os.environ.get("JAX_PLATFORMS", "")
+    raise errors.InputError(
+        f"JAX could not start {f'JAX_PLATFORMS={asked}' if asked else 'a backend'} "
+        f"({type(e).__name__}: {str(e) or 'no platform left'}): install JAX's plugin for that "
+        "platform (e.g. jax[cuda12] at requirements.txt's jax version) on a machine that has the "
+        "device, or set JAX_PLATFORMS=cpu") from e
+
+
 def make_mesh(mesh_config, devices=None) -> jax.sharding.Mesh:
   """A ('data', 'fsdp') mesh over all devices (or `devices`); data=-1 takes what fsdp leaves."""
-  devices = list(devices if devices is not None else jax.devices())
+  devices = list(devices if devices is not None else available_devices())
   fsdp = mesh_config.fsdp
   data = mesh_config.data if mesh_config.data > 0 else len(devices) // max(fsdp, 1)
   if data * fsdp != len(devices):
