@@ -429,6 +429,26 @@ def _worker_of(workdir: str, generation: int, process: int = 0) -> psutil.Proces
   raise AssertionError(f"no worker writes {log}")
 
 
+def _kill_once_prepared(proc, workdir: str, *, prepared: int, generation: int) -> None:
+  """Once `prepared` standbys have prepared ahead, SIGKILLs worker 0 of `generation` (recorded
+  as an external crash); returns when the run has finished (asserting it succeeded)."""
+  standby_log = os.path.join(workdir, "logs", "standby-host-0.log")
+  try:
+    runs.wait_for(lambda: proc.poll() is not None or (
+        os.path.exists(standby_log)
+        and open(standby_log, errors="replace").read().count("standby: prepared") >= prepared),
+        300, f"{prepared} prepared standby(s)")
+    assert proc.poll() is None, "training ended before the standbys were ready: " + runs.tail(
+        workdir, os.path.join("logs", "standby-host-0.log"), n=30)
+    worker = _worker_of(workdir, generation=generation)
+    inject.record_external(workdir, "kill", process=0, pid=worker.pid)
+    worker.kill()
+    assert proc.wait(timeout=300) == 0, runs.tail(workdir)
+  finally:
+    if proc.poll() is None:
+      os.killpg(proc.pid, signal.SIGKILL)
+
+
 def test_a_crash_recovers_through_a_warm_standby_with_its_phases(shared):
   """One worker process (the CPU default): its standby prepared data, model and compiled step
   ahead, so the restart only restores; events and summary name the path and the phases."""
@@ -437,21 +457,7 @@ def test_a_crash_recovers_through_a_warm_standby_with_its_phases(shared):
   # failed (a clean run does not pay for it); this run's first crash is to find one.
   proc = runs.start(workdir, *_common(shared), "--config.optim.epochs=30",
                     "--config.fault.warm_standby=always")
-  standby_log = os.path.join(workdir, "logs", "standby-host-0.log")
-  try:
-    runs.wait_for(lambda: proc.poll() is not None or (
-        os.path.exists(standby_log)
-        and "standby: prepared" in open(standby_log, errors="replace").read()), 240,
-        "a warm standby")
-    assert proc.poll() is None, "training ended before the standby was ready: " + runs.tail(
-        workdir, os.path.join("logs", "standby-host-0.log"), n=20)
-    worker = _worker_of(workdir, generation=1)
-    inject.record_external(workdir, "kill", process=0, pid=worker.pid)
-    worker.kill()
-    assert proc.wait(timeout=300) == 0, runs.tail(workdir)
-  finally:
-    if proc.poll() is None:
-      os.killpg(proc.pid, signal.SIGKILL)
+  _kill_once_prepared(proc, workdir, prepared=1, generation=1)
   ft = runs.summary(workdir)["fault_tolerance"]
   (crash,) = ft["failures"]
   assert crash["kind"] == "crash" and crash["detected_s"] < 1.0, crash
@@ -484,23 +490,9 @@ def test_two_processes_recover_through_a_group_of_standbys_that_joined_ahead(sha
   workdir = str(shared["base"] / "group")
   proc = runs.start(workdir, *_common(shared), TWO_WORKERS, "--config.optim.epochs=30",
                     "--config.fault.inject=kill@step=4:process=1")
-  standby_log = os.path.join(workdir, "logs", "standby-host-0.log")
-  try:
-    # The injected crash ends generation 1 (the default fault.warm_standby='after_failure': its
-    # spares imported, unprepared); generation 2's standbys then join and prepare as a group.
-    runs.wait_for(lambda: proc.poll() is not None or (
-        os.path.exists(standby_log)
-        and open(standby_log, errors="replace").read().count("standby: prepared") >= 2), 300,
-        "a group of two prepared standbys")
-    assert proc.poll() is None, "training ended before the group was ready: " + runs.tail(
-        workdir, os.path.join("logs", "standby-host-0.log"), n=30)
-    worker = _worker_of(workdir, generation=2)
-    inject.record_external(workdir, "kill", process=0, pid=worker.pid)
-    worker.kill()
-    assert proc.wait(timeout=300) == 0, runs.tail(workdir)
-  finally:
-    if proc.poll() is None:
-      os.killpg(proc.pid, signal.SIGKILL)
+  # The injected crash ends generation 1 (the default fault.warm_standby='after_failure': its
+  # spares imported, unprepared); generation 2's standbys then join and prepare as a group.
+  _kill_once_prepared(proc, workdir, prepared=2, generation=2)
   ft = runs.summary(workdir)["fault_tolerance"]
   first, second = ft["failures"]
   assert (first["kind"], second["kind"]) == ("crash", "crash"), ft["failures"]
