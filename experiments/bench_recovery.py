@@ -2,7 +2,7 @@
 experiments/results/recovery.json and prints a table.
 
   python experiments/bench_recovery.py [--epochs 15] [--failure-epochs 30] [--repeats 2]
-                                       [--parts A,B] [--layouts auto,auto-always,2]
+                                       [--parts A,B,C] [--layouts auto,auto-always,2]
 
 A. Supervision cost: the default quickstart (supervised: coordinator, agent and worker processes
    in the auto layout, medjax/fault/layout.py) against an unsupervised run
@@ -26,6 +26,9 @@ B. Recovery per failure kind: a supervised run per layout ('auto': one worker pr
    from (a host-local snapshot or a checkpoint) and the steps it lost; per run, the waste
    (target < 0.5%). A layout suffixed '-nosnap' (e.g. 'auto-nosnap') runs without host-local
    snapshots (config.ckpt.snapshot_every_steps=0): the checkpoints alone, side by side.
+C. What preparing ahead costs a run that never fails (--parts C): the quickstart in two worker
+   processes, fault.warm_standby='always' (a standby group prepares from the start) against the
+   default 'after_failure' (nothing prepared until a failure), alternating like A.
 The machine's load average is recorded with every run: on a shared machine the ratios are what
 compare, not the absolute times.
 """
@@ -133,15 +136,12 @@ def load() -> float:
   return round(os.getloadavg()[0], 2)
 
 
-# -- A. supervision cost -----------------------------------------------------------------------
-
-def bench_overhead(args, base: str, common: list[str]) -> dict:
-  print("A. supervised (default layout) vs unsupervised, same config, cohort, salt and ingest",
-        flush=True)
-  modes = {"unsupervised": ["--config.fault.supervised=False"], "supervised": []}
+def alternate(args, base: str, common: list[str], modes: dict[str, list[str]]) -> dict:
+  """Clean runs of each mode (its flags), alternating, `--repeats` times, after a warm-up of
+  each mode's compiled programs: {mode: [run, ...]} with wall and training seconds, accuracy."""
   for mode, flags in modes.items():
-    # The compilation cache for both, with the same programs (the learning-rate schedule, so
-    # the epoch count, is part of the step): each runs to its first step, then is stopped.
+    # The compilation cache for every mode, with the same programs (the learning-rate schedule,
+    # so the epoch count, is part of the step): each runs to its first step, then is stopped.
     warm_up(workdir_from(base, f"warmup-{mode}"),
             common + flags + [f"--config.optim.epochs={args.epochs}"], args.config)
   runs = {mode: [] for mode in modes}
@@ -157,9 +157,40 @@ def bench_overhead(args, base: str, common: list[str]) -> dict:
       print(f"  {mode:<13} wall {s['_launch_s']:7.1f} s, training {s['train']['seconds']:7.1f} s, "
             f"accuracy {s['test']['accuracy']:.4f}, macro F1 {s['test']['macro_f1']:.4f} "
             f"(load {before} -> {load()})", flush=True)
-  out = {mode: {"median_wall_s": float(np.median([r["wall_s"] for r in rs])),
-                "median_train_s": float(np.median([r["train_s"] for r in rs])), "runs": rs}
-         for mode, rs in runs.items()}
+  return runs
+
+
+def _medians(runs: dict) -> dict:
+  return {mode: {"median_wall_s": float(np.median([r["wall_s"] for r in rs])),
+                 "median_train_s": float(np.median([r["train_s"] for r in rs])), "runs": rs}
+          for mode, rs in runs.items()}
+
+
+# -- C. what preparing ahead costs a run that does not fail ------------------------------------
+
+def bench_prepare_cost(args, base: str, common: list[str]) -> dict:
+  """Two worker processes without a failure: spare standbys prepared from the start (a group,
+  fault.warm_standby='always') against the default, which prepares only after a failure."""
+  print("C. two processes, no failure: warm_standby 'always' vs 'after_failure'", flush=True)
+  two = ["--config.fault.workers_per_host=2"]
+  runs = alternate(args, base, common, {"after_failure": two,
+                                        "always": two + ["--config.fault.warm_standby=always"]})
+  out = _medians(runs)
+  out["wall_ratio"] = round(out["always"]["median_wall_s"]
+                            / out["after_failure"]["median_wall_s"], 4)
+  out["train_ratio"] = round(out["always"]["median_train_s"]
+                             / out["after_failure"]["median_train_s"], 4)
+  return out
+
+
+# -- A. supervision cost -----------------------------------------------------------------------
+
+def bench_overhead(args, base: str, common: list[str]) -> dict:
+  print("A. supervised (default layout) vs unsupervised, same config, cohort, salt and ingest",
+        flush=True)
+  modes = {"unsupervised": ["--config.fault.supervised=False"], "supervised": []}
+  runs = alternate(args, base, common, modes)
+  out = _medians(runs)
   sup, uns = out["supervised"], out["unsupervised"]
   out["wall_ratio"] = round(sup["median_wall_s"] / uns["median_wall_s"], 4)
   out["train_ratio"] = round(sup["median_train_s"] / uns["median_train_s"], 4)
@@ -303,6 +334,10 @@ def table(result: dict) -> str:
                      f"{r['macro_f1']:>10.4f}")
     lines.append(f"supervised / unsupervised: wall {a['wall_ratio']:.3f} (target <= 1.05), "
                  f"training {a['train_ratio']:.3f}, same accuracy: {a['same_accuracy']}")
+  c = result.get("prepare_cost")
+  if c:
+    lines.append(f"two processes, no failure, warm_standby always / after_failure: wall "
+                 f"{c['wall_ratio']:.3f}, training {c['train_ratio']:.3f}")
   for b in result.get("failures", []):
     lines.append(f"layout {b['layout']}: waste {b['waste_fraction']:.2%}, exactly once "
                  f"{b['exactly_once']}")
@@ -341,6 +376,8 @@ def main():
   if "B" in args.parts:
     result["failures"] = [bench_failures(args, base, common, layout)
                           for layout in args.layouts.split(",")]
+  if "C" in args.parts:
+    result["prepare_cost"] = bench_prepare_cost(args, base, common)
   result["load_at_end"] = load()
   os.makedirs(os.path.dirname(args.out), exist_ok=True)
   if os.path.exists(args.out):   # earlier runs stay, newest first
