@@ -352,6 +352,25 @@ def table(result: dict) -> str:
   return "\n".join(lines)
 
 
+def carry_forward(result: dict, previous: dict) -> None:
+  """Keeps the newest measurement of every part and layout at the top level, which the report
+  and the failure simulation read (experiments/failure_sim/inputs.py): the parts this run did
+  not measure and the layouts it did not run come from the previous top level, and `carried`
+  says from which run ('started' time) each one is."""
+  carried = {}
+  source = lambda key: previous.get("carried", {}).get(key, previous.get("started"))
+  for part in ("overhead", "prepare_cost"):
+    if part not in result and part in previous:
+      result[part], carried[part] = previous[part], source(part)
+  ran = {b["layout"] for b in result.get("failures", [])}
+  for b in previous.get("failures", []):
+    if b["layout"] not in ran:
+      result.setdefault("failures", []).append(b)
+      carried[f"failures.{b['layout']}"] = source(f"failures.{b['layout']}")
+  if carried:
+    result["carried"] = carried
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--config", default="configs/quickstart.py")
@@ -385,6 +404,7 @@ def main():
       previous = json.load(f)
     result["earlier_runs"] = ([{k: v for k, v in previous.items() if k != "earlier_runs"}]
                               + previous.get("earlier_runs", []))
+    carry_forward(result, previous)
   with open(args.out, "w") as f:
     json.dump(result, f, indent=2)
   print(table(result))

@@ -319,3 +319,15 @@ def test_a_phase_change_rides_on_the_next_heartbeat_without_a_call_of_its_own():
     assert after and after[0][1] == "validating" and after[0][2] == 41
   finally:
     ctx.close()
+
+
+def test_a_benchmark_run_of_some_parts_keeps_the_newest_of_the_others_on_top():
+  from experiments import bench_recovery   # pylint: disable=import-outside-toplevel
+  previous = {"started": "t1", "overhead": {"wall_ratio": 1.04},
+              "failures": [{"layout": "auto", "n": 1}, {"layout": "2", "n": 1}],
+              "carried": {"failures.2": "t0"}}
+  result = {"started": "t2", "failures": [{"layout": "auto", "n": 2}]}
+  bench_recovery.carry_forward(result, previous)
+  assert result["overhead"] == {"wall_ratio": 1.04}
+  assert result["failures"] == [{"layout": "auto", "n": 2}, {"layout": "2", "n": 1}]
+  assert result["carried"] == {"overhead": "t1", "failures.2": "t0"}
