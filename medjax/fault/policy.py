@@ -352,17 +352,12 @@ class Policy:
     - stuck: heartbeats without a finished step may only be a slow step, so it gets twice
       `fault.hang_factor` x its longest recent gap between finished steps plus the heartbeat
       interval (at least twice the floor): a collective whose peer is gone, a deadlock.
-    The fixed timeout bounds both. Silence is learned in any phase once the worker has trained
-    in its generation and its heartbeat gaps are known: a worker frozen at an epoch end or a
-    checkpoint, or in the steps after one before a heartbeat reported training again, is caught
-    in about the floor too, not after that phase's fixed timeout (minutes).
+    The fixed timeout bounds both.
     """
     fixed = self._phase_timeout(w.phase)
     f = self.f
     if (w.phase != "training" or not f.hang_factor or w.gap_s is None
         or w.gap_steps < f.hang_warmup_steps):
-      if f.hang_factor and w.beat_gap_s is not None and w.gap_steps > 0:
-        return min(fixed, max(f.hang_floor_s, f.hang_factor * w.beat_gap_s)), fixed
       return fixed, fixed
     beat_gap = w.beat_gap_s if w.beat_gap_s is not None else f.hang_factor * w.gap_s + w.beat_s
     silent = max(f.hang_floor_s, f.hang_factor * beat_gap)
