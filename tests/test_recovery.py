@@ -321,6 +321,40 @@ def test_a_phase_change_rides_on_the_next_heartbeat_without_a_call_of_its_own():
     ctx.close()
 
 
+def test_back_to_training_after_a_phase_the_coordinator_heard_is_told_at_once():
+  """A beat fell inside an epoch end: the coordinator holds the worker to that phase's fixed
+  timeout (minutes) until it hears 'training' again, so that comes at once, not with the next
+  regular beat; a flip it never heard costs no call."""
+  beats = []
+
+  class Client:
+    address = "127.0.0.1:1"
+
+    def call(self, method, msg=None):
+      if method == "WorkerHeartbeat":
+        beats.append((time.monotonic(), msg["phase"]))
+      return {}
+
+  ctx = context.Remote(Client(), generation=1, process_id=0, interval_s=1.5)
+  try:
+    ctx.set_phase("epoch_end")
+    deadline = time.monotonic() + 10.0
+    while not beats and time.monotonic() < deadline:
+      time.sleep(0.01)
+    assert beats and beats[0][1] == "epoch_end"
+    back_at = time.monotonic()
+    ctx.set_phase("training")
+    while len(beats) < 2 and time.monotonic() < deadline:
+      time.sleep(0.01)
+    assert beats[1][1] == "training" and beats[1][0] - back_at < 0.75
+    ctx.set_phase("checkpointing")
+    ctx.set_phase("training")
+    time.sleep(0.3)
+    assert len(beats) == 2
+  finally:
+    ctx.close()
+
+
 def test_a_benchmark_run_of_some_parts_keeps_the_newest_of_the_others_on_top():
   from experiments import bench_recovery   # pylint: disable=import-outside-toplevel
   previous = {"started": "t1", "overhead": {"wall_ratio": 1.04},

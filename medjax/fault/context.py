@@ -96,6 +96,7 @@ class Remote(Local):
     # delays): the coordinator learns how long silence may last from the longest recent one.
     self._beat_gaps: collections.deque = collections.deque(maxlen=200)
     self._last_beat: float | None = None
+    self._heard: str | None = None   # the phase the coordinator last took from a heartbeat
     self.blocked_s, self.executed = 0.0, 0
     self.writes, self.write_s = 0, 0.0
     self._stop = threading.Event()
@@ -117,13 +118,20 @@ class Remote(Local):
   def set_phase(self, phase: str) -> None:
     """The coordinator hears of it with the next heartbeat (within `interval_s`, far inside
     the shortest timeout it could change: 2 x fault.hang_floor_s without a step). The caller
-    (the training thread, twice a checkpoint) neither waits for a call nor wakes the heartbeat
-    thread for one: a synchronous heartbeat per phase change made supervised training 6-10%
-    slower on 2 cores, and a woken one still sent two calls per checkpoint (on the quickstart a
-    checkpoint every ~0.2 s, each phase lasting under a millisecond)."""
+    (the training thread, twice a checkpoint) neither waits for a call nor, as a rule, wakes the
+    heartbeat thread for one: a synchronous heartbeat per phase change made supervised training
+    6-10% slower on 2 cores, and a woken one still sent two calls per checkpoint (on the
+    quickstart a checkpoint every ~0.2 s, each phase lasting under a millisecond).
+
+    The exception: back to training after a phase the coordinator heard (a beat fell inside a
+    checkpoint, a validation or an epoch end), it is told at once. Until then it holds the worker
+    to that phase's fixed timeout (minutes at an epoch end), so a freeze in the next quarter
+    second went unnoticed that long. That costs at most one call per heartbeat interval."""
     self.phase = phase
     self.counter += 1
     self._last_progress = None   # a gap across another phase is not a training step
+    if phase == "training" and self._heard not in (None, "training"):
+      self._beat_now.set()
 
   def progress(self, step: int = 0, epoch: int = 0, partition: int = 0) -> None:
     first = self.phase != "training"
@@ -170,12 +178,13 @@ class Remote(Local):
 
   def _beat(self) -> None:
     now = time.monotonic()
-    if self._last_beat is not None and self.phase == "training":
+    phase = self.phase
+    if self._last_beat is not None and phase == "training":
       self._beat_gaps.append(now - self._last_beat)
     self._last_beat = now
     try:
       reply = self.client.call("WorkerHeartbeat", {
-          "generation": self.generation, "process_id": self.process_id, "phase": self.phase,
+          "generation": self.generation, "process_id": self.process_id, "phase": phase,
           "step": self.step, "epoch": self.epoch, "partition": self.partition,
           "counter": self.counter, "blocked_s": round(self.blocked_s, 4),
           "writes": self.writes, "write_s": round(self.write_s, 4),
@@ -189,6 +198,7 @@ class Remote(Local):
                         "buffered", self.process_id)
       self._reachable = False
       return
+    self._heard = phase
     if not self._reachable:
       logging.info("worker %d: coordinator reachable again", self.process_id)
     self._reachable = True
