@@ -19,7 +19,8 @@
 #              process per GPU), on the GPU
 #   probe      experiments/live_devices_probe.py on the GPU(s) (issue 12, item 6)
 #   recovery   experiments/bench_recovery.py: three faults on the quickstart (part B, auto
-#              layout), then supervised vs unsupervised (part A, one repeat)
+#              layout), then supervised vs unsupervised (part A, one repeat); RECOVERY_ARGS
+#              replaces those arguments
 # The workdirs' logs, events and summaries end up in OUTDIR/runs.tgz.
 set -u
 out=${1:?usage: gpu_checks.sh OUTDIR [DEADLINE_S]}
@@ -73,8 +74,9 @@ tiny=$?
   --timeout-s 45 --out "$out/live_devices_gpu.json")
 
 if (( tiny == 0 )); then
-  stage recovery 400 python3 experiments/bench_recovery.py --parts B,A --layouts auto \
-    --repeats 1 --out "$out/recovery_gpu.json"
+  # shellcheck disable=SC2086  (RECOVERY_ARGS is a list of arguments)
+  stage recovery 400 python3 experiments/bench_recovery.py ${RECOVERY_ARGS:---parts B,A --layouts auto --repeats 1} \
+    --out "$out/recovery_gpu.json"
 fi
 
 # What the runs left, without the cohorts, ingests, checkpoints and compilation caches.

@@ -83,7 +83,8 @@ def test_generations_of_one_cpu_host_get_warm_standbys():
   over_two = {**SPEC, "hosts": ["host-0", "host-1"], "host_history": [["host-0", "host-1"]],
               "num_processes": 2}
   assert agent_lib.warm_key(over_two, "host-0", "cpu") is None
-  assert agent_lib.warm_key(SPEC, "host-0", "gpu") is None       # its memory, twice
+  assert agent_lib.warm_key(SPEC, "host-0", "gpu") is not None   # beside the running worker
+  assert agent_lib.warm_key(SPEC, "host-0", "tpu") is None       # one process per chip
   shrunk = {**SPEC, "host_history": [["host-0", "host-1"], ["host-0"]]}
   assert agent_lib.warm_key(shrunk, "host-0", "cpu") != agent_lib.warm_key(SPEC, "host-0", "cpu")
 
@@ -118,6 +119,18 @@ def _agent(tmp_path, workers_per_host: int = 1) -> agent_lib.Agent:
   config.fault.workers_per_host = workers_per_host
   return agent_lib.Agent("127.0.0.1:1", "token", host="host-0", workdir=str(tmp_path),
                          fault_config=config.fault)
+
+
+def test_gpu_workers_allocate_memory_as_they_need_it(tmp_path, monkeypatch):
+  """A standby prepares beside the running worker on the same GPU: neither takes 75% of its
+  memory at the start, unless the user's environment says so."""
+  agent = _agent(tmp_path)
+  monkeypatch.delenv("XLA_PYTHON_CLIENT_PREALLOCATE", raising=False)
+  assert "XLA_PYTHON_CLIENT_PREALLOCATE" not in agent._env(1)   # a CPU host
+  agent.layout = layout.Layout(1, 1, "gpu", "test")
+  assert agent._env(1)["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false"
+  monkeypatch.setenv("XLA_PYTHON_CLIENT_PREALLOCATE", "true")
+  assert agent._env(1)["XLA_PYTHON_CLIENT_PREALLOCATE"] == "true"
 
 
 def test_a_generation_takes_the_standby_prepared_for_its_shape(tmp_path):

@@ -95,12 +95,14 @@ def warm_key(spec: dict, host: str, platform: str, when: str = "always") -> str 
   it has the same hosts and history. None where no standby can prepare: several processes over
   several hosts (jax.distributed must start before JAX does, at an address the first host's
   agent offers; a group of standbys joins it ahead only where one agent owns every process), or
-  an accelerator (a second process would hold its memory too); and where `when`
+  a TPU (a chip opens in one process at a time; a GPU is shared: its workers allocate memory as
+  they need it, `Agent._env`, and a standby that finds too little prepares nothing); and where
+  `when`
   (config.fault.warm_standby) says not yet: 'after_failure' prepares from the second generation
   on. Preparing takes about 2 CPU-seconds from a CPU host's training (measured on 2 cores: the
   quickstart trained 10-30% longer), and a run that never fails gains nothing from it; one that
   has failed once is the one likely to fail again."""
-  if host not in spec["hosts"] or platform != "cpu":
+  if host not in spec["hosts"] or platform not in ("cpu", "gpu"):
     return None
   if spec["num_processes"] != 1 and spec["hosts"] != [host]:
     return None
@@ -184,10 +186,16 @@ class Agent:
     self.registered = True
 
   def _env(self, devices: int) -> dict:
+    """A worker's environment. On a GPU, JAX would take 75% of the GPU's memory at its start;
+    every worker (the running one and the standby preparing to replace it on the same GPU, whose
+    state, compiled step and CUDA context must fit beside it) allocates what it uses instead,
+    unless the user's environment says otherwise."""
     env = dict(os.environ)
     if self.layout.platform == "cpu":
       env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
       env.setdefault("JAX_PLATFORMS", "cpu")
+    elif self.layout.platform == "gpu":
+      env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     return env
 
   def _replenish(self, spec: dict | None = None) -> None:

@@ -109,8 +109,8 @@ def _prepare(workdir: str, expected: dict, distributed: dict | None = None) -> N
   if _handover.get("prepared") is not None:
     return
   try:
-    if layout_lib.accelerators()[0] != "cpu":
-      return   # a second process on an accelerator would hold its memory twice
+    if layout_lib.accelerators()[0] == "tpu":
+      return   # a TPU chip opens in one process at a time
     config = paths.load_config(workdir)
     _configure_jax(paths.RunPaths(workdir, config))
     topology = loop.Topology(hosts=tuple(expected["hosts"]), host=expected["host"])
