@@ -251,10 +251,10 @@ def bench_failures(args, base: str, common: list[str], layout: str) -> dict:
   shape = layout.removesuffix("-nosnap")
   always = shape.endswith("-always")
   shape = shape.removesuffix("-always")
-  # Spares are prepared ahead only on a CPU host (agent.warm_key; several processes of one host
-  # as a group, one "standby: prepared" line each): on an accelerator the faults are sent
+  # Spares are prepared ahead on a CPU or GPU host (agent.warm_key; several processes of one
+  # host as a group, one "standby: prepared" line each): on a TPU the faults are sent
   # --settle-s after each recovery instead of waiting for spares that never get ready.
-  warm = layout_lib.accelerators(_env())[0] == "cpu"
+  warm = layout_lib.accelerators(_env())[0] in ("cpu", "gpu")
   processes = 1 if shape == "auto" else int(shape)
   if always:
     flags.append("--config.fault.warm_standby=always")

@@ -20,7 +20,7 @@
 #   probe      experiments/live_devices_probe.py on the GPU(s) (issue 12, item 6)
 #   recovery   experiments/bench_recovery.py: three faults on the quickstart (part B, auto
 #              layout), then supervised vs unsupervised (part A, one repeat); RECOVERY_ARGS
-#              replaces those arguments
+#              replaces those arguments, RECOVERY_LIMIT (seconds) the stage's limit
 # The workdirs' logs, events and summaries end up in OUTDIR/runs.tgz.
 set -u
 out=${1:?usage: gpu_checks.sh OUTDIR [DEADLINE_S]}
@@ -75,7 +75,7 @@ tiny=$?
 
 if (( tiny == 0 )); then
   # shellcheck disable=SC2086  (RECOVERY_ARGS is a list of arguments)
-  stage recovery 400 python3 experiments/bench_recovery.py ${RECOVERY_ARGS:---parts B,A --layouts auto --repeats 1} \
+  stage recovery "${RECOVERY_LIMIT:-400}" python3 experiments/bench_recovery.py ${RECOVERY_ARGS:---parts B,A --layouts auto --repeats 1} \
     --out "$out/recovery_gpu.json"
 fi
 
