@@ -121,16 +121,33 @@ def _agent(tmp_path, workers_per_host: int = 1) -> agent_lib.Agent:
                          fault_config=config.fault)
 
 
-def test_gpu_workers_allocate_memory_as_they_need_it(tmp_path, monkeypatch):
-  """A standby prepares beside the running worker on the same GPU: neither takes 75% of its
-  memory at the start, unless the user's environment says so."""
+def test_on_a_gpu_only_spares_started_beside_a_running_worker_prepare(tmp_path, monkeypatch):
+  """JAX takes 75% of a GPU's memory at its start: a spare started while a generation trains
+  allocates what it uses instead, so that it can prepare beside the worker on the same GPU;
+  workers started before anything trains keep JAX's default, and a spare without the room is
+  not told to prepare."""
   agent = _agent(tmp_path)
   monkeypatch.delenv("XLA_PYTHON_CLIENT_PREALLOCATE", raising=False)
-  assert "XLA_PYTHON_CLIENT_PREALLOCATE" not in agent._env(1)   # a CPU host
+  assert "XLA_PYTHON_CLIENT_PREALLOCATE" not in agent._env(1, beside=True)   # a CPU host
   agent.layout = layout.Layout(1, 1, "gpu", "test")
-  assert agent._env(1)["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false"
+  assert "XLA_PYTHON_CLIENT_PREALLOCATE" not in agent._env(1)
+  assert agent._env(1, beside=True)["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false"
   monkeypatch.setenv("XLA_PYTHON_CLIENT_PREALLOCATE", "true")
-  assert agent._env(1)["XLA_PYTHON_CLIENT_PREALLOCATE"] == "true"
+  assert agent._env(1, beside=True)["XLA_PYTHON_CLIENT_PREALLOCATE"] == "true"
+  started = []
+  monkeypatch.setattr(agent, "_popen_standby",
+                      lambda low_priority, beside=False: started.append(beside) or _Proc())
+  told = []
+  monkeypatch.setattr(agent, "_tell", lambda s, message, close: told.append(s) or True)
+  agent.warm_when = "always"
+  agent.standby = [agent_lib.Standby(_Proc())]   # left from the start: not beside
+  running = {**SPEC, "generation": 1}
+  agent._replenish(running)
+  assert started == told == [] and agent.standby[0].prepared_for is None
+  agent.standby = []
+  agent._replenish(running)
+  assert started == [True] and agent.standby[0].beside and told == agent.standby
+  assert agent.standby[0].prepared_for == agent_lib.warm_key(running, "host-0", "gpu")
 
 
 def test_a_generation_takes_the_standby_prepared_for_its_shape(tmp_path):

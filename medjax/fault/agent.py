@@ -95,9 +95,9 @@ def warm_key(spec: dict, host: str, platform: str, when: str = "always") -> str 
   it has the same hosts and history. None where no standby can prepare: several processes over
   several hosts (jax.distributed must start before JAX does, at an address the first host's
   agent offers; a group of standbys joins it ahead only where one agent owns every process), or
-  a TPU (a chip opens in one process at a time; a GPU is shared: its workers allocate memory as
-  they need it, `Agent._env`, and a standby that finds too little prepares nothing); and where
-  `when`
+  a TPU (a chip opens in one process at a time; a GPU is shared: a spare started beside a
+  running worker allocates memory as it needs it, `Agent._env`, and one that finds too little
+  prepares nothing); and where `when`
   (config.fault.warm_standby) says not yet: 'after_failure' prepares from the second generation
   on. Preparing takes about 2 CPU-seconds from a CPU host's training (measured on 2 cores: the
   quickstart trained 10-30% longer), and a run that never fails gains nothing from it; one that
@@ -116,10 +116,12 @@ def warm_key(spec: dict, host: str, platform: str, when: str = "always") -> str 
 @dataclasses.dataclass
 class Standby:
   """A standby worker process; `prepared_for`: the `warm_key` it was told to prepare for;
-  `process_id`: the jax.distributed process it joined as, in a group (`Agent._prepare_group`)."""
+  `process_id`: the jax.distributed process it joined as, in a group (`Agent._prepare_group`);
+  `beside`: started while a generation trains, to prepare beside its workers (`Agent._env`)."""
   proc: subprocess.Popen
   prepared_for: str | None = None
   process_id: int | None = None
+  beside: bool = False
 
 
 @dataclasses.dataclass
@@ -185,18 +187,24 @@ class Agent:
         "workers": self._worker_status()})
     self.registered = True
 
-  def _env(self, devices: int) -> dict:
-    """A worker's environment. On a GPU, JAX would take 75% of the GPU's memory at its start;
-    every worker (the running one and the standby preparing to replace it on the same GPU, whose
-    state, compiled step and CUDA context must fit beside it) allocates what it uses instead,
-    unless the user's environment says otherwise."""
+  def _env(self, devices: int, *, beside: bool = False) -> dict:
+    """A worker's environment. On a GPU, JAX takes 75% of its memory at the start; a spare
+    started `beside` a running worker of the same GPU, whose state, compiled step and CUDA
+    context must fit in what is left, allocates what it uses instead (unless the user's
+    environment says otherwise), and keeps doing so if it takes over. Workers started before
+    anything trains keep JAX's default: a run that never fails runs as it always did."""
     env = dict(os.environ)
     if self.layout.platform == "cpu":
       env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
       env.setdefault("JAX_PLATFORMS", "cpu")
-    elif self.layout.platform == "gpu":
+    elif self.layout.platform == "gpu" and beside:
       env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     return env
+
+  def _can_prepare(self, standby: Standby) -> bool:
+    """Unprepared, running, and (on a GPU) started to fit beside a running worker."""
+    return (standby.prepared_for is None and standby.proc.poll() is None
+            and (standby.beside or self.layout.platform != "gpu"))
 
   def _replenish(self, spec: dict | None = None) -> None:
     """Starts standby workers until `workers_per_host` are ready (or getting ready); with the
@@ -216,8 +224,9 @@ class Agent:
     os.makedirs(self.run_paths.logs, exist_ok=True)
     wanted = spec["workers_per_host"] if spec is not None else self.f.workers_per_host
     while len(self.standby) < wanted:
+      beside = spec is not None
       self.standby.append(Standby(self._popen_standby(
-          low_priority=spec is not None and self.low_priority)))
+          low_priority=beside and self.low_priority, beside=beside), beside=beside))
     if key is None:
       return
     expected = {"hosts": spec["hosts"], "host_history": spec["host_history"], "host": self.host}
@@ -225,7 +234,7 @@ class Agent:
       self._prepare_group(key, expected, spec["num_processes"])
       return
     for s in self.standby:
-      if s.prepared_for is None and self._tell(s, {"prepare": expected}, close=False):
+      if self._can_prepare(s) and self._tell(s, {"prepare": expected}, close=False):
         s.prepared_for = key
 
   # Groups tried per generation: a group whose member cannot join or prepare is not retried
@@ -244,7 +253,7 @@ class Agent:
       return
     if members or self.groups_tried >= self.MAX_GROUPS:
       return
-    bare = [s for s in self.standby if s.prepared_for is None and s.proc.poll() is None]
+    bare = [s for s in self.standby if self._can_prepare(s)]
     if len(bare) < n:
       return
     self.groups_tried += 1
@@ -296,10 +305,10 @@ class Agent:
       return None
     return members
 
-  def _popen_standby(self, *, low_priority: bool) -> subprocess.Popen:
+  def _popen_standby(self, *, low_priority: bool, beside: bool = False) -> subprocess.Popen:
     return popen(["--role=worker", "--standby", f"--workdir={self.workdir}"],
                  log=self.run_paths.process_log(f"standby-{self.host}"),
-                 env=self._env(self.f.devices_per_worker), stdin=subprocess.PIPE,
+                 env=self._env(self.f.devices_per_worker, beside=beside), stdin=subprocess.PIPE,
                  low_priority=low_priority)
 
   @staticmethod
