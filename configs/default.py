@@ -182,13 +182,15 @@ def get_config(arg=None):
   # Agents keep standby workers with everything imported (and, for a one-process generation on
   # CPU, the data, model and compiled step built), for restarts in about a second.
   fault.standby_workers = True
-  # What a CPU host's agent keeps ready while a generation trains (on CPU it takes the cores
+  # What a host's agent keeps ready while a generation trains (on CPU it takes the cores
   # training uses): 'always': a spare standby, prepared ahead for the next generation where it
   # can be (data, model, compiled step: a restart in ~0.3 s); 'after_failure': the same once
   # the run has restarted; before that, only a spare that imported while the run started (a
   # clean run pays for no work during training; the first restart prepares, ~1.5 s); 'never':
   # spares that import but do not prepare (~1.5 s).
-  # Accelerator hosts keep an unprepared spare (its import uses cores training does not).
+  # A GPU host's spares, started while a generation trains, allocate GPU memory as they need it
+  # and prepare beside its worker on the same GPU (one without the room stays unprepared); a TPU
+  # host's spares only import.
   fault.warm_standby = "after_failure"
   fault.devices_per_worker = 1
   fault.elastic = False       # after a host is lost, go on with fewer hosts (>= min_hosts)

@@ -17,8 +17,8 @@ B. Recovery per failure kind: a supervised run per layout ('auto': one worker pr
    imported while the run started and later ones a spare prepared ahead; '2': two worker
    processes, the multi-process path, whose spares after the first restart join
    jax.distributed and prepare as a group; '-always' as in 'auto-always' or '2-always':
-   fault.warm_standby='always', spares prepared from the start), with three faults sent from outside,
-   each once the spare standbys are prepared (where there are any to prepare; otherwise
+   fault.warm_standby='always', spares prepared from the start), with three faults sent from
+   outside, each once the spare standbys are prepared (where there are any to prepare; otherwise
    --settle-s after the previous recovery): SIGKILL (crash), SIGSTOP (hang), SIGTERM
    (preemption). Per failure:
    detection, recovery (detection -> the next generation's first step; target < 3 s) and where
@@ -160,10 +160,14 @@ def alternate(args, base: str, common: list[str], modes: dict[str, list[str]]) -
   return runs
 
 
-def _medians(runs: dict) -> dict:
-  return {mode: {"median_wall_s": float(np.median([r["wall_s"] for r in rs])),
-                 "median_train_s": float(np.median([r["train_s"] for r in rs])), "runs": rs}
-          for mode, rs in runs.items()}
+def _compared(runs: dict, baseline: str, variant: str) -> dict:
+  """Each mode's median wall and training seconds (and its runs), and `variant` / `baseline`."""
+  out = {mode: {"median_wall_s": float(np.median([r["wall_s"] for r in rs])),
+                "median_train_s": float(np.median([r["train_s"] for r in rs])), "runs": rs}
+         for mode, rs in runs.items()}
+  for ratio, key in (("wall_ratio", "median_wall_s"), ("train_ratio", "median_train_s")):
+    out[ratio] = round(out[variant][key] / out[baseline][key], 4)
+  return out
 
 
 # -- C. what preparing ahead costs a run that does not fail ------------------------------------
@@ -175,12 +179,7 @@ def bench_prepare_cost(args, base: str, common: list[str]) -> dict:
   two = ["--config.fault.workers_per_host=2"]
   runs = alternate(args, base, common, {"after_failure": two,
                                         "always": two + ["--config.fault.warm_standby=always"]})
-  out = _medians(runs)
-  out["wall_ratio"] = round(out["always"]["median_wall_s"]
-                            / out["after_failure"]["median_wall_s"], 4)
-  out["train_ratio"] = round(out["always"]["median_train_s"]
-                             / out["after_failure"]["median_train_s"], 4)
-  return out
+  return _compared(runs, "after_failure", "always")
 
 
 # -- A. supervision cost -----------------------------------------------------------------------
@@ -190,10 +189,7 @@ def bench_overhead(args, base: str, common: list[str]) -> dict:
         flush=True)
   modes = {"unsupervised": ["--config.fault.supervised=False"], "supervised": []}
   runs = alternate(args, base, common, modes)
-  out = _medians(runs)
-  sup, uns = out["supervised"], out["unsupervised"]
-  out["wall_ratio"] = round(sup["median_wall_s"] / uns["median_wall_s"], 4)
-  out["train_ratio"] = round(sup["median_train_s"] / uns["median_train_s"], 4)
+  out = _compared(runs, "unsupervised", "supervised")
   out["same_accuracy"] = all(
       a["accuracy"] == b["accuracy"] and a["macro_f1"] == b["macro_f1"]
       for a, b in zip(runs["supervised"], runs["unsupervised"]))

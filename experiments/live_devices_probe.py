@@ -4,14 +4,14 @@ experiments/results/live_devices.json.
 
   python experiments/live_devices_probe.py [--processes 3] [--platform cpu|gpu]
 
-N processes join one jax.distributed job (CPU: one device each, gloo collectives; GPU: one GPU
-each, NCCL, or, where there are fewer GPUs than processes, GPUs shared round-robin without
-preallocation, which NCCL may refuse: the result says what happened) with recoverability on, agree on the live devices once, and the last process exits
-hard (os._exit, as a crash). The survivors then run a collective over every device (the dead
-one's included, as a training step in flight would), catch the ProcessFailureError that
-live_devices raises, agree on the devices left, and run the collective over those. Recorded:
-how long the in-flight collective took to fail, how long the new agreement took, and whether
-the survivors' collective gave the right answer.
+N processes join one jax.distributed job (CPU: one device each, gloo collectives; GPU: one GPU each,
+NCCL, or, where there are fewer GPUs than processes, GPUs shared round-robin without preallocation,
+which NCCL may refuse: the result says what happened) with recoverability on, agree on the live
+devices once, and the last process exits hard (os._exit, as a crash). The survivors then run a
+collective over every device (the dead one's included, as a training step in flight would), catch
+the ProcessFailureError that live_devices raises, agree on the devices left, and run the collective
+over those. Recorded: how long the in-flight collective took to fail, how long the new agreement
+took, and whether the survivors' collective gave the right answer.
 
 What it found on CPU (jax 0.10.2, 2 cores, 3 processes): the collective that includes the dead
 process blocks for gloo's 30 s timeout before live_devices reports the failure; after that the
@@ -100,8 +100,8 @@ def probe(processes: int = 3, platform: str = "cpu", heartbeat_s: int = 3,
     procs.append(subprocess.Popen(
         [sys.executable, os.path.abspath(__file__), "--worker", str(pid),
          f"--processes={processes}", f"--port={port}", f"--platform={platform}",
-         f"--heartbeat-s={heartbeat_s}", f"--timeout-s={timeout_s}"], env=env, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, cwd=ROOT))
+         f"--heartbeat-s={heartbeat_s}", f"--timeout-s={timeout_s}"], env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT))
   t0 = time.monotonic()
   survivors, silent = [], []
   for pid, p in enumerate(procs):
