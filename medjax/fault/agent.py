@@ -216,7 +216,7 @@ class Agent:
       return
     self.standby = [s for s in self.standby if s.proc.poll() is None]
     key = self._warm_key(spec) if spec is not None else None
-    if any(s.process_id is not None and s.prepared_for != key for s in self.standby):
+    if any(s.prepared_for != key for s in self._group_members()):
       self._drop_group()
     for s in [s for s in self.standby if s.prepared_for not in (None, key)]:
       s.proc.kill()   # prepared for a generation that will not come (the host set changed)
@@ -245,7 +245,7 @@ class Agent:
     """Tells `n` unprepared standbys to join jax.distributed at a port of this host as
     processes 0..n-1 of the next generation and to prepare for it. A group with a member gone
     is of no use (its service, or a peer, is missing): it is replaced."""
-    members = [s for s in self.standby if s.process_id is not None]
+    members = self._group_members()
     if members and (len(members) < n or any(s.proc.poll() is not None for s in members)):
       logging.warning("agent %s: a standby of the prepared group exited; replacing the group",
                       self.host)
@@ -270,10 +270,15 @@ class Agent:
     logging.info("agent %s: %d standbys join jax.distributed at %s and prepare for the next "
                  "generation", self.host, n, address)
 
+  def _group_members(self) -> list[Standby]:
+    """The standbys that joined the prepared group, by process id."""
+    return sorted((s for s in self.standby if s.process_id is not None),
+                  key=lambda s: s.process_id)
+
   def _drop_group(self) -> None:
     """Ends the standbys that joined a group, and waits for them: the group's process 0 holds
     the port offered to the coordinator, which the next generation's process 0 may need."""
-    members = [s for s in self.standby if s.process_id is not None]
+    members = self._group_members()
     for s in members:
       s.proc.kill()
     for s in members:
@@ -288,7 +293,7 @@ class Agent:
     """The port this host offers for the next generation's jax.distributed service: the one a
     prepared group joined, else any free one."""
     if self.group_port is not None and any(s.process_id == 0 and s.proc.poll() is None
-                                           for s in self.standby):
+                                           for s in self._group_members()):
       return self.group_port
     return protocol.free_port()
 
@@ -296,8 +301,7 @@ class Agent:
     """The prepared group that can be `spec`'s processes 0..n-1, in order, or None."""
     n = spec["num_processes"]
     key = self._warm_key(spec)
-    members = sorted((s for s in self.standby if s.process_id is not None),
-                     key=lambda s: s.process_id)
+    members = self._group_members()
     if (n == 1 or key is None or self.group_port is None
         or spec["jax_address"] != f"{self.advertise}:{self.group_port}"
         or [s.process_id for s in members] != list(range(n))

@@ -85,8 +85,14 @@ def local_device_ids(process_id: int, workers_per_host: int, devices_per_worker:
   CPU workers have their own fake devices, and a TPU host runs one worker."""
   if accelerators(environ)[0] != "gpu" or workers_per_host <= 1:
     return None
-  local = process_id % workers_per_host   # the agents number a host's workers consecutively
+  local = local_index(process_id, workers_per_host)
   return list(range(local * devices_per_worker, (local + 1) * devices_per_worker))
+
+
+def local_index(process_id: int, workers_per_host: int) -> int:
+  """Worker `process_id`'s place among its host's workers: the agents number a host's workers
+  consecutively (host i runs processes i * workers_per_host ...)."""
+  return process_id % workers_per_host
 
 
 def resolve_config(config, environ=None) -> Layout:

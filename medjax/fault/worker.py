@@ -113,15 +113,16 @@ def _prepare(workdir: str, expected: dict, distributed: dict | None = None) -> N
       return   # a TPU chip opens in one process at a time
     config = paths.load_config(workdir)
     _configure_jax(paths.RunPaths(workdir, config))
-    topology = loop.Topology(hosts=tuple(expected["hosts"]), host=expected["host"])
+    # A group is one host's processes 0..n-1.
+    pid, count = ((0, 1) if distributed is None
+                  else (distributed["process_id"], distributed["num_processes"]))
+    topology = loop.Topology(hosts=tuple(expected["hosts"]), host=expected["host"],
+                             local_index=layout_lib.local_index(pid, count), local_count=count)
     phases = phases_lib.Phases("warm_standby")
     t0 = time.perf_counter()
     if distributed is not None:
       with phases.phase("distributed_init"):
         _join(distributed, config)
-      topology = loop.Topology(hosts=topology.hosts, host=topology.host,
-                               local_index=distributed["process_id"],
-                               local_count=distributed["num_processes"])
     prepared = loop.prepare(config, workdir, topology, None, expected["host_history"],
                             standby=True, phases=phases)
   except Exception:  # pylint: disable=broad-except  (the generation will prepare itself)
@@ -220,8 +221,8 @@ def run(workdir: str, generation: int, process_id: int, host: str,
                    args=(process_id, asked_to_stop, finished, config.fault.stop_grace_s / 4),
                    name="stop-watchdog", daemon=True).start()
   wph = spec["workers_per_host"]
-  topology = loop.Topology(hosts=tuple(spec["hosts"]), host=host, local_index=process_id % wph,
-                           local_count=wph)
+  topology = loop.Topology(hosts=tuple(spec["hosts"]), host=host,
+                           local_index=layout_lib.local_index(process_id, wph), local_count=wph)
   # The jax.distributed job this process is to join (None: one process needs none), and the
   # one a group standby joined ahead (`_prepare`): JAX joins once per process.
   wanted = ({"address": spec["jax_address"], "num_processes": spec["num_processes"],
