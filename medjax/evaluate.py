@@ -223,8 +223,8 @@ def load(workdir: str, *, split: str = "test", bootstrap: int = 200) -> Evaluati
   data = host.setup(config, workdir, read_only=True)
   manifest = data.manifest
   tx, _ = optim.make(config.optim, 1)
-  _, built = state_lib.build(config.model, tx, mesh, num_classes=len(manifest.class_names),
-                             shapes=data.prepared.shapes, seed=config.seed)
+  built = state_lib.build_abstract(config.model, tx, mesh, num_classes=len(manifest.class_names),
+                                  shapes=data.prepared.shapes, seed=config.seed)
   store = lineage_lib.LineageStore(run.lineage_store)
   restored = checkpoint_lib.restore_committed(run.checkpoints, store, built.abstract)
   if restored is None:

@@ -79,8 +79,7 @@ class Prepared:
   reader: loader.BatchReader
   steps_per_epoch: int
   total_steps: int
-  state: dict
-  built: state_lib.Built
+  built: state_lib.Built   # the state's shape; `built.create()` makes a fresh one
   num_params: int
   train_step: Callable
   ckpt: checkpoint_lib.Checkpointer | None   # opened ahead by a standby (else by the restore)
@@ -133,7 +132,7 @@ def train_and_evaluate(config, workdir: str, topology: Topology = Topology(), ct
 def prepare(config, workdir: str, topology: Topology = Topology(), ctx=None,
             host_history: list[list[str]] | None = None, *, standby: bool = False,
             phases: phases_lib.Phases | None = None) -> Prepared:
-  """Mesh -> data -> model and optimizer -> sharded state -> the compiled step.
+  """Mesh -> data -> model and optimizer (abstract: shapes and shardings) -> the compiled step.
 
   `standby`: a warm standby prepares while the generation it will replace still trains: it opens
   the host's cache without writing it (`host.setup`), and, as a single process, restores the
@@ -165,9 +164,11 @@ def prepare(config, workdir: str, topology: Topology = Topology(), ctx=None,
     steps_per_epoch = first_plan.num_steps
     total_steps = config.optim.epochs * steps_per_epoch
     tx, lr_schedule = optim.make(config.optim, total_steps)
-    state, built = state_lib.build(config.model, tx, mesh, num_classes=len(manifest.class_names),
-                                   shapes=data.prepared.shapes, seed=config.seed)
-    num_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(state["params"]))
+    # No state yet: a restart restores one, a fresh start creates it (`run_prepared`).
+    built = state_lib.build_abstract(config.model, tx, mesh,
+                                     num_classes=len(manifest.class_names),
+                                     shapes=data.prepared.shapes, seed=config.seed)
+    num_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(built.abstract["params"]))
   logging.info("model: %s parameters; %d steps per epoch, %d epochs, global batch %d on %d "
                "devices in %d processes", f"{num_params:,}", steps_per_epoch,
                config.optim.epochs, config.data.batch_size, mesh.size, jax.process_count())
@@ -180,9 +181,9 @@ def prepare(config, workdir: str, topology: Topology = Topology(), ctx=None,
   with phases.phase("compile"):
     _, _, batch = next(iter(data_batches(config, reader, first_plan.steps[0], 0,
                                          batch_sharding)))
-    programs.warm(train_step, state, batch)
+    programs.warm(train_step, built.abstract, batch)
     # The packing that checkpoints and snapshots dispatch (a program shared by layout).
-    checkpoint_lib.StatePacker().warm(state)
+    checkpoint_lib.StatePacker().warm(built.abstract)
 
   ckpt = None
   # Not in a group of several processes: each would list the checkpoints at its own moment while
@@ -195,7 +196,7 @@ def prepare(config, workdir: str, topology: Topology = Topology(), ctx=None,
   return Prepared(config=config, workdir=workdir, topology=topology, host_history=host_history,
                   barrier=barrier, mesh=mesh, batch_sharding=batch_sharding, data=data,
                   reader=reader, steps_per_epoch=steps_per_epoch, total_steps=total_steps,
-                  state=state, built=built, num_params=num_params, train_step=train_step,
+                  built=built, num_params=num_params, train_step=train_step,
                   ckpt=ckpt)
 
 
@@ -270,12 +271,12 @@ def run_prepared(prepared: Prepared, ctx, *, phases: phases_lib.Phases | None = 
     source = ("snapshot" if any(from_snapshot) else "checkpoint" if restored is not None
               else "start")
     phases.restored = {"from": source, "step": lineage.global_step}
-    state = p.state
-    p.state = None   # the fresh state is donated by the first step (or replaced here)
     if restored is not None:
       state = restored
-    elif config.model.missing != "learned":
-      state = with_fill_values(state, p.built, reader, manifest.indices("train"), data.tables)
+    else:
+      state = p.built.create()
+      if config.model.missing != "learned":
+        state = with_fill_values(state, p.built, reader, manifest.indices("train"), data.tables)
   cursor = lineage_lib.Cursor(lineage, len(manifest), generation=ctx.generation)
   validator = (stopping.Validator(p, ctx, writer=None, is_chief=is_chief)
                if stopping.wanted(config) else None)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -88,10 +89,21 @@ class Built:
   graphdef: nnx.GraphDef
   abstract: dict           # ShapeDtypeStructs with shardings (a restore target)
   shardings: dict
+  # () -> a fresh state, created directly in its sharded layout (compiled on first use).
+  create: Callable[[], dict] = dataclasses.field(repr=False, compare=False, default=None)
 
 
 def build(model_config, tx, mesh, *, num_classes: int, shapes, seed: int):
   """(state, Built): the training state created directly in its sharded layout."""
+  built = build_abstract(model_config, tx, mesh, num_classes=num_classes, shapes=shapes,
+                         seed=seed)
+  return built.create(), built
+
+
+def build_abstract(model_config, tx, mesh, *, num_classes: int, shapes, seed: int) -> Built:
+  """The state's structure, shapes and shardings from one abstract evaluation; no state is
+  created (`Built.create` makes one). A restart restores its state: creating a fresh one first
+  (a second trace, a compile or cache load, and the run) took ~0.3-0.5 s of every restart."""
 
   # The model's graph definition, kept from the abstract evaluation below (static structure,
   # no arrays): building the model once more for it took ~0.1-0.2 s of every start and restart.
@@ -108,10 +120,10 @@ def build(model_config, tx, mesh, *, num_classes: int, shapes, seed: int):
   abstract = jax.eval_shape(create)
   graphdef = graphdefs[0]
   shardings = shardings_for(abstract, mesh)
-  state = programs.cached(jax.jit(create, out_shardings=shardings))()
   abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                           abstract, shardings)
-  return state, Built(graphdef, abstract, shardings)
+  return Built(graphdef, abstract, shardings,
+               create=programs.cached(jax.jit(create, out_shardings=shardings)))
 
 
 def count_params(model_config, *, num_classes: int, shapes) -> int:
