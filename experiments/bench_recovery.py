@@ -250,7 +250,7 @@ def bench_failures(args, base: str, common: list[str], layout: str) -> dict:
   # Spares are prepared ahead on a CPU or GPU host (agent.warm_key; several processes of one
   # host as a group, one "standby: prepared" line each): on a TPU the faults are sent
   # --settle-s after each recovery instead of waiting for spares that never get ready.
-  warm = layout_lib.accelerators(_env())[0] in ("cpu", "gpu")
+  warm = layout_lib.accelerators(_env())[0] in layout_lib.PREPARE_AHEAD_ON
   processes = 1 if shape == "auto" else int(shape)
   if always:
     flags.append("--config.fault.warm_standby=always")

@@ -75,8 +75,8 @@ tiny=$?
 
 if (( tiny == 0 )); then
   # shellcheck disable=SC2086  (RECOVERY_ARGS is a list of arguments)
-  stage recovery "${RECOVERY_LIMIT:-400}" python3 experiments/bench_recovery.py ${RECOVERY_ARGS:---parts B,A --layouts auto --repeats 1} \
-    --out "$out/recovery_gpu.json"
+  stage recovery "${RECOVERY_LIMIT:-400}" python3 experiments/bench_recovery.py \
+    ${RECOVERY_ARGS:---parts B,A --layouts auto --repeats 1} --out "$out/recovery_gpu.json"
 fi
 
 # What the runs left, without the cohorts, ingests, checkpoints and compilation caches.

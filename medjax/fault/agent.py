@@ -102,7 +102,7 @@ def warm_key(spec: dict, host: str, platform: str, when: str = "always") -> str 
   on. Preparing takes about 2 CPU-seconds from a CPU host's training (measured on 2 cores: the
   quickstart trained 10-30% longer), and a run that never fails gains nothing from it; one that
   has failed once is the one likely to fail again."""
-  if host not in spec["hosts"] or platform not in ("cpu", "gpu"):
+  if host not in spec["hosts"] or platform not in layout_lib.PREPARE_AHEAD_ON:
     return None
   if spec["num_processes"] != 1 and spec["hosts"] != [host]:
     return None

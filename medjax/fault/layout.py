@@ -77,6 +77,12 @@ def resolve(fault_config, environ=None) -> Layout:
                                   f"using the {cores} cores")
 
 
+# Platforms where a spare standby can build the next generation while the current one trains
+# (`agent.warm_key`): a CPU host, and a GPU shared with the running worker; a TPU chip opens in
+# one process at a time.
+PREPARE_AHEAD_ON = ("cpu", "gpu")
+
+
 def local_device_ids(process_id: int, workers_per_host: int, devices_per_worker: int,
                      environ=None) -> list[int] | None:
   """The accelerators (indices among those visible) that worker `process_id` drives when a

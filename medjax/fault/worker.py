@@ -109,8 +109,6 @@ def _prepare(workdir: str, expected: dict, distributed: dict | None = None) -> N
   if _handover.get("prepared") is not None:
     return
   try:
-    if layout_lib.accelerators()[0] == "tpu":
-      return   # a TPU chip opens in one process at a time
     config = paths.load_config(workdir)
     _configure_jax(paths.RunPaths(workdir, config))
     # A group is one host's processes 0..n-1.

@@ -90,7 +90,7 @@ class Built:
   abstract: dict           # ShapeDtypeStructs with shardings (a restore target)
   shardings: dict
   # () -> a fresh state, created directly in its sharded layout (compiled on first use).
-  create: Callable[[], dict] = dataclasses.field(repr=False, compare=False, default=None)
+  create: Callable[[], dict] = dataclasses.field(repr=False, compare=False)
 
 
 def build(model_config, tx, mesh, *, num_classes: int, shapes, seed: int):
