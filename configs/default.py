@@ -132,6 +132,9 @@ def get_config(arg=None):
   ckpt.partition_boundaries = True      # lineage: checkpoint at every partition boundary
   ckpt.every_steps = 0                  # lineage: also every k steps inside a partition (0: no)
   ckpt.every_seconds = 0.0              # time: seconds between checkpoints
+  # lineage: a boundary's or k-step save sooner than this after the previous one is skipped
+  # (0: every one, the paper's policy). Each save costs tens of ms of CPU on the saver thread.
+  ckpt.min_interval_s = 0.0
   # Host-local snapshots (medjax.snapshots): the state every k global steps in host memory, which
   # a crashed or hung worker's replacement on the same host resumes from (0: off).
   ckpt.snapshot_every_steps = 4

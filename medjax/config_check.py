@@ -201,6 +201,7 @@ def _rules() -> dict[str, tuple[Check, ...]]:
   each(_at_least(0, " (0: no confidence intervals)"), "evals.bootstrap")
   each(_at_least(0, " (0: only at partition boundaries)"), "ckpt.every_steps")
   each(_at_least(0), "ckpt.every_seconds")
+  each(_at_least(0, " (0: a checkpoint at every boundary)"), "ckpt.min_interval_s")
   each(_at_least(0, " (0: no host-local snapshots)"), "ckpt.snapshot_every_steps")
   each(_at_least(0, " (0: unbounded)"), "max_steps_in_flight")
   each(lambda v: None if set(v) <= set(SPLITS) else f"use names from {SPLITS}", "evals.splits")

@@ -125,15 +125,18 @@ class Snapshots:
     host, process: this process's host and jax process index.
     every_steps: snapshot global steps that are multiples of it (0: never).
     keep: snapshot files kept (the newest).
+    packer: the state packer to use (one the trainer warmed, shared with its checkpoints); None:
+      a new one.
   """
 
-  def __init__(self, root: str, *, host: str, process: int, every_steps: int, keep: int = 2):
+  def __init__(self, root: str, *, host: str, process: int, every_steps: int, keep: int = 2,
+               packer: checkpoint_lib.StatePacker | None = None):
     self.root = root
     self.directory = os.path.join(root, host, f"proc-{process}") if root else ""
     self.every_steps, self.keep = int(every_steps), max(int(keep), 1)
     self.written = self.skipped = 0
     self.write_s = 0.0
-    self._packer = checkpoint_lib.StatePacker()
+    self._packer = packer or checkpoint_lib.StatePacker()
     self._checked = ""   # the layout whose leaves were checked (all replicated)
     self._unsupported = False
     self._queue: queue.Queue = queue.Queue(maxsize=1)

@@ -128,6 +128,29 @@ def test_states_of_one_layout_are_laid_out_once_and_another_shape_anew(monkeypat
                                 np.full(25, 7.0, np.float32))
 
 
+def test_a_packer_warmed_on_the_abstract_state_saves_without_laying_it_out_again(
+    tmp_path, monkeypatch):
+  """The trainer warms one packer on the state's shapes and shardings and hands it to its
+  checkpoints and snapshots: their first save packs by that layout instead of working it out."""
+  packer = checkpoint.StatePacker()
+  packer.warm(_abstract())
+  calls = []
+  real = checkpoint.state_layout
+  monkeypatch.setattr(checkpoint, "state_layout", lambda state: calls.append(1) or real(state))
+  store = lineage.LineageStore(str(tmp_path / "lineage"))
+  directory = str(tmp_path / "ckpt")
+  ckpt = checkpoint.Checkpointer(directory, packer=packer)
+  ckpt.save(jax.device_put(_state(5.0), jax.devices()[0]), _lineage(5))
+  ckpt.wait()
+  for saved in ckpt.finalized():
+    store.commit(saved, committed_at=1.0)
+  ckpt.close()
+  assert calls == []
+  state, _, step = checkpoint.restore_committed(directory, store, _abstract())
+  assert step == 5
+  np.testing.assert_array_equal(np.asarray(state["params"]["w"]), 5.0)
+
+
 def test_a_changed_state_structure_gets_its_own_layout(tmp_path):
   """The saver keeps the last state's layout; another structure or sharding is laid out anew."""
   mesh = jax.make_mesh((8,), ("fsdp",))

@@ -37,10 +37,12 @@ def test_save_policy_every_k_inside_partitions_and_boundaries():
   assert not ends_only.at_boundary(1) and ends_only.at_boundary(2)
 
 
-def _policy(strategy, *, every_steps=0, every_seconds=0.0, epochs=3, **kwargs):
+def _policy(strategy, *, every_steps=0, every_seconds=0.0, epochs=3, min_interval_s=0.0,
+            **kwargs):
   return checkpointing.SavePolicy(ml_collections.ConfigDict(
       {"strategy": strategy, "every_steps": every_steps, "partition_boundaries": True,
-       "every_seconds": every_seconds}), epochs=epochs, **kwargs)
+       "every_seconds": every_seconds, "min_interval_s": min_interval_s}), epochs=epochs,
+      **kwargs)
 
 
 def test_save_policy_strategies_of_table_one():
@@ -70,6 +72,42 @@ def test_save_policy_time_based_counts_from_the_last_save():
       timed.saved()   # e.g. a boundary save resets the interval
   assert due == [10, 20, 35]
   assert not timed.at_boundary(1, True) and timed.at_boundary(3, True)
+
+
+def test_save_policy_floor_skips_saves_sooner_than_it_after_the_last():
+  now = [0.0]
+  floored = _policy("lineage", every_steps=4, epochs=9, clock=lambda: now[0],
+                    min_interval_s=1.0)
+  saved = []
+  # A 10-step partition per 0.5 s: boundaries at 0.5, 1.0, ... s, k-step points in between.
+  for step in range(1, 41):
+    now[0] += 0.05
+    offset = (step - 1) % 10 + 1
+    if floored.after_step(step, offset, 10):
+      saved.append(step)
+    if offset == 10 and floored.at_boundary(step // 10):
+      floored.saved()
+      saved.append(step)
+  # 1 s after the start: step 20 (a boundary), then step 40; the k-step points 4, 8, 12, 16
+  # and 24...36 came sooner.
+  assert saved == [20, 40]
+  # The end of training always saves; the floor is the lineage strategy's alone.
+  assert floored.at_boundary(9)
+  timed = _policy("time", every_seconds=10.0, clock=lambda: now[0], min_interval_s=100.0)
+  assert timed.min_interval_s == 0.0
+  # 0 (the default): every boundary, as the paper's policy.
+  assert all(_policy("lineage", clock=lambda: now[0]).at_boundary(1) for _ in range(3))
+
+
+def test_save_policy_floor_takes_the_chiefs_decision():
+  asked, now = [], [50.0]
+  floored = _policy("lineage", every_steps=4, clock=lambda: now[0], min_interval_s=1.0,
+                    agree=lambda flag: asked.append(flag) or True)
+  # Process 0 says save, though this process's clock says too soon.
+  assert floored.at_boundary(1) and asked == [False]
+  # Without a floor no collective is made.
+  plain = _policy("lineage", agree=lambda flag: asked.append(flag) or False)
+  assert plain.at_boundary(1) and asked == [False]
 
 
 def test_save_policy_time_based_takes_the_chiefs_decision():
@@ -478,7 +516,7 @@ def test_standby_lists_checkpoints_again_when_one_is_pruned_meanwhile(monkeypatc
   from medjax.train import loop  # pylint: disable=import-outside-toplevel
   calls = []
 
-  def flaky(directory, *, async_save):
+  def flaky(directory, *, async_save, packer):
     calls.append(directory)
     if len(calls) < 3:
       raise FileNotFoundError(f"{directory}/208")
@@ -487,13 +525,14 @@ def test_standby_lists_checkpoints_again_when_one_is_pruned_meanwhile(monkeypatc
   monkeypatch.setattr(checkpoint, "Checkpointer", flaky)
   config = ml_collections.ConfigDict({"ckpt": {"async_save": True}})
   open_while_pruned = loop._open_while_pruned  # pylint: disable=protected-access
-  assert open_while_pruned(paths.RunPaths(str(tmp_path)), config) == "opened"
+  packer = checkpoint.StatePacker()
+  assert open_while_pruned(paths.RunPaths(str(tmp_path)), config, packer) == "opened"
   assert len(calls) == 3
   calls.clear()
   monkeypatch.setattr(checkpoint, "Checkpointer", lambda *a, **k: (_ for _ in ()).throw(
       FileNotFoundError("gone")))
   with pytest.raises(FileNotFoundError):
-    open_while_pruned(paths.RunPaths(str(tmp_path)), config, attempts=2)
+    open_while_pruned(paths.RunPaths(str(tmp_path)), config, packer, attempts=2)
 
 
 def test_a_newer_snapshot_is_resumed_from_without_reading_a_checkpoint(tmp_path, monkeypatch):

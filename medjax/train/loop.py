@@ -83,6 +83,9 @@ class Prepared:
   built: state_lib.Built   # the state's shape; `built.create()` makes a fresh one
   num_params: int
   train_step: Callable
+  # The packing that checkpoints and snapshots dispatch, its layout worked out and its program
+  # compiled for the state's shape: their first save only dispatches it.
+  packer: checkpoint_lib.StatePacker
   ckpt: checkpoint_lib.Checkpointer | None   # opened ahead by a standby (else by the restore)
 
   def serves(self, topology: Topology, host_history: list[list[str]] | None) -> bool:
@@ -184,8 +187,8 @@ def prepare(config, workdir: str, topology: Topology = Topology(), ctx=None,
     _, _, batch = next(iter(data_batches(config, reader, first_plan.steps[0], 0,
                                          batch_sharding)))
     programs.warm(train_step, built.abstract, batch)
-    # The packing that checkpoints and snapshots dispatch (a program shared by layout).
-    checkpoint_lib.StatePacker().warm(built.abstract)
+    packer = checkpoint_lib.StatePacker()
+    packer.warm(built.abstract)
     if init is not None:
       init.join()
 
@@ -195,13 +198,13 @@ def prepare(config, workdir: str, topology: Topology = Topology(), ctx=None,
   if standby and jax.process_count() == 1:
     with phases.phase("warm_restore"):
       run = paths.RunPaths(workdir, config)
-      ckpt = _open_while_pruned(run, config)
+      ckpt = _open_while_pruned(run, config, packer)
       _warm_restore(run, ckpt, built.abstract)
   return Prepared(config=config, workdir=workdir, topology=topology, host_history=host_history,
                   barrier=barrier, mesh=mesh, batch_sharding=batch_sharding, data=data,
                   reader=reader, steps_per_epoch=steps_per_epoch, total_steps=total_steps,
                   built=built, num_params=num_params, train_step=train_step,
-                  ckpt=ckpt)
+                  packer=packer, ckpt=ckpt)
 
 
 def _compile_init_beside(config, workdir: str, built: state_lib.Built):
@@ -234,13 +237,15 @@ def use_compilation_cache(run: paths.RunPaths) -> None:
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 
 
-def _open_while_pruned(run: paths.RunPaths, config, attempts: int = 10):
+def _open_while_pruned(run: paths.RunPaths, config, packer: checkpoint_lib.StatePacker,
+                       attempts: int = 10):
   """The standby's Checkpointer, opened while the running generation saves and its coordinator
   prunes: Orbax lists the steps and reads each one's metadata, and a step deleted in between
   raises FileNotFoundError. Listing again a moment later sees a consistent directory."""
   for attempt in range(attempts):
     try:
-      return checkpoint_lib.Checkpointer(run.checkpoints, async_save=config.ckpt.async_save)
+      return checkpoint_lib.Checkpointer(run.checkpoints, async_save=config.ckpt.async_save,
+                                         packer=packer)
     except FileNotFoundError as e:
       if attempt == attempts - 1:
         raise
@@ -275,11 +280,12 @@ def run_prepared(prepared: Prepared, ctx, *, phases: phases_lib.Phases | None = 
   with phases.phase("restore"):
     # Opening the checkpoint manager waits for every process (a barrier in Orbax).
     ckpt = p.ckpt or checkpoint_lib.Checkpointer(run.checkpoints,
-                                                 async_save=config.ckpt.async_save)
+                                                 async_save=config.ckpt.async_save,
+                                                 packer=p.packer)
     # A host-local snapshot newer than the newest committed checkpoint, when this host has one
     # (a crash or hang of this generation's predecessor on the same hosts), else that checkpoint.
     snapshots = open_snapshots(config, workdir, p.topology, store, is_chief=is_chief,
-                               barrier=barrier)
+                               barrier=barrier, packer=p.packer)
     from_snapshot = []
 
     def newer_snapshot(after_step: int):
@@ -448,7 +454,8 @@ def run_prepared(prepared: Prepared, ctx, *, phases: phases_lib.Phases | None = 
 
 
 def open_snapshots(config, workdir: str, topology: Topology, store: lineage_lib.LineageStore, *,
-                   is_chief: bool, barrier) -> snapshots_lib.Snapshots:
+                   is_chief: bool, barrier,
+                   packer: checkpoint_lib.StatePacker | None = None) -> snapshots_lib.Snapshots:
   """This process's host-local snapshots (config.ckpt.snapshot_every_steps; 0: none)."""
   every = int(config.ckpt.get("snapshot_every_steps", 0))
   root = ""
@@ -457,7 +464,7 @@ def open_snapshots(config, workdir: str, topology: Topology, store: lineage_lib.
     root = snapshots_lib.run_root(config.ckpt.get("snapshot_dir", ""), workdir, run_id)
     snapshots_lib.drop_earlier_runs(root)
   return snapshots_lib.Snapshots(root, host=topology.host, process=jax.process_index(),
-                                 every_steps=every)
+                                 every_steps=every, packer=packer)
 
 
 def records_fingerprint(manifest) -> str:
