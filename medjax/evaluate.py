@@ -35,7 +35,7 @@ import numpy as np
 from medjax import paths
 from medjax import plots
 from medjax import summary_table
-from medjax.data import ingest
+from medjax.data import ingested as ingested_lib
 from medjax.data import loader
 from medjax.data import manifest as manifest_lib
 from medjax.data import partition
@@ -87,7 +87,7 @@ def evaluate_splits(splits, predict_fn, state, reader: loader.BatchReader, data,
     seed: bootstrap and step-cutting seed.
   """
   manifest = data.manifest
-  ceiling = ingest.load_ceiling(data.run.workdir)
+  ceiling = ingested_lib.load_ceiling(data.run.workdir)
   results, probs_by_split = {}, {}
   for split in splits:
     rows = manifest.indices(split)

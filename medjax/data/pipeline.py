@@ -19,7 +19,7 @@ from medjax import paths
 from medjax import progress
 from medjax.data import cache as cache_lib
 from medjax.data import decoder as decoder_lib
-from medjax.data import ingest
+from medjax.data import ingested as ingested_lib
 from medjax.data import manifest as manifest_lib
 from medjax.data import partition
 from medjax.data import placement as placement_lib
@@ -32,7 +32,7 @@ from medjax.data import synthetic
 class Prepared:
   """The ingested cohort: where it is, what ingest made of it, the shapes of its records."""
   root: str
-  ingested: ingest.Ingested
+  ingested: ingested_lib.Ingested
   shapes: records.Shapes
 
   @property
@@ -71,12 +71,14 @@ def cohort_root(config, workdir: str) -> str:
   return root
 
 
-def ingested(config, workdir: str, root: str) -> ingest.Ingested:
+def ingested(config, workdir: str, root: str) -> ingested_lib.Ingested:
   """Runs the ingest, or loads the one in the workdir when it exists and reingest is off."""
   run = paths.RunPaths(workdir, config)
   if os.path.exists(run.ingest_summary) and not config.data.reingest and config.mode != "ingest":
     logging.info("ingest: reusing %s (set --config.data.reingest=True to redo it)", run.ingest)
-    return ingest.load(workdir)
+    return ingested_lib.load(workdir)
+  # Imported where an ingest runs: pandas and the readers (medjax/data/ingested.py).
+  from medjax.data import ingest  # pylint: disable=import-outside-toplevel
   result = ingest.run(config, workdir, root)
   logging.info("ingest summary\n%s", ingest.format_summary(result.summary))
   return result
@@ -145,6 +147,7 @@ def run_ingest(config, workdir: str) -> dict:
   }
   with open(run.ingest_report, "w") as f:
     json.dump(report, f, indent=2, default=_jsonable)
+  from medjax.data import ingest  # pylint: disable=import-outside-toplevel  (as in `ingested`)
   print(ingest.format_summary(prepared.ingested.summary))
   print(f"placement over {len(hosts)} host(s): max/mean cost "
         f"{stats['cost_max_over_mean']:.4f}; epoch 0: {len(plan.partitions)} "
