@@ -228,6 +228,13 @@ def test_loaders(tmp_path):
   assert costs.sources["detect_s.host_lost"].startswith("assumption")
   with pytest.raises(ValueError, match="'standby' was never measured"):
     fs.load_costs(str(tmp_path), recovery_path="standby")
+  # Where the benchmark counted the saves (bench_fault.py since it records them), those count,
+  # not one per configured partition length (the quickstart's partitions changed size).
+  bench = json.load(open(tmp_path / "bench_fault.json"))
+  bench["overhead"]["none"]["checkpoints"], bench["overhead"]["partition"]["checkpoints"] = 1, 39
+  json.dump(bench, open(tmp_path / "bench_fault.json", "w"))
+  costs = fs.load_costs(str(tmp_path), recovery_path="warm_standby")
+  assert costs.checkpoint_s == pytest.approx((0.58 - 0.2) / 38)
   m = fs.measured_from_bench_fault(str(tmp_path / "bench_fault.json"))
   # Steps from the injected faults (partition=2 fires before partition 2: after step 66).
   assert [(f.kind, f.step) for f in m.failures] == [("crash", 495), ("hang", 990),

@@ -199,11 +199,15 @@ def _measured_failures(results_dir: str) -> list[dict]:
 def _per_save(bench: dict, where: str, partition_steps: int,
               checkpoint: str = "blocking") -> tuple[float, float]:
   """bench_fault.json's part A: seconds per partition-boundary save (partition-boundary
-  saves vs only the final one), and the saves that compares."""
+  saves vs only the final one), and the saves that compares: the saves the runs counted where
+  the benchmark recorded them, else one per `partition_steps` steps."""
   over = _get(bench, "overhead", where=where)
   where = f"{where} overhead"
   none, part = _get(over, "none", where=where), _get(over, "partition", where=where)
-  saves = _get(part, "steps", where=where) / partition_steps - 1   # beyond the final save
+  if "checkpoints" in part and "checkpoints" in none:
+    saves = part["checkpoints"] - none["checkpoints"]
+  else:
+    saves = _get(part, "steps", where=where) / partition_steps - 1   # beyond the final save
   key = {"blocking": "checkpoint_blocked_s", "wall": "train_s"}.get(checkpoint)
   if key is None:
     raise ValueError(f"checkpoint={checkpoint!r}: use 'blocking' or 'wall'")
