@@ -7,11 +7,11 @@ A. Checkpoint overhead: the same supervised training (coordinator, agent, worker
    no checkpoints but the last, with checkpoints at every partition boundary (the lineage
    paper's policy), with the config's own policy (the quickstart's: partition boundaries at
    most one a second, config.ckpt.min_interval_s), and with checkpoints every k steps too (at
-   every boundary and k-step point). Per variant: the training loop's time inside checkpoint calls over its
-   wall time (summary.json fault_tolerance.checkpoint_blocking_fraction; issue 12's targets:
-   under 0.5% at partition boundaries, under 2% every k steps), the training wall time against
-   no checkpoints (`extra_vs_none`, what the saves cost in all, the saver thread's share of the
-   cores included; the lineage paper: 1.1%) and launch.py's wall time end to end.
+   every boundary and k-step point). Per variant: the training loop's time inside checkpoint
+   calls over its wall time (summary.json fault_tolerance.checkpoint_blocking_fraction; issue
+   12's targets: under 0.5% at partition boundaries, under 2% every k steps), the training wall
+   time against no checkpoints (`extra_vs_none`, what the saves cost in all, the saver thread's
+   share of the cores included; the lineage paper: 1.1%) and launch.py's wall time end to end.
 B. Failures: a quickstart-length run with 3 injected failures (SIGKILL, SIGSTOP past the hang
    timeout, SIGTERM): waste fraction (target <= 2%; the paper: under 5%), crash detection
    (target < 1 s), hang detection (target < timeout + 2 s), recovery (target < 20 s on CPU;

@@ -108,7 +108,7 @@ class Checkpointer:
   """
 
   def __init__(self, directory: str, *, async_save: bool = True,
-               packer: "StatePacker | None" = None):
+               packer: StatePacker | None = None):
     self.directory = os.path.abspath(directory)
     # Orbax keeps everything; `prune` applies retention to committed steps only. Orbax saves
     # synchronously, on our saver thread when async.

@@ -104,7 +104,8 @@ class SavePolicy:
     return due
 
   def saved(self) -> None:
-    """A save happened (any reason): the time strategy's interval starts again."""
+    """A save happened (any reason): the time strategy's interval and `min_interval_s` count
+    from now. `after_step` calls it for the saves it decides; a boundary's caller calls it."""
     self._last = self._clock()
 
 

@@ -455,7 +455,7 @@ def run_prepared(prepared: Prepared, ctx, *, phases: phases_lib.Phases | None = 
 
 def open_snapshots(config, workdir: str, topology: Topology, store: lineage_lib.LineageStore, *,
                    is_chief: bool, barrier,
-                   packer: checkpoint_lib.StatePacker | None = None) -> snapshots_lib.Snapshots:
+                   packer: checkpoint_lib.StatePacker) -> snapshots_lib.Snapshots:
   """This process's host-local snapshots (config.ckpt.snapshot_every_steps; 0: none)."""
   every = int(config.ckpt.get("snapshot_every_steps", 0))
   root = ""
