@@ -9,6 +9,7 @@ import json
 import math
 import os
 
+from hypothesis import given, settings, strategies as st
 import numpy as np
 import pytest
 
@@ -40,6 +41,21 @@ def _binary_summary(bootstrap=100):
                                 bootstrap=bootstrap)
   return {"test": test, "ceiling": None,
           "not_applicable": {"ceiling": evaluate.NO_ORACLE}}
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from([0.0, 0.1, 0.25, 0.5, 0.9, 1.0, float("inf"), -1e-9]),
+                min_size=1, max_size=40))
+def test_average_ranks_are_scipys_rankdata(values):
+  # The evaluation ranks scores itself (scipy.stats costs ~1 s to import at a run's first
+  # evaluation); ties share their mean rank, as rankdata's default.
+  from scipy import stats  # pylint: disable=import-outside-toplevel
+  x = np.array(values, np.float32)
+  np.testing.assert_allclose(metrics.average_ranks(x), stats.rankdata(x))
+
+
+def test_auroc_of_a_nan_score_is_nan():
+  assert math.isnan(metrics.auroc(np.array([0.1, np.nan, 0.3]), np.array([True, False, False])))
 
 
 def test_binary_metrics_by_hand():
