@@ -16,9 +16,11 @@ the launcher) without Python in between.
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import signal
 import sys
+from typing import NoReturn
 
 PARENT_ENV = "MEDJAX_PARENT_PID"
 LOW_PRIORITY_ENV = "MEDJAX_LOW_PRIORITY"
@@ -60,3 +62,14 @@ def settle() -> None:
       os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
     except (OSError, AttributeError):
       pass
+
+
+def leave(code: int) -> NoReturn:
+  """Exits with `code` without Python's teardown of JAX's, Orbax's and TensorStore's threads and
+  objects (~0.8 s on 2 cores after a quickstart run): for a process that has written and closed
+  everything (checkpoints, summary, plots, commits); its logs and output are flushed first."""
+  for handler in logging.getLogger().handlers:
+    handler.flush()
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os._exit(code)  # pylint: disable=protected-access

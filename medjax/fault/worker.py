@@ -23,6 +23,7 @@ from typing import NoReturn
 import jax
 
 from medjax import errors
+from medjax import lifeline
 from medjax import paths
 from medjax.fault import context
 from medjax.fault import inject
@@ -282,11 +283,6 @@ def run(workdir: str, generation: int, process_id: int, host: str,
   if code == 0 and spec["num_processes"] > 1:
     # After a failure peers may be dead or stuck in a collective: no shutdown barrier then.
     jax.distributed.shutdown()
-  # Everything is written and closed (checkpoints, summary, plots, commits): leave without
-  # Python's teardown of JAX's, Orbax's and TensorStore's threads, which the end of the run (the
-  # agent's report, the coordinator's summary) would wait for.
-  for handler in logging.getLogger().handlers:
-    handler.flush()
-  sys.stdout.flush()
-  sys.stderr.flush()
-  os._exit(code)  # pylint: disable=protected-access
+  # Everything is written and closed: the end of the run (the agent's report, the coordinator's
+  # summary) does not wait for Python's teardown.
+  lifeline.leave(code)
