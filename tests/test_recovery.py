@@ -1,10 +1,13 @@
-"""Fast recovery's parts without processes: the layout choice, which standby serves a
-generation, the phase report a worker sends, and the per-failure breakdown in summary.json.
+"""Fast recovery's parts without a run: the layout choice, which standby serves a generation,
+the phase report a worker sends, the per-failure breakdown in summary.json, and how soon an
+agent sees a worker exit (one short real process).
 
 tests/test_fault.py runs them for real (a crash recovered through a warm standby).
 """
 
 import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -163,6 +166,23 @@ def test_a_generation_takes_the_standby_prepared_for_its_shape(tmp_path):
   two = {**SPEC, "workers_per_host": 2, "num_processes": 2}
   agent.standby = [agent_lib.Standby(_Proc(), key), agent_lib.Standby(_Proc())]
   assert agent._take_standby(two)[1] == "standby"
+
+
+def test_an_agent_wakes_as_soon_as_a_worker_exits(tmp_path):
+  # Between heartbeats the agent waits on its workers' pidfds: a crash (or the end of the run)
+  # is reported within milliseconds, not at the next interval.
+  agent = _agent(tmp_path)
+  worker = agent_lib.Worker(0, subprocess.Popen([sys.executable, "-c",
+                                                 "import time; time.sleep(0.3)"]))
+  agent.workers = [worker]
+  t0 = time.monotonic()
+  agent._nap(20.0)
+  assert time.monotonic() - t0 < 10.0 and worker.proc.poll() == 0
+  assert worker.pidfd is not None
+  agent._nap(0.01)   # the exit was seen: its pidfd is closed, nothing left to watch
+  assert worker.pidfd is None
+  agent._forget_workers()
+  assert agent.workers == []
 
 
 def _group_agent(tmp_path, monkeypatch):

@@ -31,6 +31,7 @@ import dataclasses
 import json
 import logging
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -130,6 +131,13 @@ class Worker:
   proc: subprocess.Popen
   reported: bool = False
   term_sent: float = 0.0
+  pidfd: int | None = None   # readable once the process has exited (`Agent._nap`)
+
+
+def _close_pidfd(w: Worker) -> None:
+  if w.pidfd is not None and w.pidfd >= 0:
+    os.close(w.pidfd)
+    w.pidfd = None
 
 
 def _suspended(pid: int) -> bool:
@@ -476,16 +484,45 @@ class Agent:
       elif action == "run":
         if reply["generation"] != self.generation or not self.workers:
           if self._stop_workers(now):
-            self.workers, self.stopping_since = [], 0.0
+            self._forget_workers()
             self._start(reply["spec"])
         elif reply.get("training"):
           self._replenish(reply["spec"])
       elif action in ("stop", "exit"):
         if self._stop_workers(now):
-          self.workers, self.stopping_since = [], 0.0
+          self._forget_workers()
           if action == "exit":
             return 0
       # While a generation is being stopped or awaited, ask again soon: the next one starts as
       # soon as the coordinator has it.
       waiting = action == "stop" or (action == "run" and not self.workers)
-      time.sleep(self.f.agent_interval_s / 4 if waiting else self.f.agent_interval_s)
+      self._nap(self.f.agent_interval_s / 4 if waiting else self.f.agent_interval_s)
+
+  def _nap(self, seconds: float) -> None:
+    """Sleeps `seconds`, or less if a worker exits meanwhile: the next pass reports the exit at
+    once (a failure's detection, or the end of the run, without waiting out the interval).
+    Each running worker is watched through a pidfd (Linux 5.3+); without them, a plain sleep."""
+    poller = select.poll()
+    watched = False
+    for w in self.workers:
+      if w.proc.returncode is not None:   # seen to exit by the last pass
+        _close_pidfd(w)
+        continue
+      if w.pidfd is None:
+        try:
+          w.pidfd = os.pidfd_open(w.proc.pid)
+        except (AttributeError, OSError):
+          w.pidfd = -1   # no pidfds here: polled each pass, as before
+      if w.pidfd >= 0:
+        poller.register(w.pidfd, select.POLLIN)
+        watched = True
+    if watched:
+      poller.poll(seconds * 1000)
+    else:
+      time.sleep(seconds)
+
+  def _forget_workers(self) -> None:
+    """The generation's workers have all exited and are dropped."""
+    for w in self.workers:
+      _close_pidfd(w)
+    self.workers, self.stopping_since = [], 0.0

@@ -95,7 +95,11 @@ def run(config, workdir: str) -> dict:
         logging.warning("local: the coordinator exited with %s; restarting it (restart %d of at "
                         "most %d without progress)", code, restarts, limit)
         coordinator = start_coordinator(run_paths, port)
-      time.sleep(0.2)
+        continue
+      try:
+        coordinator.wait(timeout=0.2)   # returns as soon as the coordinator exits
+      except subprocess.TimeoutExpired:
+        pass
     for a in agents.values():
       try:
         a.wait(timeout=30)
