@@ -44,7 +44,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from medjax.data import decoder_child
-from medjax.data import dicom
+from medjax.data import dicom_limits
 
 ISOLATE = ("compressed", "all", "none")
 FAULT_ENV = decoder_child.FAULT_ENV
@@ -67,7 +67,7 @@ class Decoder:
     workers: children at most (threads beyond that wait for a free one).
   """
 
-  def __init__(self, budgets: dicom.Budgets | None = None, *, isolate: str = "compressed",
+  def __init__(self, budgets: dicom_limits.Budgets | None = None, *, isolate: str = "compressed",
                memory_mb: int = 2048, timeout_s: float = 120.0, workers: int = 2):
     if isolate not in ISOLATE:
       raise ValueError(f"config.data.isolate_decoding={isolate!r}: use one of {ISOLATE}")
@@ -77,7 +77,7 @@ class Decoder:
     if timeout_s <= 0 or workers < 1:
       raise ValueError(f"config.data.decode_timeout_s={timeout_s}, decode_workers={workers}: "
                        "both must be positive")
-    self.budgets = budgets or dicom.Budgets()
+    self.budgets = budgets or dicom_limits.Budgets()
     self.isolate, self.memory_mb = isolate, int(memory_mb)
     self.timeout_s, self.workers = float(timeout_s), int(workers)
 
@@ -85,7 +85,7 @@ class Decoder:
   def from_config(cls, data_config) -> Decoder:
     """The decoder `config.data` describes (a config saved before these fields: defaults)."""
     get = data_config.get
-    return cls(dicom.Budgets.from_config(data_config),
+    return cls(dicom_limits.Budgets.from_config(data_config),
                isolate=get("isolate_decoding", "compressed"),
                memory_mb=get("decode_memory_mb", 2048), timeout_s=get("decode_timeout_s", 120.0),
                workers=get("decode_workers", 2))
@@ -98,6 +98,9 @@ class Decoder:
         timed out on this file.
       RuntimeError: a child could not even start (e.g. decode_memory_mb too small to import).
     """
+    # pydicom (~0.15 s to import) only once a file is decoded: a run whose images are all in the
+    # decoded cache never imports it.
+    from medjax.data import dicom  # pylint: disable=import-outside-toplevel
     path = os.fspath(path)
     if self.isolate == "none":
       return dicom.load_image(path, self.budgets, roots=roots)
@@ -258,10 +261,10 @@ class _Child:
                                         max_bytes=4 * request["budgets"]["max_pixels"])
       except _Invalid as e:
         self.stop()
-        raise dicom.RejectedFile(path, f"decoder sent an invalid reply on {what} ({e})") from None
+        raise dicom_limits.RejectedFile(path, f"decoder sent an invalid reply on {what} ({e})") from None
       except _TimedOut:
         self.stop()
-        raise dicom.RejectedFile(path, f"decoder timed out after {self.pool.timeout_s:g} s on "
+        raise dicom_limits.RejectedFile(path, f"decoder timed out after {self.pool.timeout_s:g} s on "
                                  f"{what} (config.data.decode_timeout_s)") from None
       except _Died:
         status, tail = self._reap()
@@ -271,7 +274,7 @@ class _Child:
           continue
         logging.warning("decoder: the child decoding %s died (%s); its last output: %s", path,
                         status, tail or "(none)")
-        raise dicom.RejectedFile(path, f"decoder crashed ({status}) on {what}") from None
+        raise dicom_limits.RejectedFile(path, f"decoder crashed ({status}) on {what}") from None
       if header["ok"]:
         return payload
       reason = header["reason"]
@@ -279,7 +282,7 @@ class _Child:
         self.stop()  # a fresh child rather than one whose heap just hit its limit
         reason += (f" (decoder limit config.data.decode_memory_mb={self.pool.memory_mb}; raise "
                    "it if the file is genuine)")
-      raise dicom.RejectedFile(path, reason)
+      raise dicom_limits.RejectedFile(path, reason)
     raise AssertionError("unreachable")
 
   def _start(self) -> None:

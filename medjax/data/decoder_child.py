@@ -26,7 +26,6 @@ import warnings
 import numpy as np
 
 from medjax import lifeline
-from medjax.data import dicom
 
 # Test hook: "abort=a.dcm;hang=b.dcm" makes the child os.abort() on a file whose path ends with
 # a.dcm and sleep on b.dcm (also: segv, kill, oom, lie). Tests only.
@@ -93,6 +92,9 @@ def _main(argv: list[str]) -> None:
   # Warnings could quote element values (names, ids); the parent logs this process's stderr.
   warnings.simplefilter("ignore")
   logging.getLogger("pydicom").setLevel(logging.CRITICAL)
+  # Here, not at the top: the parent imports this module for its constants, and pydicom only
+  # when it decodes. Before the memory limit, like the plugins (`_warm_up`).
+  from medjax.data import dicom  # pylint: disable=import-outside-toplevel
   _warm_up()
   _limit_memory(memory_mb)
 

@@ -17,9 +17,13 @@ import struct
 import zlib
 from collections.abc import Sequence
 
-from pydicom import dataelem
-from pydicom import filereader
-from pydicom import uid as uids
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+  from pydicom import uid as uids
+
+# pydicom (~0.15 s to import) is imported by the checks that read a file, not with this module:
+# its RejectedFile and Budgets are used by every process that reads the decoded cache.
 
 MB = 1 << 20
 _UNDEFINED_LENGTH = 0xFFFFFFFF
@@ -27,8 +31,6 @@ _UNDEFINED_LENGTH = 0xFFFFFFFF
 _DEFLATED_SLACK = 64 * MB
 # JPEG start-of-frame markers (SOF0-SOF15 but DHT, JPG and DAC) and JPEG-LS's SOF55.
 _SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC} | {0xF7}
-_CODESTREAMS = frozenset(uids.JPEGTransferSyntaxes + uids.JPEGLSTransferSyntaxes
-                         + uids.JPEG2000TransferSyntaxes)
 # Bytes of the first fragment read for its frame size; a codestream whose size marker comes
 # later is not checked here (the isolated decoder still contains what it does).
 _CODESTREAM_PEEK = 8192
@@ -186,7 +188,10 @@ def check_codestream(path: str, f, pixel_data, ts: uids.UID, rows: int, columns:
     f: the open file.
     pixel_data: the Pixel Data element as read, still deferred.
   """
-  if ts not in _CODESTREAMS:
+  from pydicom import dataelem  # pylint: disable=import-outside-toplevel
+  from pydicom import uid as uids  # pylint: disable=import-outside-toplevel
+  if ts not in (uids.JPEGTransferSyntaxes + uids.JPEGLSTransferSyntaxes
+                + uids.JPEG2000TransferSyntaxes):
     return
   if (not isinstance(pixel_data, dataelem.RawDataElement)
       or pixel_data.length != _UNDEFINED_LENGTH):
@@ -238,6 +243,8 @@ def check_deflated(path: str, f, budgets: Budgets) -> None:
   pydicom inflates the whole dataset in memory before parsing it, so a few MB of zeros deflated
   would otherwise become gigabytes in the reading process.
   """
+  from pydicom import filereader  # pylint: disable=import-outside-toplevel
+  from pydicom import uid as uids  # pylint: disable=import-outside-toplevel
   f.seek(0)
   try:
     filereader.read_preamble(f, False)

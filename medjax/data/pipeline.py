@@ -25,7 +25,6 @@ from medjax.data import partition
 from medjax.data import placement as placement_lib
 from medjax.data import recache
 from medjax.data import records
-from medjax.data import synthetic
 
 
 @dataclasses.dataclass
@@ -63,6 +62,8 @@ def cohort_root(config, workdir: str) -> str:
   if config.data.synthetic.vitals_steps != config.data.vitals_steps:
     raise ValueError(f"config.data.synthetic.vitals_steps={config.data.synthetic.vitals_steps} "
                      f"but config.data.vitals_steps={config.data.vitals_steps}; make them equal")
+  # The generator writes DICOM files with pydicom: imported only when a cohort is generated.
+  from medjax.data import synthetic  # pylint: disable=import-outside-toplevel
   synthetic.generate(config.data.synthetic, root)
   logging.info("cohort: wrote %d synthetic patients to %s", config.data.synthetic.num_patients,
                root)

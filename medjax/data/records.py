@@ -20,7 +20,7 @@ import numpy as np
 from PIL import Image
 
 from medjax.data import decoder as decoder_lib
-from medjax.data import dicom
+from medjax.data import dicom_limits
 
 KEYS = ("images", "image_mask", "labs", "labs_mask", "vitals", "vitals_mask")
 
@@ -96,7 +96,7 @@ def decode(manifest, row: int, tables: dict[str, np.ndarray], data_root: str, sh
     try:
       nbytes += os.path.getsize(path)
       pixels = decoder.load_image(path, roots)
-    except (dicom.RejectedFile, OSError) as e:
+    except (dicom_limits.RejectedFile, OSError) as e:
       rejected.append({"path": rel, "stage": "decode", "reason": getattr(e, "reason", str(e))})
       continue
     frames = pixels[None] if pixels.ndim == 2 else pixels
