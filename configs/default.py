@@ -9,7 +9,7 @@ Variants:
 import ml_collections
 from ml_collections import config_dict
 
-from medjax.data import synthetic
+from medjax.data import synthetic_config
 
 
 def get_config(arg=None):
@@ -28,7 +28,7 @@ def get_config(arg=None):
   # Cohort directory (dicom/, labs.csv, vitals.csv, labels.csv). None: synthesise one from
   # data.synthetic into <workdir>/cohort.
   data.root = config_dict.placeholder(str)
-  data.synthetic = synthetic.get_config()
+  data.synthetic = synthetic_config.get_config()
   # 24,000 patients: at 6,000 this model is limited by training-set size (~0.91 of the Bayes
   # ceiling whatever the architecture; experiments/results/tuning.md).
   data.synthetic.num_patients = 24000

@@ -33,11 +33,11 @@ import os
 import shutil
 import time
 
-import ml_collections
 import numpy as np
 
 from medjax import errors
 from medjax.data import manifest as manifest_lib
+from medjax.data import synthetic_config
 from medjax.data import synthetic_dicom
 from medjax.data import synthetic_tables
 
@@ -86,43 +86,9 @@ _ANALYTES = (
 _LABELS, _LATENT, _MISSING, _LABS_NOISE, _VITALS_NOISE, _IMAGE_NOISE, _IDS = range(7)
 
 
-def get_config() -> ml_collections.ConfigDict:
-  """Defaults of the `data.synthetic` config section (paper cohort shape, test-sized)."""
-  c = ml_collections.ConfigDict()
-  c.seed = 0  # Patients, values, file headers and names.
-  c.model_seed = 0  # Class means and loadings; the calibrated ceilings below are for seed 0.
-  c.num_patients = 500  # 53_420 in the paper.
-  c.num_classes = 37
-  c.class_prior_exponent = 1.0  # prior_k ~ (k + 1)^-a.
-  c.rare_twins = 3  # Rarest classes sharing h_shared means with common classes 0, 1, ...
-  c.twin_offset = 5.0  # Distance of a twin's mean from its common twin's, along h_image.
-  c.num_analytes = 43
-  c.vitals_steps = 24
-  c.image_size = 64
-  c.max_images = 4
-  c.mean_images = 3.2  # Per patient with imaging (the paper's profile); 1 + Binomial.
-  # Latent model; separation and noise levels are calibrated by experiments/calibrate_synthetic.py.
-  c.latent_dim_shared = 16
-  c.latent_dim_image = 2
-  c.class_rank_shared = 6  # Dims of h_shared along which class means differ.
-  c.image_latent_dim = 8
-  c.class_sep = 1.71  # Class means ~ N(0, class_sep^2 I).
-  c.lab_noise = 0.87  # Per-analyte noise sd relative to the unit-norm signal loading.
-  c.vitals_noise = 1.46  # Per hourly entry; vitals read only the class subspace.
-  c.vitals_trend = 0.8  # Norm of the within-stay trend loading v_c relative to w_c.
-  c.image_noise = 1.34  # Per-image noise sd; the mean of n images has sd image_noise / sqrt(n).
-  # Missingness (fractions of patients unless noted).
-  c.frac_no_images = 0.38
-  c.frac_no_labs = 0.08
-  c.frac_partial_labs = 0.22  # 1..max_missing_panels whole panels missing.
-  c.max_missing_panels = 3
-  c.frac_no_vitals = 0.15
-  c.frac_missing_vitals_steps = 0.10  # Of hourly steps, for patients with vitals.
-  c.frac_missing_vitals_cells = 0.02  # Of channels within an observed step.
-  # Files.
-  c.junk_files = 4  # Cycles: SR report, truncated image, image without PatientID, text file.
-  c.headers = synthetic_dicom.get_header_config()
-  return c
+# The config section's defaults, in a module of their own that imports no numpy or pydicom: every
+# config file reads them (configs/default.py), and a launcher should not pay for the generator.
+get_config = synthetic_config.get_config
 
 
 @dataclasses.dataclass

@@ -21,10 +21,11 @@ import os
 import time
 import typing
 
-import ml_collections
 import numpy as np
 import pydicom
 from pydicom import uid
+
+from medjax.data import synthetic_config
 
 AIR_HU, MARKER_HU, BODY_HU, BLOB_HU = -1000.0, 1000.0, 40.0, 200.0
 
@@ -60,18 +61,7 @@ _INSTITUTIONS = ("GENERAL HOSPITAL", "ST. MARY MEDICAL CENTER", "UNIVERSITY CLIN
                  "RIVERSIDE REGIONAL", "NORTHGATE HEART INSTITUTE")
 
 
-def get_header_config() -> ml_collections.ConfigDict:
-  """Defaults of `data.synthetic.headers`: fractions of image files per header variant."""
-  c = ml_collections.ConfigDict()
-  c.frac_monochrome1 = 0.25
-  c.frac_no_window = 0.3
-  c.frac_padding = 0.2
-  c.frac_dx = 0.5  # Of 'raw' files: Digital X-Ray, the others MR.
-  c.rescale = ml_collections.ConfigDict({"ct": 0.5, "ct_half": 0.2, "raw": 0.3})
-  c.transfer_syntax = ml_collections.ConfigDict({
-      "explicit": 0.4, "implicit": 0.12, "deflated": 0.12, "rle": 0.12, "jpeg_ls": 0.12,
-      "jpeg2000": 0.12})
-  return c
+get_header_config = synthetic_config.header_config
 
 
 @functools.lru_cache(maxsize=8)
