@@ -61,6 +61,10 @@ class Coordinator:
     self.store = lineage_lib.LineageStore(self.run.lineage_store)
     self.events = EventLog(self.run.events)
     self.lock = threading.Lock()
+    self._over = threading.Event()   # set once the policy has finished the run
+    # The training split's rows for the summary's exactly-once check, read while the run trains
+    # (this process is idle then) rather than after the last worker exited.
+    self._train_rows = None
     committed = self.store.committed_steps()
 
     def policy(saved):
@@ -100,6 +104,8 @@ class Coordinator:
       self.events.write(event, **fields)
     if effects.persist:
       self.store.put_state("coordinator", self.policy.state.to_json())
+    if self.policy.finished:
+      self._over.set()
     return effects.reply
 
   def _handler(self, decide):
@@ -130,6 +136,13 @@ class Coordinator:
       self._apply(self.policy.committed(record.global_step))
     return {"ok": True}
 
+  def _read_train_rows(self) -> None:
+    try:
+      self._train_rows = report.train_rows(self.run)
+    except Exception:  # pylint: disable=broad-except  # the summary reads it again, and reports
+      logging.exception("coordinator: could not read the manifest's training rows")
+      self._train_rows = False   # not tried again
+
   def status(self, msg: dict) -> dict:  # pylint: disable=unused-argument
     with self.lock:
       return self.policy.status()
@@ -157,10 +170,13 @@ class Coordinator:
     try:
       while not p.finished:
         self.tick()
-        time.sleep(_TICK_S)
+        if self._train_rows is None and p.training:
+          self._read_train_rows()
+        self._over.wait(_TICK_S)   # the last worker's exit ends the wait at once
       if p.state.status == policy_lib.Status.DONE:
         try:
-          report.write_summary(self.run, p.state, self.store)
+          rows = self._train_rows if self._train_rows is not False else None
+          report.write_summary(self.run, p.state, self.store, rows)
         except Exception:  # pylint: disable=broad-except
           logging.exception("coordinator: could not add the fault-tolerance block to summary.json")
       # Serve until every live agent has heard 'exit' (or a while has passed).

@@ -182,6 +182,13 @@ class Policy:
   def finished(self) -> bool:
     return self.state.status in (Status.DONE, Status.FAILED)
 
+  @property
+  def training(self) -> bool:
+    """The current generation runs and has taken its first step."""
+    s = self.state
+    return (s.status == Status.RUNNING and bool(s.spec)
+            and "first_step" in s.gen_stats.get(str(s.spec["generation"]), {}))
+
   # -- effects -------------------------------------------------------------------------------
 
   def _emit(self, event: str, **fields) -> None:
@@ -223,9 +230,8 @@ class Policy:
       return self._take({"action": "exit"})
     spec = s.spec
     if spec and s.status == Status.RUNNING and host in spec["hosts"]:
-      training = "first_step" in s.gen_stats.get(str(spec["generation"]), {})
       return self._take({"action": "run", "generation": spec["generation"], "spec": spec,
-                         "training": training})
+                         "training": self.training})
     if (s.status in (Status.STOPPING, Status.WAITING, Status.BACKOFF)
         or (spec and host not in spec["hosts"])):
       return self._take({"action": "stop", "generation": s.generation})

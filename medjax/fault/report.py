@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import os
 
+import numpy as np
+
 from medjax import jsonl
 from medjax import lineage as lineage_lib
 from medjax import paths
@@ -83,10 +85,18 @@ def _steps_lost(by_gen: dict[int, list[int]], generation: int) -> dict:
   return {"last_step": last, "resumed_step": resumed, "steps_lost": max(last - resumed, 0)}
 
 
+def train_rows(run: paths.RunPaths) -> np.ndarray:
+  """The training split's manifest rows, which the exactly-once check covers. The manifest
+  alone (json and numpy): loading the whole ingest imported pandas and pydicom, about 1 s
+  between the last worker's exit and the end of the run."""
+  return manifest_lib.Manifest.load(run.manifest).indices("train")
+
+
 def fault_tolerance(run: paths.RunPaths, state: policy_lib.State,
-                    store: lineage_lib.LineageStore) -> dict:
+                    store: lineage_lib.LineageStore, train: np.ndarray | None = None) -> dict:
   """The summary's fault_tolerance block: failures, restarts, waste, checkpoint overhead, and the
-  ledger's exactly-once check of the committed steps."""
+  ledger's exactly-once check of the committed steps (over `train`, the training split's rows,
+  read from the manifest if not given)."""
   final = store.latest()
   final_step, final_epoch = (final.global_step, final.epoch) if final else (0, 0)
   stats = state.gen_stats.values()
@@ -99,10 +109,8 @@ def fault_tolerance(run: paths.RunPaths, state: policy_lib.State,
   writes = sum(int(g.get("writes", 0)) for g in stats)
   write_s = sum(float(g.get("write_s", 0.0)) for g in stats)
   training = sum(float(g.get("training_s", 0.0)) for g in stats)
-  # The manifest alone (json and numpy): loading the whole ingest imported pandas and pydicom,
-  # about 1 s between the last worker's exit and the end of the run.
-  manifest = manifest_lib.Manifest.load(run.manifest)
-  check = ledger.exactly_once(run.workdir, final_step, manifest.indices("train"), final_epoch)
+  check = ledger.exactly_once(run.workdir, final_step,
+                              train_rows(run) if train is None else train, final_epoch)
   events = jsonl.read(run.events) if os.path.exists(run.events) else []
   failures = []
   for f in state.failures:
@@ -136,14 +144,14 @@ def plot_marks(run: paths.RunPaths, state: policy_lib.State) -> list[dict]:
 
 
 def write_summary(run: paths.RunPaths, state: policy_lib.State,
-                  store: lineage_lib.LineageStore) -> dict:
+                  store: lineage_lib.LineageStore, train: np.ndarray | None = None) -> dict:
   """Adds the fault_tolerance block to summary.json and redraws the loss curve with the marks
   (the chief worker drew every plot already; without failures there is nothing to mark)."""
   summary = {}
   if os.path.exists(run.summary):
     with open(run.summary) as f:
       summary = json.load(f)
-  summary["fault_tolerance"] = fault_tolerance(run, state, store)
+  summary["fault_tolerance"] = fault_tolerance(run, state, store, train)
   with open(run.summary, "w") as f:
     json.dump(summary, f, indent=2, default=float)
   marks = plot_marks(run, state)
