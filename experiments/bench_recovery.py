@@ -170,6 +170,12 @@ def _compared(runs: dict, baseline: str, variant: str) -> dict:
          for mode, rs in runs.items()}
   for ratio, key in (("wall_ratio", "median_wall_s"), ("train_ratio", "median_train_s")):
     out[ratio] = round(out[variant][key] / out[baseline][key], 4)
+  # Each round's two runs ran back to back: their ratio is taken on the same machine state,
+  # where the medians above mix rounds (this shared machine's speed drifted by 30% within one
+  # benchmark: an unsupervised run took 16.6 s in the first round and 12.5 s in the third).
+  for ratio, key in (("round_wall_ratios", "wall_s"), ("round_train_ratios", "train_s")):
+    out[ratio] = [round(v[key] / b[key], 4) for b, v in zip(runs[baseline], runs[variant])]
+    out["median_" + ratio.removesuffix("s")] = round(float(np.median(out[ratio])), 4)
   return out
 
 
@@ -333,6 +339,10 @@ def table(result: dict) -> str:
                      f"{r['macro_f1']:>10.4f}")
     lines.append(f"supervised / unsupervised: wall {a['wall_ratio']:.3f} (target <= 1.05), "
                  f"training {a['train_ratio']:.3f}, same accuracy: {a['same_accuracy']}")
+    if "round_wall_ratios" in a:
+      lines.append(f"  each round's pair: wall {a['round_wall_ratios']} (median "
+                   f"{a['median_round_wall_ratio']:.3f}), training {a['round_train_ratios']} "
+                   f"(median {a['median_round_train_ratio']:.3f})")
   c = result.get("prepare_cost")
   if c:
     lines.append(f"two processes, no failure, warm_standby always / after_failure: wall "
