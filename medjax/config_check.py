@@ -50,8 +50,8 @@ from typing import Any, Callable
 import ml_collections
 
 from medjax import errors
-from medjax.data import manifest  # these three import no jax; configs/default.py imports the
-from medjax.data import synthetic  # first two anyway
+from medjax.data import manifest  # these import no jax
+from medjax.data import synthetic_config
 from medjax.fault import inject
 from medjax.fault import layout
 
@@ -479,10 +479,10 @@ class _Checker:
       self.add(s + "vitals_steps", f"but config.data.vitals_steps={g('data.vitals_steps')}; make "
                                    "them equal")
     if self.ok("data.vitals_channels"):
-      unknown = [c for c in g("data.vitals_channels") if c not in synthetic.VITALS_CHANNELS]
+      unknown = [c for c in g("data.vitals_channels") if c not in synthetic_config.VITALS_CHANNELS]
       if unknown:
         self.add("data.vitals_channels", f"the synthetic vitals.csv has no {unknown} columns; use "
-                                         f"names from {synthetic.VITALS_CHANNELS}")
+                                         f"names from {synthetic_config.VITALS_CHANNELS}")
     if self.ok(s + "num_analytes", "data.analytes", "model.num_analytes") and (
         not g("data.analytes") and g("model.num_analytes")
         and g("model.num_analytes") != g(s + "num_analytes")):

@@ -42,7 +42,7 @@ from medjax.data import synthetic_dicom
 from medjax.data import synthetic_tables
 
 IMAGES, LABS, VITALS = 0, 1, 2  # modality_mask columns, as in medjax.data.manifest.
-VITALS_CHANNELS = ("hr", "sbp", "dbp", "rr", "spo2", "temp")
+VITALS_CHANNELS = synthetic_config.VITALS_CHANNELS
 # Per channel: written value = base + scale * x (bpm, mmHg, mmHg, /min, %, degC).
 _VITALS_BASE = np.array([82.0, 122.0, 74.0, 17.0, 96.5, 37.0])
 _VITALS_SCALE = np.array([14.0, 16.0, 10.0, 3.5, 1.4, 0.5])

@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import ml_collections
 
+# The vital-sign channels the generator writes, in column order (config_check checks
+# data.vitals_channels against them).
+VITALS_CHANNELS = ("hr", "sbp", "dbp", "rr", "spo2", "temp")
+
 
 def get_config() -> ml_collections.ConfigDict:
   """Defaults of the `data.synthetic` config section (paper cohort shape, test-sized)."""
