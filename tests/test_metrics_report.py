@@ -54,6 +54,40 @@ def test_average_ranks_are_scipys_rankdata(values):
   np.testing.assert_allclose(metrics.average_ranks(x), stats.rankdata(x))
 
 
+def _bootstrap_one_resample_at_a_time(probs_NxK, labels_N, samples, seed):
+  """The bootstrap as it was written before its resamples were counted at once."""
+  rng = np.random.default_rng(seed)
+  draws = {}
+  for _ in range(samples):
+    idx = rng.integers(0, len(labels_N), len(labels_N))
+    out = metrics.core(probs_NxK[idx], labels_N[idx])
+    if probs_NxK.shape[1] == 2:
+      values, _ = metrics.binary(probs_NxK[idx], labels_N[idx])
+      out.update({k: values[k] for k in ("sensitivity", "specificity", "auroc", "auprc")})
+    for k, v in out.items():
+      draws.setdefault(k, [])
+      if v is not None:
+        draws[k].append(v)
+  return {k: [float(np.percentile(v, 2.5)), float(np.percentile(v, 97.5))]
+          if len(v) * 2 >= samples and v else [None, None] for k, v in draws.items()}
+
+
+@pytest.mark.parametrize("n,k,cells", [(1, 3, 2_000_000), (60, 37, 2_000_000), (60, 37, 5000),
+                                       (40, 2, 2_000_000), (40, 2, 100), (300, 5, 1000)])
+def test_bootstrap_counts_resamples_at_once_as_one_at_a_time(monkeypatch, n, k, cells):
+  # Same draws, same intervals; `cells` forces chunks of resamples (one per chunk at 100).
+  monkeypatch.setattr(metrics, "_BOOTSTRAP_CELLS", cells)
+  rng = np.random.default_rng(n * k)
+  probs = rng.dirichlet(np.ones(k), n)
+  labels = rng.integers(0, k, n)
+  got = metrics.bootstrap(probs, labels, samples=200, seed=7)
+  want = _bootstrap_one_resample_at_a_time(probs, labels, 200, 7)
+  assert got.keys() == want.keys()
+  for key, interval in want.items():
+    assert got[key] == pytest.approx(interval, rel=1e-12, abs=1e-15) if None not in interval \
+        else got[key] == interval, key
+
+
 def test_auroc_of_a_nan_score_is_nan():
   assert math.isnan(metrics.auroc(np.array([0.1, np.nan, 0.3]), np.array([True, False, False])))
 
