@@ -261,11 +261,13 @@ class _Child:
                                         max_bytes=4 * request["budgets"]["max_pixels"])
       except _Invalid as e:
         self.stop()
-        raise dicom_limits.RejectedFile(path, f"decoder sent an invalid reply on {what} ({e})") from None
+        raise dicom_limits.RejectedFile(
+            path, f"decoder sent an invalid reply on {what} ({e})") from None
       except _TimedOut:
         self.stop()
-        raise dicom_limits.RejectedFile(path, f"decoder timed out after {self.pool.timeout_s:g} s on "
-                                 f"{what} (config.data.decode_timeout_s)") from None
+        raise dicom_limits.RejectedFile(
+            path, f"decoder timed out after {self.pool.timeout_s:g} s on {what} "
+            "(config.data.decode_timeout_s)") from None
       except _Died:
         status, tail = self._reap()
         if status == "SIGKILL" and attempt == 0:
