@@ -11,19 +11,18 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
 import stat
 import struct
 import zlib
 from collections.abc import Sequence
-
 from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-  from pydicom import uid as uids
 
 # pydicom (~0.15 s to import) is imported by the checks that read a file, not with this module:
 # its RejectedFile and Budgets are used by every process that reads the decoded cache.
+if TYPE_CHECKING:
+  from pydicom import uid as uids
 
 MB = 1 << 20
 _UNDEFINED_LENGTH = 0xFFFFFFFF
@@ -177,6 +176,14 @@ def check_budgets(path: str, rows: int, columns: int, frames: int, samples: int,
                        "the file is genuine")
 
 
+@functools.cache
+def _codestreams() -> frozenset:
+  """The JPEG, JPEG-LS and JPEG 2000 transfer syntaxes (built once, at the first file checked)."""
+  from pydicom import uid as uids  # pylint: disable=import-outside-toplevel
+  return frozenset(uids.JPEGTransferSyntaxes + uids.JPEGLSTransferSyntaxes
+                   + uids.JPEG2000TransferSyntaxes)
+
+
 def check_codestream(path: str, f, pixel_data, ts: uids.UID, rows: int, columns: int) -> None:
   """Rejects a JPEG, JPEG-LS or JPEG 2000 file whose first frame's size is not Rows x Columns.
 
@@ -189,9 +196,7 @@ def check_codestream(path: str, f, pixel_data, ts: uids.UID, rows: int, columns:
     pixel_data: the Pixel Data element as read, still deferred.
   """
   from pydicom import dataelem  # pylint: disable=import-outside-toplevel
-  from pydicom import uid as uids  # pylint: disable=import-outside-toplevel
-  if ts not in (uids.JPEGTransferSyntaxes + uids.JPEGLSTransferSyntaxes
-                + uids.JPEG2000TransferSyntaxes):
+  if ts not in _codestreams():
     return
   if (not isinstance(pixel_data, dataelem.RawDataElement)
       or pixel_data.length != _UNDEFINED_LENGTH):
