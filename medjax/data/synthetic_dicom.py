@@ -25,8 +25,6 @@ import numpy as np
 import pydicom
 from pydicom import uid
 
-from medjax.data import synthetic_config
-
 AIR_HU, MARKER_HU, BODY_HU, BLOB_HU = -1000.0, 1000.0, 40.0, 200.0
 
 TRANSFER_SYNTAXES = {
@@ -59,9 +57,6 @@ _GIVEN = {"F": ("JANE", "MARY", "ANA", "LINH", "GRETA", "FATIMA", "SOFIA", "AIKO
           "M": ("JOHN", "RICHARD", "LUIS", "MINH", "HANS", "KWAME", "MARCO", "KENJI")}
 _INSTITUTIONS = ("GENERAL HOSPITAL", "ST. MARY MEDICAL CENTER", "UNIVERSITY CLINIC",
                  "RIVERSIDE REGIONAL", "NORTHGATE HEART INSTITUTE")
-
-
-get_header_config = synthetic_config.header_config
 
 
 @functools.lru_cache(maxsize=8)
