@@ -35,9 +35,10 @@ def confusion_matrix(labels_N: np.ndarray, preds_N: np.ndarray, num_classes: int
 
 
 def per_class_f1(cm_KxK: np.ndarray) -> np.ndarray:
-  """F1 per class; NaN for classes absent from both labels and predictions."""
-  tp = np.diag(cm_KxK).astype(np.float64)
-  support, predicted = cm_KxK.sum(1), cm_KxK.sum(0)
+  """F1 per class; NaN for classes absent from both labels and predictions. A stack of
+  confusion matrices (..., K, K) gives F1 per matrix and class (..., K)."""
+  tp = np.diagonal(cm_KxK, axis1=-2, axis2=-1).astype(np.float64)
+  support, predicted = cm_KxK.sum(-1), cm_KxK.sum(-2)
   denom = support + predicted
   with np.errstate(invalid="ignore", divide="ignore"):
     return np.where(denom > 0, 2 * tp / denom, np.nan)
@@ -273,10 +274,7 @@ def _core_of_resamples(labels_CxN: np.ndarray, preds_CxN: np.ndarray,
   cells = (np.arange(c)[:, None] * num_classes + labels_CxN) * num_classes + preds_CxN
   cm_CxKxK = np.bincount(cells.ravel(), minlength=c * num_classes * num_classes).reshape(
       c, num_classes, num_classes)
-  tp_CxK = np.diagonal(cm_CxKxK, axis1=1, axis2=2)
-  support_CxK, denom_CxK = cm_CxKxK.sum(2), cm_CxKxK.sum(2) + cm_CxKxK.sum(1)
-  with np.errstate(invalid="ignore", divide="ignore"):
-    f1_CxK = np.where(denom_CxK > 0, 2 * tp_CxK / denom_CxK, 0.0)
-  present_CxK = support_CxK > 0
-  macro_f1_C = np.where(present_CxK, f1_CxK, 0.0).sum(1) / present_CxK.sum(1)
-  return tp_CxK.sum(1) / n, macro_f1_C
+  # As `macro_f1`: the mean F1 of the classes present among the records.
+  present_CxK = cm_CxKxK.sum(2) > 0
+  macro_f1_C = np.where(present_CxK, per_class_f1(cm_CxKxK), 0.0).sum(1) / present_CxK.sum(1)
+  return np.trace(cm_CxKxK, axis1=1, axis2=2) / n, macro_f1_C
