@@ -30,6 +30,7 @@ from ml_collections import config_flags
 
 from medjax import errors  # these two import no jax: --help and bad flags are answered fast
 from medjax import paths
+from medjax import runlog
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Config file (configs/NAME.py[:variant]); override fields with "
@@ -63,25 +64,6 @@ def _workdir() -> str:
   return os.path.join("runs", f"{name}-{time.strftime('%Y%m%d-%H%M%S')}")
 
 
-def _setup_logging(workdir: str, name: str) -> None:
-  run = paths.RunPaths(workdir)
-  os.makedirs(run.logs, exist_ok=True)
-  path = run.log if name == "log" else run.role_log(name)
-  handler = logging.FileHandler(path)
-  handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
-  logging.getLogger().addHandler(handler)
-  logging.getLogger().setLevel(logging.INFO)
-  # Orbax and JAX log through absl at INFO for every save; keep their warnings, drop the chatter.
-  logging.getLogger("absl").setLevel(logging.WARNING)
-  # asyncio reports exceptions no one retrieved from Orbax's and TensorStore's internal event
-  # loops (e.g. a read of a damaged checkpoint that was already skipped for the previous one),
-  # when they are garbage-collected, tracebacks included: library detail for the log file, not
-  # the terminal.
-  quiet = logging.getLogger("asyncio")
-  quiet.addHandler(handler)
-  quiet.propagate = False
-
-
 def _config(workdir: str):
   """The flag's config (saved to the workdir), or the workdir's saved config."""
   path = paths.RunPaths(workdir).config_json
@@ -109,7 +91,7 @@ def _sweep(role: str) -> int:
                             "existing sweep directory")
   os.makedirs(workdir, exist_ok=True)
   _config(workdir)
-  _setup_logging(workdir, "log")
+  runlog.setup(workdir, "log")
   runner.run(_CONFIG.value, workdir)
   print(f"workdir: {workdir}")
   return 0
@@ -139,23 +121,20 @@ def main(argv):
     else:
       job = {"generation": _GENERATION.value, "process_id": _PROCESS_ID.value,
              "host_name": _HOST_NAME.value, "coordinator": _COORDINATOR.value}
-    _setup_logging(workdir, f"worker-{job['generation']:03d}-{job['process_id']:03d}")
+    runlog.setup(workdir, f"worker-{job['generation']:03d}-{job['process_id']:03d}")
     return worker.run(workdir, job["generation"], job["process_id"], job["host_name"],
                       job["coordinator"])
   config = _config(workdir)
   if role == "agent":
     host = _HOST_NAME.value or socket.gethostname()
-    _setup_logging(workdir, f"agent-{host}")
+    runlog.setup(workdir, f"agent-{host}")
     from medjax.fault import agent  # pylint: disable=import-outside-toplevel
-    from medjax.fault import protocol  # pylint: disable=import-outside-toplevel
     if not _COORDINATOR.value:
       raise app.UsageError("--role=agent needs --coordinator=HOST:PORT")
-    token = protocol.load_token(paths.RunPaths(workdir, config).token)
-    return agent.Agent(_COORDINATOR.value, token, host=host, workdir=workdir,
-                       fault_config=config.fault, advertise=_ADVERTISE.value,
-                       tls_ca=config.fault.tls_ca).run()
+    return agent.main(config, workdir, host=host, coordinator=_COORDINATOR.value,
+                      advertise=_ADVERTISE.value)
   if role == "coordinator":
-    _setup_logging(workdir, "coordinator")
+    runlog.setup(workdir, "coordinator")
     from medjax.fault import coordinator  # pylint: disable=import-outside-toplevel
     from medjax.fault import protocol  # pylint: disable=import-outside-toplevel
     if not _INGESTED.value:
@@ -166,25 +145,28 @@ def main(argv):
     return coordinator.Coordinator(config, workdir, token=token, host=_BIND.value,
                                    port=_PORT.value or config.fault.port).serve()
 
-  _setup_logging(workdir, "log")
+  runlog.setup(workdir, "log")
   logging.info("workdir %s, mode %s", workdir, config.mode)
-  # Imported here so that `--help` and flag errors stay fast.
-  from medjax.data import pipeline  # pylint: disable=import-outside-toplevel
-  if config.mode == "synth":
-    print(pipeline.cohort_root(config, workdir))
-  elif config.mode == "ingest":
-    pipeline.run_ingest(config, workdir)
+  # Imported where needed so that `--help` and flag errors stay fast, and a supervised run's
+  # launcher starts its agents before it imports the data pipeline (medjax.fault.local).
+  if config.mode in ("synth", "ingest"):
+    from medjax.data import pipeline  # pylint: disable=import-outside-toplevel
+    if config.mode == "synth":
+      print(pipeline.cohort_root(config, workdir))
+    else:
+      pipeline.run_ingest(config, workdir)
   elif config.mode == "train":
     if config.fault.supervised:
       from medjax.fault import local  # pylint: disable=import-outside-toplevel
-      # The summary table only: no JAX or matplotlib in this process, whose imports would take
-      # the CPU from the worker starting beside it.
-      from medjax import summary_table  # pylint: disable=import-outside-toplevel
       try:
         summary = local.run(config, workdir)
       except local.RunFailed as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+      # The summary table only: no JAX or matplotlib in this process, whose imports would take
+      # the CPU from the worker starting beside it; imported after the run, since its numpy
+      # starts a thread that would keep the launcher from forking its agents.
+      from medjax import summary_table  # pylint: disable=import-outside-toplevel
       print(summary_table.format_summary(summary))
     else:
       from medjax.train import loop  # pylint: disable=import-outside-toplevel

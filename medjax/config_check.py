@@ -50,7 +50,6 @@ from typing import Any, Callable
 import ml_collections
 
 from medjax import errors
-from medjax.data import manifest  # these import no jax
 from medjax.data import synthetic_config
 from medjax.fault import inject
 from medjax.fault import layout
@@ -77,7 +76,9 @@ WARM_STANDBY = ("after_failure", "always", "never")          # medjax/fault/agen
 # last four instead of top-3 and the macro AUROC.
 VALIDATION_METRICS = ("macro_f1", "accuracy", "top3_accuracy", "rare_recall", "auroc_macro",
                       "auroc", "auprc", "sensitivity", "specificity")
-SPLITS = manifest.SPLITS
+# manifest.SPLITS, spelled out: importing the manifest imports numpy, whose thread pool would
+# keep the local launcher from forking its agents (medjax.fault.local).
+SPLITS = ("train", "val", "test")
 COHORT_FILES = ("dicom", "labs.csv", "vitals.csv", "labels.csv")
 
 # Element types of tuple fields (str, int, or float for any number).

@@ -25,6 +25,7 @@ from typing import NoReturn
 PARENT_ENV = "MEDJAX_PARENT_PID"
 LOW_PRIORITY_ENV = "MEDJAX_LOW_PRIORITY"
 _PR_SET_PDEATHSIG = 1
+_PR_SET_NAME = 15
 
 
 def child_env(env: dict | None = None, *, low_priority: bool = False) -> dict:
@@ -47,6 +48,16 @@ def die_with(parent: int) -> None:
       pass  # not Linux's libc: the parent's own clean-up is the only guard
   if os.getppid() != parent:
     os._exit(0)  # pylint: disable=protected-access  # the parent died before prctl took effect
+
+
+def name_process(name: str) -> None:
+  """Names this process for `ps -o comm`, top and psutil's name() (Linux; 15 bytes at most): a
+  fork keeps its parent's command line."""
+  if sys.platform.startswith("linux"):
+    try:
+      ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_NAME, name.encode()[:15], 0, 0, 0)
+    except (OSError, AttributeError):
+      pass
 
 
 def settle() -> None:

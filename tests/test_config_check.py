@@ -50,6 +50,11 @@ def test_shipped_configs_validate_clean(name, arg):
   config_check.validate(config)
 
 
+def test_splits_are_the_manifests():
+  from medjax.data import manifest  # pylint: disable=import-outside-toplevel
+  assert config_check.SPLITS == manifest.SPLITS
+
+
 def test_unknown_field_suggests_the_closest():
   assert _error(_config({"data.batch_sise": 3})) == (
       "config.data.batch_sise=3: no such field; did you mean config.data.batch_size?")

@@ -181,6 +181,9 @@ def test_restore_onto_another_process_and_device_count(shared, clean_run, tmp_pa
   gens = [e for e in runs.events(cont) if e["event"] == "generation_start"]
   assert gens[-1]["num_processes"] == 1
   _assert_exactly_once(cont, epochs=EPOCHS + 1)
+  # Its ingest was there to reuse: the launcher forked its agent before anything else.
+  with open(os.path.join(cont, "log.txt")) as f:
+    assert "local: agent host-0 forked from the launcher" in f.read()
 
 
 def test_coordinator_crash_and_restart_mid_run(shared):
@@ -226,9 +229,8 @@ def test_elastic_shrink_from_two_hosts_to_one_keeps_exactly_once(shared):
     runs.wait_for(lambda: any(e["event"] == "commit" and e["step"] >= 6
                               for e in runs.events(workdir)), 300, "a commit at step 6")
     # Lose host-1: its agent and every process under it, as when a machine goes away.
-    agents = [p for p in psutil.process_iter(["cmdline"])
-              if f"--workdir={workdir}" in (p.info["cmdline"] or [])
-              and "--role=agent" in p.info["cmdline"] and "--host_name=host-1" in p.info["cmdline"]]
+    agents = [p for p in psutil.Process(proc.pid).children()
+              if _stdout(p) == os.path.join(workdir, "logs", "agent-host-1.log")]
     assert len(agents) == 1, f"expected host-1's agent, found {agents}"
     victims = [agents[0], *agents[0].children(recursive=True)]
     assert len(victims) >= 2, f"host-1's agent has no worker: {victims}"
@@ -253,6 +255,15 @@ def test_elastic_shrink_from_two_hosts_to_one_keeps_exactly_once(shared):
   assert host0["moved_reads"] == sum(1 for r in departed if manifest.image_files[r])
   # Its own records once, host-1's once, no more (those with images: the rest are tables).
   assert host0["pfs_reads"] == sum(1 for files in manifest.image_files if files)
+
+
+def _stdout(p: psutil.Process) -> str:
+  """Where a process writes its output: an agent, forked by the launcher or started by it, writes
+  to its own log (a fork has the launcher's command line)."""
+  try:
+    return os.readlink(f"/proc/{p.pid}/fd/1")
+  except OSError:
+    return ""
 
 
 def test_unauthenticated_call_is_rejected(shared, tmp_path):
@@ -497,6 +508,11 @@ def test_two_processes_recover_through_a_group_of_standbys_that_joined_ahead(sha
   first, second = ft["failures"]
   assert (first["kind"], second["kind"]) == ("crash", "crash"), ft["failures"]
   assert first["recovery"]["path"] == "standby", first["recovery"]
+  # The first restart's standbys were the spares the first two forked once imported.
+  agent_log = runs.tail(workdir, os.path.join("logs", "agent-host-0.txt"), n=1000)
+  assert len(re.findall(r"spare standby \d+ forked from an imported standby", agent_log)) == 2, \
+      agent_log
+  assert "forked no spare" not in agent_log
   recovery = second["recovery"]
   assert recovery["path"] == "warm_standby", recovery
   assert recovery["paths_by_process"] == {"0": "warm_standby", "1": "warm_standby"}, recovery

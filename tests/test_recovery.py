@@ -5,6 +5,8 @@ agent sees a worker exit (one short real process).
 tests/test_fault.py runs them for real (a crash recovered through a warm standby).
 """
 
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -17,6 +19,7 @@ import pytest
 from configs import default
 from medjax.fault import agent as agent_lib
 from medjax.fault import context
+from medjax.fault import forking
 from medjax.fault import layout
 from medjax.fault import phases as phases_lib
 from medjax.fault import policy
@@ -139,7 +142,8 @@ def test_on_a_gpu_only_spares_started_beside_a_running_worker_prepare(tmp_path, 
   assert agent._env(1, beside=True)["XLA_PYTHON_CLIENT_PREALLOCATE"] == "true"
   started = []
   monkeypatch.setattr(agent, "_popen_standby",
-                      lambda low_priority, beside=False: started.append(beside) or _Proc())
+                      lambda low_priority, beside=False, fork_spare=False:
+                      started.append(beside) or _Proc())
   told = []
   monkeypatch.setattr(agent, "_tell", lambda s, message, close: told.append(s) or True)
   agent.warm_when = "always"
@@ -183,6 +187,50 @@ def test_an_agent_wakes_as_soon_as_a_worker_exits(tmp_path):
   assert worker.pidfd is None
   agent._forget_workers()
   assert agent.workers == []
+
+
+def test_an_agent_adopts_the_spare_a_standby_forked_or_starts_one(tmp_path, monkeypatch):
+  # A standby forks its spare once imported and the spare writes its pid on the socket pair the
+  # agent made (worker._fork_spare; tests/test_fault.py runs it for real): the agent keeps it as
+  # a standby that reads its lines from that socket. A standby that closes its end without
+  # forking gets a spare started anew.
+  agent = _agent(tmp_path)
+  started = []
+  monkeypatch.setattr(agent_lib, "popen", lambda *a, **k: started.append(k) or _Proc())
+  forked, silent, quiet = socket.socketpair(), socket.socketpair(), socket.socketpair()
+  agent.pending_spares = [forked[0], silent[0], quiet[0]]
+  forked[1].sendall(b"4242\n")
+  silent[1].close()
+  agent._adopt_spares()
+  assert agent.pending_spares == [quiet[0]]   # nothing written yet: still pending
+  spare = next(s for s in agent.standby if s.proc.pid == 4242)
+  assert isinstance(spare.proc, forking.Forked) and spare.prepared_for is None
+  assert agent._tell(spare, {"generation": 2}, close=True)
+  assert forked[1].makefile().readline() == '{"generation": 2}\n'
+  assert len(started) == 1 and len(agent.standby) == 2   # the silent standby's replacement
+  assert started[0]["stdin"] == subprocess.PIPE and not started[0]["pass_fds"]
+  for sock in (*forked, *silent[:1], *quiet):
+    sock.close()
+
+
+def test_a_forked_handle_reads_its_childs_status_like_popen():
+  pid = os.fork()
+  if pid == 0:
+    time.sleep(0.5)
+    os._exit(3)
+  child = forking.Forked(pid)
+  assert child.poll() is None
+  with pytest.raises(subprocess.TimeoutExpired):
+    child.wait(timeout=0.05)
+  assert child.wait(timeout=30) == 3 and child.returncode == 3
+  child.kill()   # gone: nothing to signal
+  pid = os.fork()
+  if pid == 0:
+    time.sleep(60)
+    os._exit(0)
+  child = forking.Forked(pid)
+  child.terminate()
+  assert child.wait(timeout=30) == -signal.SIGTERM
 
 
 def _group_agent(tmp_path, monkeypatch):

@@ -33,6 +33,7 @@ import logging
 import os
 import select
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -45,6 +46,7 @@ import psutil
 
 from medjax import lifeline
 from medjax import paths
+from medjax.fault import forking
 from medjax.fault import layout as layout_lib
 from medjax.fault import phases as phases_lib
 from medjax.fault import protocol
@@ -54,7 +56,7 @@ LAUNCH = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.ab
 
 
 def popen(args: list[str], *, log: str, env: dict | None = None, stdin=None,
-          low_priority: bool = False) -> subprocess.Popen:
+          low_priority: bool = False, pass_fds: tuple[int, ...] = ()) -> subprocess.Popen:
   """Starts `launch.py args` with stdout and stderr appended to `log`, in a session of its own;
   it dies with us (`medjax.lifeline`).
 
@@ -65,7 +67,17 @@ def popen(args: list[str], *, log: str, env: dict | None = None, stdin=None,
     # The child has its own copy of the descriptor; ours closes here.
     return subprocess.Popen([sys.executable, LAUNCH, *args],
                             env=lifeline.child_env(env, low_priority=low_priority), stdin=stdin,
-                            stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+                            stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                            pass_fds=pass_fds)
+
+
+def main(config, workdir: str, *, host: str, coordinator: str,
+         advertise: str = "127.0.0.1") -> int:
+  """Runs `host`'s agent for the coordinator at `coordinator` (HOST:PORT) until the run is over;
+  its exit code."""
+  token = protocol.load_token(paths.RunPaths(workdir, config).token)
+  return Agent(coordinator, token, host=host, workdir=workdir, fault_config=config.fault,
+               advertise=advertise, tls_ca=config.fault.tls_ca).run()
 
 
 def priority_restorable() -> bool:
@@ -169,6 +181,11 @@ class Agent:
     self.group_port: int | None = None
     self.groups_tried = 0
     self.low_priority = priority_restorable()
+    # Our ends of the socket pairs of standbys that will fork a spare once imported, until the
+    # spare writes its pid (`_adopt_spares`); whether orphans are reparented to us.
+    self.pending_spares: list[socket.socket] = []
+    self.subreaper = False
+    self._reaped_at = 0.0
     # A config.json from before the field existed means what the default means.
     self.warm_when = fault_config.get("warm_standby", "after_failure")
 
@@ -214,10 +231,11 @@ class Agent:
     return (standby.prepared_for is None and standby.proc.poll() is None
             and (standby.beside or self.layout.platform != "gpu"))
 
-  def _replenish(self, spec: dict | None = None) -> None:
+  def _replenish(self, spec: dict | None = None, *, fork_spares: bool = False) -> None:
     """Starts standby workers until `workers_per_host` are ready (or getting ready); with the
     running generation's `spec`, at low priority, and tells them to prepare for the next
-    generation of its shape when they can (`warm_key`)."""
+    generation of its shape when they can (`warm_key`). With `fork_spares`, each new standby
+    forks a spare once it has imported (`_adopt_spares`)."""
     if not self.f.standby_workers:
       return
     if spec is not None and self._spare_waits(spec["generation"]):
@@ -234,7 +252,8 @@ class Agent:
     while len(self.standby) < wanted:
       beside = spec is not None
       self.standby.append(Standby(self._popen_standby(
-          low_priority=beside and self.low_priority, beside=beside), beside=beside))
+          low_priority=beside and self.low_priority, beside=beside, fork_spare=fork_spares),
+          beside=beside))
     if key is None:
       return
     expected = {"hosts": spec["hosts"], "host_history": spec["host_history"], "host": self.host}
@@ -317,11 +336,53 @@ class Agent:
       return None
     return members
 
-  def _popen_standby(self, *, low_priority: bool, beside: bool = False) -> subprocess.Popen:
-    return popen(["--role=worker", "--standby", f"--workdir={self.workdir}"],
-                 log=self.run_paths.process_log(f"standby-{self.host}"),
-                 env=self._env(self.f.devices_per_worker, beside=beside), stdin=subprocess.PIPE,
-                 low_priority=low_priority)
+  def _popen_standby(self, *, low_priority: bool, beside: bool = False,
+                     fork_spare: bool = False) -> subprocess.Popen:
+    env = self._env(self.f.devices_per_worker, beside=beside)
+    ours = theirs = None
+    if fork_spare:
+      ours, theirs = socket.socketpair()
+      env[forking.SPARE_FD_ENV] = str(theirs.fileno())
+    try:
+      proc = popen(["--role=worker", "--standby", f"--workdir={self.workdir}"],
+                   log=self.run_paths.process_log(f"standby-{self.host}"), env=env,
+                   stdin=subprocess.PIPE, low_priority=low_priority,
+                   pass_fds=(theirs.fileno(),) if theirs else ())
+    finally:
+      if theirs is not None:
+        theirs.close()
+    if ours is not None:
+      self.pending_spares.append(ours)
+    return proc
+
+  def _adopt_spares(self) -> None:
+    """Takes on the spares that standbys forked once imported (`worker._fork_spare`): each
+    writes its pid on its socket once it is our child, and reads its lines from it from then
+    on. A standby that closed its end without forking (it exited, or could not fork) gets a
+    spare started anew instead, at low priority."""
+    for sock in list(self.pending_spares):
+      try:
+        data = sock.recv(64, socket.MSG_DONTWAIT)
+      except BlockingIOError:
+        continue
+      except OSError:
+        data = b""
+      self.pending_spares.remove(sock)
+      if not data.strip():
+        sock.close()
+        logging.info("agent %s: a standby forked no spare; starting one", self.host)
+        self.standby.append(Standby(self._popen_standby(low_priority=self.low_priority)))
+        continue
+      pid = int(data.split()[0])
+      self.standby.append(Standby(forking.Forked(pid, stdin=os.fdopen(sock.detach(), "wb"))))
+      logging.info("agent %s: spare standby %d forked from an imported standby", self.host, pid)
+
+  def _reap_orphans(self, now: float) -> None:
+    """As a subreaper, collects the orphans it adopted once they exit (at most once a second)."""
+    if self.subreaper and now - self._reaped_at >= 1.0:
+      self._reaped_at = now
+      forking.reap_orphans({w.proc.pid for w in self.workers}
+                           | {s.proc.pid for s in self.standby})
 
   @staticmethod
   def _tell(standby: Standby, message: dict, *, close: bool) -> bool:
@@ -439,12 +500,15 @@ class Agent:
 
   def run(self) -> int:
     """Runs until the coordinator says the run is over."""
-    self._replenish()
-    if self.f.standby_workers and self._spare_waits(generation=0):
-      # The spares for the first restart import now, at low priority, while the run starts (its
-      # first generation's standbys import, the coordinator starts, the data is loaded: single
-      # threads that leave a core idle), not later while training takes every core. They are
-      # not prepared ahead until the run has restarted.
+    # The spares for the first restart are made while the run starts, not later while training
+    # takes every core; they are not prepared ahead until the run has restarted. Each standby
+    # forks one once it has imported (no import of their own; we adopt them, as a subreaper);
+    # where that cannot be, they import now, at low priority, beside the start (its standbys'
+    # imports, the coordinator, the data: single threads that leave a core idle).
+    spares = self.f.standby_workers and self._spare_waits(generation=0)
+    self.subreaper = spares and forking.become_subreaper()
+    self._replenish(fork_spares=self.subreaper)
+    if spares and not self.subreaper:
       self.standby += [Standby(self._popen_standby(low_priority=self.low_priority))
                        for _ in range(self.f.workers_per_host)]
     try:
@@ -454,9 +518,11 @@ class Agent:
         s.proc.kill()
 
   def _loop(self) -> int:
-    unreachable_since = None
+    unreachable_since, reached = None, False
     while True:
       now = time.time()
+      self._adopt_spares()
+      self._reap_orphans(now)
       self._reap()
       try:
         if not self.registered:
@@ -464,11 +530,15 @@ class Agent:
         reply = self.client.call("AgentHeartbeat", {
             "host": self.host, "agent_id": self.agent_id, "generation": self.generation,
             "free_port": self._free_port(), "workers": self._worker_status()})
-        unreachable_since = None
+        unreachable_since, reached = None, True
       except grpc.RpcError:
         if unreachable_since is None:
           unreachable_since = now
-          logging.warning("agent %s: coordinator unreachable; workers keep running", self.host)
+          if reached:
+            logging.warning("agent %s: coordinator unreachable; workers keep running", self.host)
+          else:   # it is starting beside us
+            logging.info("agent %s: waiting for the coordinator at %s", self.host,
+                         self.client.address)
         if now - unreachable_since > self.f.coordinator_lost_s:
           logging.error("agent %s: coordinator gone for %.0fs; stopping", self.host,
                         now - unreachable_since)
@@ -516,6 +586,9 @@ class Agent:
       if w.pidfd >= 0:
         poller.register(w.pidfd, select.POLLIN)
         watched = True
+    for sock in self.pending_spares:   # a spare's pid: adopted at once
+      poller.register(sock, select.POLLIN)
+      watched = True
     if watched:
       poller.poll(seconds * 1000)
     else:

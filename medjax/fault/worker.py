@@ -26,6 +26,7 @@ from medjax import errors
 from medjax import lifeline
 from medjax import paths
 from medjax.fault import context
+from medjax.fault import forking
 from medjax.fault import inject
 from medjax.fault import layout as layout_lib
 from medjax.fault import phases as phases_lib
@@ -53,9 +54,11 @@ def wait_for_assignment(workdir: str) -> dict | None:
   Lines are read on a thread of their own: an assignment that arrives while the standby is
   still importing or preparing (at low priority) gives its priority back at once.
   """
-  lines: queue.Queue = queue.Queue()
-  threading.Thread(target=_read_lines, args=(lines,), name="standby-stdin", daemon=True).start()
+  lines = _lines_from_stdin()
   from medjax.train import loop  # pylint: disable=import-outside-toplevel,unused-import
+  spare = os.environ.pop(forking.SPARE_FD_ENV, None)
+  if spare is not None and _fork_spare(int(spare)):
+    lines = _lines_from_stdin()   # the spare's own: its agent's end of the socket
   while True:
     job = lines.get()
     if job is None:
@@ -73,10 +76,65 @@ def wait_for_assignment(workdir: str) -> dict | None:
   return job
 
 
-def _read_lines(lines: queue.Queue) -> None:
+def _lines_from_stdin() -> queue.Queue:
+  """The agent's lines on stdin, read on a thread of their own (`_read_lines`)."""
+  lines: queue.Queue = queue.Queue()
+  threading.Thread(target=_read_lines, args=(lines, sys.stdin), name="standby-stdin",
+                   daemon=True).start()
+  return lines
+
+
+def _fork_spare(fd: int) -> bool:
+  """Forks this standby, imported and not yet handed anything, into a spare standby for its
+  agent: the spare starts with everything imported where a new process would spend ~2 s of a
+  core importing beside the run's start (on 2 cores, slowing the worker's own import by a
+  quarter). Forked twice, so that the spare's parent is the agent (a subreaper, which adopts
+  it when the middle process exits) and not this process, which may crash; the spare then
+  dies with the agent, reads its lines from `fd` (its end of a socket pair whose other end the
+  agent kept) and writes its pid there for the agent to adopt it. Returns True in the spare.
+
+  At this point the standby has its main thread, the thread reading stdin (blocked in a read:
+  the spare reads `fd` through new file objects) and numpy's OpenBLAS pool (which OpenBLAS
+  shuts down around a fork): nothing the spare uses is left locked.
+  """
+  others = [t.name for t in threading.enumerate()
+            if t is not threading.main_thread() and t.name != "standby-stdin"]
+  if others:
+    logging.warning("standby: threads %s are running; no spare forked (the agent starts one)",
+                    others)
+    os.close(fd)
+    return False
+  agent = os.getppid()
+  sys.stdout.flush()
+  sys.stderr.flush()
+  middle = os.fork()
+  if middle:
+    os.close(fd)
+    os.waitpid(middle, 0)
+    return False
+  try:
+    if os.fork():
+      os._exit(0)  # pylint: disable=protected-access
+    os.setsid()
+    deadline = time.monotonic() + 5.0
+    while os.getppid() != agent:   # until the middle process's exit reparents us
+      if os.getppid() == 1 or time.monotonic() > deadline:
+        os._exit(0)  # pylint: disable=protected-access  # no subreaper: no one would adopt us
+      time.sleep(0.001)
+    lifeline.die_with(agent)
+    os.dup2(fd, 0)
+    os.close(fd)
+    sys.stdin = open(0, closefd=False)  # pylint: disable=consider-using-with
+    os.write(0, f"{os.getpid()}\n".encode())
+    return True
+  except BaseException:  # pylint: disable=broad-except  # never return into the standby's stack
+    os._exit(1)  # pylint: disable=protected-access
+
+
+def _read_lines(lines: queue.Queue, stream) -> None:
   """The agent's lines (then None, at the assignment or when stdin closes)."""
   while True:
-    line = sys.stdin.readline()
+    line = stream.readline()
     job = json.loads(line) if line.strip() else None
     if job is not None and "prepare" not in job and "nice" in job:
       _restore_priority(job["nice"])   # at once, even mid-preparation
