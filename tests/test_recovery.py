@@ -213,22 +213,20 @@ def test_an_agent_adopts_the_spare_a_standby_forked_or_starts_one(tmp_path, monk
     sock.close()
 
 
+def _spawn(code: str) -> int:
+  """A child process's pid, with no Popen object that could collect its status first (and no
+  fork of this process, whose JAX threads a fork would leave behind)."""
+  return os.posix_spawn(sys.executable, [sys.executable, "-c", code], os.environ)
+
+
 def test_a_forked_handle_reads_its_childs_status_like_popen():
-  pid = os.fork()
-  if pid == 0:
-    time.sleep(0.5)
-    os._exit(3)
-  child = forking.Forked(pid)
+  child = forking.Forked(_spawn("import time; time.sleep(0.5); raise SystemExit(3)"))
   assert child.poll() is None
   with pytest.raises(subprocess.TimeoutExpired):
     child.wait(timeout=0.05)
   assert child.wait(timeout=30) == 3 and child.returncode == 3
   child.kill()   # gone: nothing to signal
-  pid = os.fork()
-  if pid == 0:
-    time.sleep(60)
-    os._exit(0)
-  child = forking.Forked(pid)
+  child = forking.Forked(_spawn("import time; time.sleep(60)"))
   child.terminate()
   assert child.wait(timeout=30) == -signal.SIGTERM
 
