@@ -151,6 +151,25 @@ def test_a_packer_warmed_on_the_abstract_state_saves_without_laying_it_out_again
   np.testing.assert_array_equal(np.asarray(state["params"]["w"]), 5.0)
 
 
+def test_a_primed_packer_packs_the_first_save_from_jits_own_cache():
+  """Warming compiles the packing program, but jax.jit fills its dispatch cache only at a call:
+  the trainer primes the packer on its first state, so the first save only dispatches."""
+  device = jax.devices()[0]
+  state = lambda v: jax.device_put({"w": jnp.full((3, 7), v, jnp.float32), "step": jnp.int32(v)},
+                                   device)
+  packer = checkpoint.StatePacker()
+  # Shapes of this test's own: the packing programs of one layout are shared (lru_cache).
+  packer.warm(jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+                           state(0)))
+  assert packer._pack._cache_size() == 0   # pylint: disable=protected-access
+  packer.prime(state(2))
+  assert packer._pack._cache_size() == 1   # pylint: disable=protected-access
+  packed = packer(state(3))
+  assert packer._pack._cache_size() == 1   # pylint: disable=protected-access
+  np.testing.assert_array_equal(np.asarray(packed["packed"]["float32"]),
+                                np.full(21, 3.0, np.float32))
+
+
 def test_a_changed_state_structure_gets_its_own_layout(tmp_path):
   """The saver keeps the last state's layout; another structure or sharding is laid out anew."""
   mesh = jax.make_mesh((8,), ("fsdp",))

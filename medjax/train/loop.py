@@ -308,6 +308,7 @@ def run_prepared(prepared: Prepared, ctx, *, phases: phases_lib.Phases | None = 
       state = p.built.create()
       if config.model.missing != "learned":
         state = with_fill_values(state, p.built, reader, manifest.indices("train"), data.tables)
+  p.packer.prime(state)
   cursor = lineage_lib.Cursor(lineage, len(manifest), generation=ctx.generation)
   validator = (stopping.Validator(p, ctx, writer=None, is_chief=is_chief)
                if stopping.wanted(config) else None)
