@@ -136,6 +136,18 @@ def load() -> float:
   return round(os.getloadavg()[0], 2)
 
 
+def stolen_s() -> float:
+  """CPU seconds the hypervisor has taken from this machine's vCPUs since boot (/proc/stat's
+  steal column; 0 where there is none): on a shared VM, a run's share of it says how much of its
+  time was not the code's."""
+  try:
+    with open("/proc/stat") as f:
+      fields = f.readline().split()
+    return int(fields[8]) / os.sysconf("SC_CLK_TCK")
+  except (OSError, IndexError, ValueError):
+    return 0.0
+
+
 def alternate(args, base: str, common: list[str], modes: dict[str, list[str]]) -> dict:
   """Clean runs of each mode (its flags), alternating, `--repeats` times, after a warm-up of
   each mode's compiled programs: {mode: [run, ...]} with wall and training seconds, accuracy.
@@ -150,16 +162,18 @@ def alternate(args, base: str, common: list[str], modes: dict[str, list[str]]) -
   runs = {mode: [] for mode in modes}
   for r in range(args.repeats):
     for mode, flags in list(modes.items())[::1 if r % 2 == 0 else -1]:
-      before = load()
+      before, stolen = load(), stolen_s()
       s = launch(workdir_from(base, f"{mode}-{r}"),
                  common + flags + [f"--config.optim.epochs={args.epochs}"], args.config)
+      stolen = round(stolen_s() - stolen, 2)
       runs[mode].append({"wall_s": s["_launch_s"], "train_s": s["train"]["seconds"],
                          "accuracy": s["test"]["accuracy"], "macro_f1": s["test"]["macro_f1"],
                          "processes": s["train"]["processes"], "devices": s["train"]["devices"],
-                         "load_before": before, "load_after": load()})
+                         "load_before": before, "load_after": load(), "stolen_cpu_s": stolen})
       print(f"  {mode:<13} wall {s['_launch_s']:7.1f} s, training {s['train']['seconds']:7.1f} s, "
             f"accuracy {s['test']['accuracy']:.4f}, macro F1 {s['test']['macro_f1']:.4f} "
-            f"(load {before} -> {load()})", flush=True)
+            f"(load {before} -> {load()}; {stolen} s of CPU stolen by the hypervisor)",
+            flush=True)
   return runs
 
 
