@@ -170,6 +170,20 @@ def test_a_primed_packer_packs_the_first_save_from_jits_own_cache():
                                 np.full(21, 3.0, np.float32))
 
 
+def test_on_cpu_the_pack_is_costed_to_run_off_the_training_thread():
+  """XLA:CPU runs programs it estimates under 1000 flops inline on the dispatching thread, and a
+  copy of any size counts none: the packing program carries a partial sum that puts it over."""
+  state = {"w": jnp.ones((64, 100)), "step": jnp.int32(1)}
+  packer = checkpoint.StatePacker()
+  packed = packer(state)
+  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+                          state)
+  costs = packer._pack.lower(abstract).compile().cost_analysis()   # pylint: disable=protected-access
+  assert costs["flops"] >= 1000, costs
+  np.testing.assert_array_equal(np.asarray(packed["packed"]["float32"]), np.ones(6400))
+  np.testing.assert_array_equal(np.asarray(packed["packed"]["int32"]), [1])
+
+
 def test_a_changed_state_structure_gets_its_own_layout(tmp_path):
   """The saver keeps the last state's layout; another structure or sharding is laid out anew."""
   mesh = jax.make_mesh((8,), ("fsdp",))
