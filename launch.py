@@ -195,7 +195,7 @@ def _parse_flags(argv: list[str]) -> list[str]:
   except Exception as e:  # pylint: disable=broad-except  # flags.Error, or the config file's own
     if errors.debug():
       raise
-    _print_error(_flag_error(e, _config_arg(argv)))
+    errors.print_error(_flag_error(e, _config_arg(argv)))
     sys.exit(errors.EXIT_INPUT)
 
 
@@ -241,10 +241,6 @@ def _log_to_file(message: str) -> None:
       handler.handle(record)
 
 
-def _print_error(message: str) -> None:
-  print(f"error: {errors.one_line(message)}", file=sys.stderr, flush=True)
-
-
 def _main(argv) -> int:
   """main, with every error one line on stderr unless --debug (the traceback goes to the log)."""
   if _DEBUG.value:
@@ -255,16 +251,16 @@ def _main(argv) -> int:
     _log_to_file(str(e))
     if errors.debug():
       raise
-    _print_error(str(e))
+    errors.print_error(str(e))
     return errors.EXIT_INPUT
   except KeyboardInterrupt:
-    _print_error("interrupted")
+    errors.print_error("interrupted")
     return 130
   except Exception as e:  # pylint: disable=broad-except
     _log_to_file("failed")
     if errors.debug():
       raise
-    _print_error(f"internal error: {type(e).__name__}: {e} (a bug in medjax, not in your input: "
+    errors.print_error(f"internal error: {type(e).__name__}: {e} (a bug in medjax, not in your input: "
                  "rerun with --debug for the traceback, and please report it)")
     return 1
 

@@ -469,11 +469,10 @@ def _packer(layout_json: str, offload: bool):
         groups.setdefault(e["group"], []).append(x.ravel())
     packed = {"packed": {g: jnp.concatenate(v) for g, v in groups.items()},
               "own": [jnp.copy(x) for e, x in zip(entries, leaves) if e["group"] is None]}
-    ballast = None
-    vectors = [x.ravel() for x in (*packed["packed"].values(), *packed["own"])]
-    if offload and vectors:
-      ballast = jnp.sum(max(vectors, key=lambda v: v.size)[:_ASYNC_FLOPS].astype(jnp.float32))
-    return packed, ballast
+    vectors = [x.ravel() for x in (*packed["packed"].values(), *packed["own"])] if offload else []
+    if not vectors:
+      return packed, None
+    return packed, jnp.sum(max(vectors, key=lambda v: v.size)[:_ASYNC_FLOPS].astype(jnp.float32))
   return programs.cached(jax.jit(pack))
 
 

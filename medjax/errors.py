@@ -10,6 +10,7 @@ identifiers (use "row 17 of labels.csv" or the pseudonym). `launch.py` prints it
 from __future__ import annotations
 
 import os
+import sys
 
 EXIT_INPUT = 2   # bad input, bad config or damaged run state: the user must act
 
@@ -25,6 +26,11 @@ def one_line(message: str, limit: int = 600) -> str:
   """Whitespace (newlines included) collapsed, bounded: an error is one line."""
   text = " ".join(str(message).split())
   return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def print_error(message: str) -> None:
+  """The line a user reads on stderr: `error: <message>`."""
+  print(f"error: {one_line(message)}", file=sys.stderr, flush=True)
 
 
 def debug() -> bool:

@@ -39,13 +39,20 @@ def child_env(env: dict | None = None, *, low_priority: bool = False) -> dict:
   return env
 
 
+def prctl(option: int, arg) -> bool:
+  """Linux's prctl(option, arg); False where it failed or there is none (not Linux's libc)."""
+  if not sys.platform.startswith("linux"):
+    return False
+  try:
+    return ctypes.CDLL(None, use_errno=True).prctl(option, arg, 0, 0, 0) == 0
+  except (OSError, AttributeError):
+    return False
+
+
 def die_with(parent: int) -> None:
-  """SIGKILL this process when `parent` dies (Linux); exits now if it has died already."""
-  if sys.platform.startswith("linux"):
-    try:
-      ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):
-      pass  # not Linux's libc: the parent's own clean-up is the only guard
+  """SIGKILL this process when `parent` dies (Linux); exits now if it has died already. Without
+  prctl, the parent's own clean-up is the only guard."""
+  prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
   if os.getppid() != parent:
     os._exit(0)  # pylint: disable=protected-access  # the parent died before prctl took effect
 
@@ -53,11 +60,7 @@ def die_with(parent: int) -> None:
 def name_process(name: str) -> None:
   """Names this process for `ps -o comm`, top and psutil's name() (Linux; 15 bytes at most): a
   fork keeps its parent's command line."""
-  if sys.platform.startswith("linux"):
-    try:
-      ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_NAME, name.encode()[:15], 0, 0, 0)
-    except (OSError, AttributeError):
-      pass
+  prctl(_PR_SET_NAME, name.encode()[:15])
 
 
 def settle() -> None:

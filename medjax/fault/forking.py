@@ -9,14 +9,14 @@ inherit held, so each caller checks (`single_threaded`) or knows which threads i
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import psutil
+
+from medjax import lifeline
 
 _PR_SET_CHILD_SUBREAPER = 36
 
@@ -36,12 +36,7 @@ def single_threaded() -> bool:
 def become_subreaper() -> bool:
   """Makes this process the parent of its orphaned descendants (Linux 3.4+): a grandchild whose
   parent exits is reparented here, not to init. Returns whether it worked."""
-  if not sys.platform.startswith("linux"):
-    return False
-  try:
-    return ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
-  except (OSError, AttributeError):
-    return False
+  return lifeline.prctl(_PR_SET_CHILD_SUBREAPER, 1)
 
 
 def children() -> list[int]:

@@ -83,7 +83,7 @@ def fork_agent(run_paths: paths.RunPaths, port: int, host: str) -> forking.Forke
                           coordinator=f"127.0.0.1:{port}")
   except errors.InputError as e:
     logging.error("%s", e)
-    print(f"error: {errors.one_line(str(e))}", file=sys.stderr)
+    errors.print_error(str(e))
     code = errors.EXIT_INPUT
   except BaseException:  # pylint: disable=broad-except  # the fork must not return to the launcher
     logging.exception("agent %s failed", host)
