@@ -56,3 +56,22 @@ def test_a_child_whose_parent_is_already_gone_exits():
   code = subprocess.run([sys.executable, "-c", CHILD], env=env, cwd=ROOT, timeout=30,
                         stdout=subprocess.PIPE).returncode
   assert code == 0 and time.monotonic() - t0 < 20
+
+
+def test_wait_any_returns_when_a_child_exits_or_an_fd_is_readable_else_after_the_timeout():
+  fds = len(os.listdir("/proc/self/fd"))
+  child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.3)"])
+  t0 = time.monotonic()
+  lifeline.wait_any([child.pid], 20.0)
+  assert time.monotonic() - t0 < 10.0 and child.poll() == 0
+  t0 = time.monotonic()
+  lifeline.wait_any([child.pid], 0.2)   # reaped: no pidfd, nothing watched, the whole timeout
+  assert time.monotonic() - t0 >= 0.19
+  read, write = os.pipe()
+  os.write(write, b"x")
+  t0 = time.monotonic()
+  lifeline.wait_any([], 20.0, fds=[read])
+  assert time.monotonic() - t0 < 10.0
+  os.close(read)
+  os.close(write)
+  assert len(os.listdir("/proc/self/fd")) == fds   # its pidfds are closed

@@ -31,7 +31,6 @@ import dataclasses
 import json
 import logging
 import os
-import select
 import signal
 import socket
 import subprocess
@@ -143,13 +142,6 @@ class Worker:
   proc: subprocess.Popen
   reported: bool = False
   term_sent: float = 0.0
-  pidfd: int | None = None   # readable once the process has exited (`Agent._nap`)
-
-
-def _close_pidfd(w: Worker) -> None:
-  if w.pidfd is not None and w.pidfd >= 0:
-    os.close(w.pidfd)
-    w.pidfd = None
 
 
 def _suspended(pid: int) -> bool:
@@ -569,33 +561,12 @@ class Agent:
       self._nap(self.f.agent_interval_s / 4 if waiting else self.f.agent_interval_s)
 
   def _nap(self, seconds: float) -> None:
-    """Sleeps `seconds`, or less if a worker exits meanwhile: the next pass reports the exit at
-    once (a failure's detection, or the end of the run, without waiting out the interval).
-    Each running worker is watched through a pidfd (Linux 5.3+); without them, a plain sleep."""
-    poller = select.poll()
-    watched = False
-    for w in self.workers:
-      if w.proc.returncode is not None:   # seen to exit by the last pass
-        _close_pidfd(w)
-        continue
-      if w.pidfd is None:
-        try:
-          w.pidfd = os.pidfd_open(w.proc.pid)
-        except (AttributeError, OSError):
-          w.pidfd = -1   # no pidfds here: polled each pass, as before
-      if w.pidfd >= 0:
-        poller.register(w.pidfd, select.POLLIN)
-        watched = True
-    for sock in self.pending_spares:   # a spare's pid: adopted at once
-      poller.register(sock, select.POLLIN)
-      watched = True
-    if watched:
-      poller.poll(seconds * 1000)
-    else:
-      time.sleep(seconds)
+    """Sleeps `seconds`, or less if a worker exits meanwhile (the next pass reports the exit at
+    once: a failure's detection, or the end of the run, without waiting out the interval) or a
+    standby's spare writes its pid (adopted at once)."""
+    lifeline.wait_any([w.proc.pid for w in self.workers if w.proc.returncode is None], seconds,
+                      fds=self.pending_spares)
 
   def _forget_workers(self) -> None:
     """The generation's workers have all exited and are dropped."""
-    for w in self.workers:
-      _close_pidfd(w)
     self.workers, self.stopping_since = [], 0.0

@@ -144,10 +144,7 @@ def run(config, workdir: str) -> dict:
                         "most %d without progress)", code, restarts, limit)
         coordinator = start_coordinator(run_paths, port)
         continue
-      try:
-        coordinator.wait(timeout=0.2)   # returns as soon as the coordinator exits
-      except subprocess.TimeoutExpired:
-        pass
+      lifeline.wait_any([coordinator.pid], 0.2)   # returns as soon as the coordinator exits
     for a in agents.values():
       try:
         a.wait(timeout=30)
