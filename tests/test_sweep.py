@@ -286,10 +286,12 @@ def test_sweep_ingests_once_prunes_survives_a_killed_trial_and_resumes(tmp_path)
   study = optuna.create_study(storage=url, study_name="sweep", direction="maximize")
   for lr in (3e-3, 2e-3, 1e-3, 1e-6):
     study.enqueue_trial({"optim.lr": lr})
-  # Judged from the second epoch on: at the first, ASHA could prune trial 2 (behind trial 0)
-  # and its run end before the sweep is killed, leaving nothing to resume.
-  judge_late = "--config.pruner.min_resource=2"
-  sweep = _launch(workdir, judge_late)
+  # Six epochs, judged from the third on: trial 2's run must still be going when the sweep is
+  # killed after its first epoch (a tiny epoch takes ~0.4 s; ASHA could prune trial 2, behind
+  # trial 0, at its first rung, and three epochs were over before the kill once training got
+  # faster), or nothing is left to resume.
+  judge_late = ("--config.pruner.min_resource=3", "--config.overrides.optim.epochs=6")
+  sweep = _launch(workdir, *judge_late)
   try:
     # Trial 1: its launch.py SIGKILLed; the sweep records it failed and goes on.
     t1 = runs.wait_for(lambda: (t := _running(url, 1)) and t.user_attrs.get("pid") and t, 240,
@@ -305,7 +307,7 @@ def test_sweep_ingests_once_prunes_survives_a_killed_trial_and_resumes(tmp_path)
     runs.wait_for(lambda: not _processes_in(trial_dir), 20,
                   "trial 2's processes to die with the sweep")
     assert _running(url, 2)   # as a killed process leaves it
-    resumed = _launch(workdir, judge_late, log="resumed.log")
+    resumed = _launch(workdir, *judge_late, log="resumed.log")
     assert resumed.wait(timeout=400) == 0, runs.tail(workdir, "resumed.log")
   finally:
     for proc in (sweep, locals().get("resumed")):
@@ -340,7 +342,7 @@ def test_sweep_ingests_once_prunes_survives_a_killed_trial_and_resumes(tmp_path)
   assert dud.state == S.PRUNED, states
   dud_summary = runs.summary(os.path.join(workdir, dud.user_attrs["workdir"]))
   assert dud_summary["early_stopping"]["reason"] == "pruned"
-  assert dud.user_attrs["epochs_run"] == dud_summary["early_stopping"]["epochs_run"] < 3
+  assert dud.user_attrs["epochs_run"] == dud_summary["early_stopping"]["epochs_run"] < 6
   for t in finished:
     assert t.user_attrs["parameters"] > 0 and t.user_attrs["wall_s"] > 0
     assert t.user_attrs["energy_j"]                        # joules, or why not measured
