@@ -263,8 +263,8 @@ def _main(argv) -> int:
     _log_to_file("failed")
     if errors.debug():
       raise
-    errors.print_error(f"internal error: {type(e).__name__}: {e} (a bug in medjax, not in your input: "
-                 "rerun with --debug for the traceback, and please report it)")
+    errors.print_error(f"internal error: {type(e).__name__}: {e} (a bug in medjax, not in your "
+                       "input: rerun with --debug for the traceback, and please report it)")
     return 1
 
 

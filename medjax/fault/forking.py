@@ -88,9 +88,10 @@ class Forked:
   def wait(self, timeout: float | None = None) -> int:
     deadline = None if timeout is None else time.monotonic() + timeout
     while self.poll() is None:
-      if deadline is not None and time.monotonic() >= deadline:
+      left = None if deadline is None else deadline - time.monotonic()
+      if left is not None and left <= 0:
         raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout)
-      time.sleep(0.01)
+      lifeline.wait_any([self.pid], 0.05 if left is None else min(left, 0.05))   # wakes at its exit
     return self.returncode
 
   def send_signal(self, sig: int) -> None:
