@@ -3,6 +3,7 @@ study, stale and dead trials queued again, and one real sweep (launch.py process
 once, prunes, survives a trial killed with SIGKILL, and resumes after the sweep itself is killed.
 """
 
+import contextlib
 import json
 import os
 import signal
@@ -286,11 +287,11 @@ def test_sweep_ingests_once_prunes_survives_a_killed_trial_and_resumes(tmp_path)
   study = optuna.create_study(storage=url, study_name="sweep", direction="maximize")
   for lr in (3e-3, 2e-3, 1e-3, 1e-6):
     study.enqueue_trial({"optim.lr": lr})
-  # Six epochs, judged from the third on: trial 2's run must still be going when the sweep is
-  # killed after its first epoch (a tiny epoch takes ~0.4 s; ASHA could prune trial 2, behind
-  # trial 0, at its first rung, and three epochs were over before the kill once training got
-  # faster), or nothing is left to resume.
-  judge_late = ("--config.pruner.min_resource=3", "--config.overrides.optim.epochs=6")
+  # Ten epochs, judged from the third on: trial 2's run must still be going when the sweep is
+  # killed after its first epoch, or nothing is left to resume (ASHA could prune trial 2, behind
+  # trial 0, at its first rung; a tiny epoch takes ~0.2 s, and six epochs were over before the
+  # kill in a CI run). Its processes are also stopped (SIGSTOP) before the kill.
+  judge_late = ("--config.pruner.min_resource=3", "--config.overrides.optim.epochs=10")
   sweep = _launch(workdir, *judge_late)
   try:
     # Trial 1: its launch.py SIGKILLed; the sweep records it failed and goes on.
@@ -301,9 +302,14 @@ def test_sweep_ingests_once_prunes_survives_a_killed_trial_and_resumes(tmp_path)
     # Trial 2: the sweep itself SIGKILLed once the trial has reported an epoch.
     runs.wait_for(lambda: (t := _running(url, 2)) and t.intermediate_values, 240,
                   "trial 2 to report an epoch")
+    trial_dir = os.path.join(workdir, "trials", "trial-0002")
+    for pid in _processes_in(trial_dir):   # frozen where it is: no epoch ends before the kill
+      with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGSTOP)
     os.kill(sweep.pid, signal.SIGKILL)
     sweep.wait()
-    trial_dir = os.path.join(workdir, "trials", "trial-0002")
+    assert not os.path.exists(os.path.join(trial_dir, "summary.json")), (
+        "trial 2's run finished before the sweep was killed: nothing to resume")
     runs.wait_for(lambda: not _processes_in(trial_dir), 20,
                   "trial 2's processes to die with the sweep")
     assert _running(url, 2)   # as a killed process leaves it
@@ -342,7 +348,7 @@ def test_sweep_ingests_once_prunes_survives_a_killed_trial_and_resumes(tmp_path)
   assert dud.state == S.PRUNED, states
   dud_summary = runs.summary(os.path.join(workdir, dud.user_attrs["workdir"]))
   assert dud_summary["early_stopping"]["reason"] == "pruned"
-  assert dud.user_attrs["epochs_run"] == dud_summary["early_stopping"]["epochs_run"] < 6
+  assert dud.user_attrs["epochs_run"] == dud_summary["early_stopping"]["epochs_run"] < 10
   for t in finished:
     assert t.user_attrs["parameters"] > 0 and t.user_attrs["wall_s"] > 0
     assert t.user_attrs["energy_j"]                        # joules, or why not measured
