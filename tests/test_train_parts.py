@@ -1,7 +1,9 @@
 """The trainer's per-step helpers on their own: save policy, commit path, metrics reporter,
 and which party commits and prunes."""
 
+import glob
 import os
+import struct
 import time
 
 import jax
@@ -207,6 +209,10 @@ class _Writer:
 
   def write(self, step, scalars, kind="train"):
     self.rows.append((kind, step, scalars))
+
+  def write_interval(self, rows, kind="train"):
+    for step, scalars in rows:
+      self.write(step, scalars, kind)
 
 
 class _Bar:
@@ -580,3 +586,37 @@ def test_metric_writes_do_not_wait_for_tensorboards_writer_thread(tmp_path, monk
   assert took < 1.0   # 400 events at 5 ms each would have taken ~2 s behind a queue of 10
   assert len(written) >= 400   # each scalar's event (the file's header event besides)
   assert len(writers.read_metrics(str(tmp_path))) == 40
+
+
+def _tensorboard_scalars(directory: str) -> list[tuple[str, int, float]]:
+  """(tag, step, value) of every scalar in the event files under `directory` (TFRecord framing:
+  length, its checksum, the Event, its checksum)."""
+  from tensorboardX.proto import event_pb2  # pylint: disable=import-outside-toplevel
+  found = []
+  for path in sorted(glob.glob(os.path.join(directory, "events.out.tfevents.*"))):
+    with open(path, "rb") as f:
+      data = f.read()
+    at = 0
+    while at < len(data):
+      (length,) = struct.unpack("<Q", data[at:at + 8])
+      event = event_pb2.Event.FromString(data[at + 12:at + 12 + length])
+      at += 12 + length + 4
+      found += [(v.tag, event.step, v.simple_value) for v in event.summary.value]
+  return found
+
+
+def test_tensorboard_gets_each_intervals_mean_and_metrics_jsonl_every_step(tmp_path):
+  from medjax.train import writers  # pylint: disable=import-outside-toplevel
+  writer = writers.MetricWriter(str(tmp_path))
+  writer.write_interval([(1, {"loss": 4.0, "epoch": 0.0, "time": 1.0}),
+                         (2, {"loss": 2.0, "epoch": 1.0, "time": 2.0, "grad_norm": 3.0})])
+  writer.write(7, {"cpu_percent": 50.0}, kind="monitor")
+  writer.close()
+  rows = writers.read_metrics(str(tmp_path))
+  assert [(r["kind"], r["step"]) for r in rows] == [("train", 1), ("train", 2), ("monitor", 7)]
+  assert rows[1]["loss"] == 2.0 and rows[1]["grad_norm"] == 3.0
+  # One point per interval, at its last step: the mean (of the steps that have the value), the
+  # last step's epoch; where-from fields such as the time are not scalars.
+  assert sorted(_tensorboard_scalars(str(tmp_path / "tensorboard"))) == [
+      ("monitor/cpu_percent", 7, 50.0), ("train/epoch", 2, 1.0), ("train/grad_norm", 2, 3.0),
+      ("train/loss", 2, 3.0)]

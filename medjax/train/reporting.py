@@ -4,7 +4,7 @@ The training loop dispatches steps asynchronously; `Reporter.step` only queues e
 metrics (device arrays) with its host-side facts. After the first step, then every `every` steps
 and before each checkpoint, `flush` copies the queued metrics to the host in one transfer, checks
 that every loss is finite (naming the first bad step and its records otherwise), writes one
-metrics.jsonl row per step, advances the progress bar and reports progress to the fault-tolerance
+metrics.jsonl row per step (TensorBoard: the interval's mean), advances the progress bar and reports progress to the fault-tolerance
 context. So the host waits for the device once per interval, not once per step; a non-finite
 state is never checkpointed; and the progress the coordinator sees is of steps that finished
 (a step dispatched may still wait on a peer that is compiling), so its hang timeouts hold.
@@ -99,19 +99,23 @@ class Reporter:
     examples = sum(int(np.sum(p.rows >= 0)) for p in pending) * self.processes
     rate = examples / max(now - self._since, 1e-9)
     self._since = now
+    rows = []
     for p, m in zip(pending, fetched):
       loss = float(m["loss"])
       if not math.isfinite(loss):
+        self.writer.write_interval(rows)   # the steps before it, for the record
         bad = [str(self.record_ids[r]) for r in p.rows if r >= 0]
         raise TrainingError(
             f"non-finite loss {loss} at step {p.global_step} (epoch {p.epoch}, partition "
             f"{p.partition}, offset {p.offset - 1}); this process's records in the batch: "
             f"{bad[:8]}{'...' if len(bad) > 8 else ''}; {self.resume_hint()}. Lower "
             "config.optim.lr or check those records, then rerun to resume from it")
-      self.writer.write(p.global_step, {
+      rows.append((p.global_step, {
           **{k: float(v) for k, v in m.items() if k != "weight"},
           "examples_per_s": rate, "epoch": p.epoch, "partition": p.partition,
-          "generation": self.generation})
+          "generation": self.generation}))
+    # metrics.jsonl gets every step; TensorBoard one point, the interval's mean.
+    self.writer.write_interval(rows)
     self.bar.update(len(pending), loss=f"{float(fetched[-1]['loss']):.3f}")
     last = pending[-1]
     self._reported = last.global_step
