@@ -170,13 +170,14 @@ class _FakeContext:
 
 @pytest.mark.parametrize("is_chief", [True, False])
 def test_saver_saves_once_per_step_and_only_the_chief_commits(is_chief):
-  ckpt, ctx, flushed = _FakeCheckpointer(), _FakeContext(), []
+  ckpt, ctx, calls = _FakeCheckpointer(), _FakeContext(), []
   saver = checkpointing.Saver(ckpt, ctx, is_chief=is_chief, last_saved=5,
-                              before_save=lambda: flushed.append(1))
+                              before_save=lambda: calls.append(("before", list(ckpt.saved))),
+                              after_save=lambda: calls.append(("after", list(ckpt.saved))))
   saver.save({}, _lineage(5))      # restored there: not saved again
   saver.save({}, _lineage(8))
   saver.save({}, _lineage(8))
-  assert ckpt.saved == [8] and len(flushed) == 1
+  assert ckpt.saved == [8] and calls == [("before", []), ("after", [8])]
   assert ctx.phases == ["checkpointing", "training"] and ctx.phase == "training"
   saver.commit_finalized()
   assert ctx.commits == ([8] if is_chief else [])
@@ -276,6 +277,22 @@ def test_reporter_reports_no_progress_for_steps_still_computing():
   assert progress == [(1, 0, 0)]   # the first step's flush only
 
 
+def test_reporter_checks_before_a_save_and_writes_after_it():
+  # check() fetches and checks (before a checkpoint is handed over); write() writes (after it).
+  writer, bar, progress = _Writer(), _Bar(), []
+  reporter = reporting.Reporter(writer, bar, every=10, processes=1, record_ids=np.array(["r-a"]),
+                                resume_hint=lambda: "", on_progress=lambda *a: progress.append(a))
+  for step in (1, 2, 3):
+    reporter.step(global_step=step, epoch=0, partition=0, offset=step, rows=np.array([0]),
+                  metrics=_metrics(0.5))
+  reporter.check()
+  assert [r[1] for r in writer.rows] == [1] and bar.done == 1   # the first step's own flush
+  reporter.write()
+  assert [r[1] for r in writer.rows] == [1, 2, 3] and bar.done == 3 and progress[-1] == (3, 0, 0)
+  reporter.write()   # nothing left
+  assert len(writer.rows) == 3
+
+
 def test_reporter_names_the_first_non_finite_step_by_pseudonym():
   reporter = reporting.Reporter(_Writer(), _Bar(), every=10, processes=1,
                                 record_ids=np.array(["r-a", "r-b", "r-c"]),
@@ -285,7 +302,7 @@ def test_reporter_names_the_first_non_finite_step_by_pseudonym():
   reporter.step(global_step=8, epoch=1, partition=2, offset=4, rows=np.array([1, -1]),
                 metrics=_metrics(float("nan")))
   with pytest.raises(reporting.TrainingError) as e:
-    reporter.flush()
+    reporter.check()
   assert "non-finite loss nan at step 8 (epoch 1, partition 2, offset 3)" in str(e.value)
   assert "['r-b']" in str(e.value) and "last good checkpoint: 4 in /x" in str(e.value)
 

@@ -123,15 +123,17 @@ class Saver:
       record (and applies retention), its phase says 'checkpointing' while a save blocks.
     is_chief: only process 0 commits (every process saves its shards).
     last_saved: the step already on disk (a restored checkpoint's), never saved again.
-    before_save: called first (e.g. the metrics flush that checks the loss is finite, so that no
+    before_save: called first (e.g. the metrics check that every loss is finite, so that no
       non-finite state is saved).
+    after_save: called once the save is handed to the saver (e.g. writing those metrics, which
+      would otherwise compete with the save's packing for the GIL).
   """
 
   def __init__(self, ckpt: checkpoint_lib.Checkpointer, ctx, *, is_chief: bool,
-               last_saved: int | None, before_save=lambda: None):
+               last_saved: int | None, before_save=lambda: None, after_save=lambda: None):
     self.ckpt, self.ctx, self.is_chief = ckpt, ctx, is_chief
     self.last_saved = last_saved
-    self._before_save = before_save
+    self._before_save, self._after_save = before_save, after_save
     # A save is committed as soon as it is finalized, from the saver thread. Committed from the
     # training thread between steps, it waited while that thread was blocked on the device (the
     # steps run ahead of it, then it waits for them at the next partition boundary), often until
@@ -145,7 +147,10 @@ class Saver:
     self.last_saved = lineage.global_step
     phase = self.ctx.phase
     self.ctx.set_phase("checkpointing")
-    self.ckpt.save(state, lineage)
+    try:
+      self.ckpt.save(state, lineage)
+    finally:
+      self._after_save()
     self.ctx.blocked_s = self.ckpt.blocked_s
     self.ctx.set_phase(phase)
 

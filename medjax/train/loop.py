@@ -335,7 +335,7 @@ def run_prepared(prepared: Prepared, ctx, *, phases: phases_lib.Phases | None = 
       record_ids=manifest.record_ids, generation=ctx.generation, on_progress=on_progress,
       resume_hint=lambda: f"last good checkpoint: {saver.last_saved} in {run.checkpoints}")
   saver = checkpointing.Saver(ckpt, ctx, is_chief=is_chief, last_saved=last_good,
-                              before_save=reporter.flush)
+                              before_save=reporter.check, after_save=reporter.write)
   agree = checkpointing.agree_with_chief if jax.process_count() > 1 else None
   policy = checkpointing.SavePolicy(config.ckpt, epochs=config.optim.epochs, agree=agree)
   preemption = checkpointing.Preemption()

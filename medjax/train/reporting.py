@@ -2,7 +2,8 @@
 
 The training loop dispatches steps asynchronously; `Reporter.step` only queues each step's
 metrics (device arrays) with its host-side facts. After the first step, then every `every` steps
-and before each checkpoint, `flush` copies the queued metrics to the host in one transfer, checks
+and before each checkpoint (there in two halves, `check` before the save and `write` after it),
+`flush` copies the queued metrics to the host in one transfer, checks
 that every loss is finite (naming the first bad step and its records otherwise), writes one
 metrics.jsonl row per step (TensorBoard: the interval's mean), advances the progress bar and reports progress to the fault-tolerance
 context. So the host waits for the device once per interval, not once per step; a non-finite
@@ -72,6 +73,7 @@ class Reporter:
     self._flushed = False   # the first step is flushed at once: it ends compiling
     self._since = time.perf_counter()
     self._reported = -1     # the newest step reported as finished
+    self._checked: list = []   # (rows, last step, its loss) fetched and checked, not yet written
 
   def step(self, *, global_step: int, epoch: int, partition: int, offset: int,
            rows: np.ndarray, metrics: dict) -> None:
@@ -91,6 +93,14 @@ class Reporter:
 
   def flush(self) -> None:
     """Fetches the queued metrics (one device-to-host copy), checks and writes them."""
+    self.check()
+    self.write()
+
+  def check(self) -> None:
+    """Fetches the queued metrics and checks that every loss is finite (a TrainingError names
+    the first step whose loss is not); `write` writes them. A checkpoint is saved in between:
+    writing wakes TensorBoard's writer thread, whose Python would hold the GIL while the save
+    dispatches its packing."""
     if not self._pending:
       return
     pending, self._pending, self._flushed = self._pending, [], True
@@ -103,6 +113,7 @@ class Reporter:
     for p, m in zip(pending, fetched):
       loss = float(m["loss"])
       if not math.isfinite(loss):
+        self.write()
         self.writer.write_interval(rows)   # the steps before it, for the record
         bad = [str(self.record_ids[r]) for r in p.rows if r >= 0]
         raise TrainingError(
@@ -114,12 +125,17 @@ class Reporter:
           **{k: float(v) for k, v in m.items() if k != "weight"},
           "examples_per_s": rate, "epoch": p.epoch, "partition": p.partition,
           "generation": self.generation}))
-    # metrics.jsonl gets every step; TensorBoard one point, the interval's mean.
-    self.writer.write_interval(rows)
-    self.bar.update(len(pending), loss=f"{float(fetched[-1]['loss']):.3f}")
-    last = pending[-1]
-    self._reported = last.global_step
-    self.on_progress(last.global_step, last.epoch, last.partition)
+    self._checked.append((rows, pending[-1], float(fetched[-1]["loss"])))
+
+  def write(self) -> None:
+    """Writes what `check` fetched: metrics.jsonl gets every step, TensorBoard one point per
+    interval (its mean); then the progress bar and `on_progress`."""
+    checked, self._checked = self._checked, []
+    for rows, last, loss in checked:
+      self.writer.write_interval(rows)
+      self.bar.update(len(rows), loss=f"{loss:.3f}")
+      self._reported = last.global_step
+      self.on_progress(last.global_step, last.epoch, last.partition)
 
   def cache_counters(self, global_step: int, epoch: int, counts: dict, keys) -> None:
     """One metrics.jsonl row (kind 'cache') of every host's cache counters at an epoch end."""

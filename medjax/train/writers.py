@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import threading
 
 from tensorboardX import SummaryWriter
