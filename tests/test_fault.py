@@ -220,6 +220,20 @@ def test_crash_loop_guard_stops_with_error(shared):
   assert [e["event"] for e in runs.events(workdir)].count("failure") == 3
 
 
+def test_a_diverging_run_stops_at_once_with_one_line(shared):
+  # A non-finite loss is the config's (or the records'): resumed from the last good checkpoint
+  # it would diverge again. One line and exit 2, no restart, no "internal error".
+  workdir = str(shared["base"] / "diverging")
+  code = runs.run(workdir, *_common(shared), "--config.optim.lr=1e12")
+  log = runs.tail(workdir, n=80)
+  assert code == 2, log
+  (line,) = [l for l in log.splitlines() if l.startswith("error: ")]
+  assert "non-finite loss" in line and "Lower config.optim.lr" in line, line
+  assert "internal error" not in log and "Traceback" not in log
+  kinds = [e["event"] for e in runs.events(workdir)]
+  assert kinds.count("failure") == 1 and kinds.count("generation_start") == 1, kinds
+
+
 def test_elastic_shrink_from_two_hosts_to_one_keeps_exactly_once(shared):
   workdir = str(shared["base"] / "elastic")
   proc = runs.start(workdir, *_common(shared), "--config.fault.local_hosts=2",

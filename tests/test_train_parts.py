@@ -301,8 +301,9 @@ def test_reporter_names_the_first_non_finite_step_by_pseudonym():
                 metrics=_metrics(0.3))
   reporter.step(global_step=8, epoch=1, partition=2, offset=4, rows=np.array([1, -1]),
                 metrics=_metrics(float("nan")))
-  with pytest.raises(reporting.TrainingError) as e:
+  with pytest.raises(errors.InputError) as e:   # a TrainingError: one line, exit 2, no retry
     reporter.check()
+  assert isinstance(e.value, reporting.TrainingError)
   assert "non-finite loss nan at step 8 (epoch 1, partition 2, offset 3)" in str(e.value)
   assert "['r-b']" in str(e.value) and "last good checkpoint: 4 in /x" in str(e.value)
 

@@ -24,9 +24,13 @@ from typing import Callable
 import jax
 import numpy as np
 
+from medjax import errors
 
-class TrainingError(RuntimeError):
-  """Training cannot go on (e.g. a non-finite loss); the message says where and what to do."""
+
+class TrainingError(errors.InputError):
+  """Training cannot go on (a non-finite loss); the message says where and what to do. Resumed
+  from the last good checkpoint it would diverge the same way, so it is reported like bad input
+  (one line, exit 2) and a supervised run stops at once instead of restarting it."""
 
 
 @dataclasses.dataclass
