@@ -2,13 +2,14 @@
 
 The training loop dispatches steps asynchronously; `Reporter.step` only queues each step's
 metrics (device arrays) with its host-side facts. After the first step, then every `every` steps
-and before each checkpoint (there in two halves, `check` before the save and `write` after it),
-`flush` copies the queued metrics to the host in one transfer, checks
+and before each checkpoint, `flush` copies the queued metrics to the host in one transfer, checks
 that every loss is finite (naming the first bad step and its records otherwise), writes one
-metrics.jsonl row per step (TensorBoard: the interval's mean), advances the progress bar and reports progress to the fault-tolerance
-context. So the host waits for the device once per interval, not once per step; a non-finite
-state is never checkpointed; and the progress the coordinator sees is of steps that finished
-(a step dispatched may still wait on a peer that is compiling), so its hang timeouts hold.
+metrics.jsonl row per step (TensorBoard: one point, the interval's mean), advances the progress
+bar and reports progress to the fault-tolerance context; at a checkpoint in two halves, `check`
+before the save and `write` after it. So the host waits for the device once per interval, not
+once per step; a non-finite state is never checkpointed; and the progress the coordinator sees
+is of steps that finished (a step dispatched may still wait on a peer that is compiling), so its
+hang timeouts hold.
 Between flushes, each new dispatch also reports the newest queued step whose results are ready
 (`jax.Array.is_ready`, which does not wait): progress arrives step by step, so hang timeouts can
 be learned from step times (`medjax.fault.policy`).

@@ -3,8 +3,8 @@
 Training steps reach TensorBoard once per logging interval, as the mean of the interval's steps
 (`write_interval`, the convention of Flax's examples and clu's writers); metrics.jsonl keeps every
 step. TensorBoard's writer thread serializes each event in Python: with every step's scalars it
-held the GIL while the training thread dispatched a checkpoint's packing (1.0-1.3 ms a save
-against 0.3-0.4 ms without TensorBoard, bench_fault part A).
+held the GIL while the training thread dispatched a checkpoint's packing (on the quickstart,
+1.0-1.3 ms of a save against 0.3-0.4 ms without TensorBoard).
 """
 
 from __future__ import annotations
