@@ -24,13 +24,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import io
 import json
 import logging
 import os
 import queue
 import shutil
-import sys
 import threading
 import time
 
@@ -44,6 +42,7 @@ from jax.experimental import multihost_utils
 from medjax import errors
 from medjax import lineage as lineage_lib
 from medjax import programs
+from medjax import runlog
 
 
 # Orbax's barriers between processes are device collectives by default (a jitted all-gather, run
@@ -290,7 +289,7 @@ def restore_committed(directory: str, store: lineage_lib.LineageStore, abstract_
   ckpt = ckpt or Checkpointer(directory, async_save=False)
   # A damaged step can make a TensorStore callback fail later on an Orbax event loop that is
   # already closed, which prints a traceback to sys.stderr: into the log, not the terminal.
-  quiet = contextlib.redirect_stderr(_LogWriter())
+  quiet = contextlib.redirect_stderr(runlog.LibraryOutput())
   quiet.__enter__()
   try:
     on_disk = set(ckpt.steps())
@@ -326,27 +325,6 @@ def restore_committed(directory: str, store: lineage_lib.LineageStore, abstract_
     quiet.__exit__(None, None, None)
     if own:
       ckpt.close()
-
-
-class _LogWriter(io.TextIOBase):
-  """A text stream that sends what is written to it to the run's log files (not through
-  logging's other handlers, which may write to sys.stderr: this stream)."""
-
-  def __init__(self):
-    super().__init__()
-    self._files = [h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]
-    self._fallback = sys.stderr
-
-  def write(self, text: str) -> int:
-    if not self._files:
-      return self._fallback.write(text)
-    for line in text.splitlines():
-      if line.strip():
-        record = logging.LogRecord("medjax", logging.WARNING, __file__, 0,
-                                   "(library output) %s", (line,), None)
-        for handler in self._files:
-          handler.handle(record)
-    return len(text)
 
 
 def load_arrays(directory: str, step: int | None = None) -> tuple[dict[str, np.ndarray], int]:

@@ -3,6 +3,8 @@ state"); the checkpoint rules are in test_train_parts.py, the real-process ones 
 
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -12,6 +14,8 @@ from medjax import lineage
 from medjax import paths
 from medjax.fault import coordinator
 from medjax.fault import policy
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.mark.parametrize("garbage", [b"\x00\x01 not json", b"[]", b'{"status": "exploded"}',
@@ -53,3 +57,33 @@ def test_a_damaged_salt_file_stops_ingest_with_one_line(tmp_path):
       "delete it and ingest again (record ids change: start a new --workdir, as this run's "
       "checkpoints and caches belong to the old ids)")
 
+
+
+_UNRAISABLE = """
+import sys
+from medjax import runlog
+runlog.setup(sys.argv[1], "log")
+
+class Closing:
+  def __del__(self):   # what an unfinished coroutine or a callback on a closed loop leaves
+    raise RuntimeError("Event loop is closed")
+
+Closing()
+print("error: the run's one line", file=sys.stderr)
+"""
+
+
+@pytest.mark.parametrize("debug", [False, True])
+def test_an_exception_python_can_only_report_goes_to_the_log_not_after_the_error_line(tmp_path,
+                                                                                      debug):
+  # After a damaged checkpoint was skipped, Orbax's and TensorStore's leftovers printed a
+  # traceback after the one-line error (the bad-inputs battery's "every checkpoint damaged").
+  env = {**os.environ, "MEDJAX_DEBUG": "1" if debug else "0"}
+  done = subprocess.run([sys.executable, "-c", _UNRAISABLE, str(tmp_path)], cwd=ROOT, env=env,
+                        capture_output=True, text=True, timeout=60, check=True)
+  log = (tmp_path / "log.txt").read_text()
+  if debug:   # --debug keeps Python's own report
+    assert "RuntimeError: Event loop is closed" in done.stderr
+  else:
+    assert done.stderr.strip() == "error: the run's one line"
+    assert "exception ignored" in log and "RuntimeError: Event loop is closed" in log
