@@ -440,6 +440,21 @@ def _probe(proc, run) -> dict:
   return out
 
 
+@case("state", "a learning rate at which the loss diverges", CLEAR)
+def _(ctx):
+  # Found only once training runs: one line naming the step and what to change, and no restart
+  # from the last good checkpoint, where the run would diverge again.
+  work = ctx.path("work")
+
+  def not_restarted(run):
+    starts = [e for e in run.events() if e.get("event") == "generation_start"]
+    return len(starts) == 1, f"{len(starts)} generation(s) started"
+  return lib.Plan(argv=[lib.TINY, f"--workdir={work}", "--config.optim.lr=1e12"], workdir=work,
+                  raw_ids=[], raw_ids_file=os.path.join(work, "cohort", "labels.csv"),
+                  timeout=400, address_space_gb=None, error="non-finite loss",
+                  checks=[("no restart after the divergence", not_restarted)])
+
+
 @case("network", "stray connections to a supervised run", ACCEPTED)
 def _(ctx):
   work = ctx.path("work")
