@@ -21,7 +21,6 @@ pushes the last committed one out; whoever commits prunes (the coordinator in su
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import json
@@ -42,7 +41,6 @@ from jax.experimental import multihost_utils
 from medjax import errors
 from medjax import lineage as lineage_lib
 from medjax import programs
-from medjax import runlog
 
 
 # Orbax's barriers between processes are device collectives by default (a jitted all-gather, run
@@ -288,9 +286,7 @@ def restore_committed(directory: str, store: lineage_lib.LineageStore, abstract_
   own = ckpt is None
   ckpt = ckpt or Checkpointer(directory, async_save=False)
   # A damaged step can make a TensorStore callback fail later on an Orbax event loop that is
-  # already closed, which prints a traceback to sys.stderr: into the log, not the terminal.
-  quiet = contextlib.redirect_stderr(runlog.LibraryOutput())
-  quiet.__enter__()
+  # already closed; Python reports it through sys.unraisablehook, which runlog sends to the log.
   try:
     on_disk = set(ckpt.steps())
     for step in reversed(committed):
@@ -322,7 +318,6 @@ def restore_committed(directory: str, store: lineage_lib.LineageStore, abstract_
       return state, saved, step
     return None
   finally:
-    quiet.__exit__(None, None, None)
     if own:
       ckpt.close()
 

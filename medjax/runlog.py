@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import logging
 import os
 import sys
@@ -40,34 +39,20 @@ def setup(workdir: str, name: str) -> None:
     sys.unraisablehook = _unraisable_to_log
 
 
-class LibraryOutput(io.TextIOBase):
-  """A text stream whose lines go to the run's log files as warnings (not through logging's
-  other handlers, which may write to sys.stderr: this stream), for library output that is detail
-  for the log, not the terminal."""
-
-  def __init__(self):
-    super().__init__()
-    self._files = [h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]
-    self._fallback = sys.stderr
-
-  def write(self, text: str) -> int:
-    if not self._files:
-      return self._fallback.write(text)
-    for line in text.splitlines():
-      if line.strip():
-        record = logging.LogRecord("medjax", logging.WARNING, __file__, 0,
-                                   "(library output) %s", (line,), None)
-        for handler in self._files:
-          handler.handle(record)
-    return len(text)
-
-
 def _unraisable_to_log(unraisable) -> None:
   """sys.unraisablehook: an exception Python can only report, not raise (in a coroutine
   garbage-collected unfinished, a TensorStore callback on an event loop Orbax already closed,
-  e.g. after a damaged checkpoint was skipped), goes to the log file, not the terminal, where it
-  printed a traceback after the one-line error (`--debug` keeps Python's own report)."""
+  e.g. after a damaged checkpoint was skipped), goes to the log files, not the terminal, where it
+  printed a traceback after the one-line error (`--debug` keeps Python's own report). Not through
+  logging's other handlers: absl's writes warnings to stderr."""
+  files = [h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]
+  if not files:
+    sys.__unraisablehook__(unraisable)
+    return
   where = f" in {unraisable.object!r}" if unraisable.object is not None else ""
   text = "".join(traceback.format_exception(unraisable.exc_type, unraisable.exc_value,
                                             unraisable.exc_traceback))
-  LibraryOutput().write(f"exception ignored{where}: {text}")
+  record = logging.LogRecord("medjax", logging.WARNING, __file__, 0,
+                             "(library output) exception ignored%s: %s", (where, text), None)
+  for handler in files:
+    handler.handle(record)
