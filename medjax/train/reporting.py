@@ -78,7 +78,7 @@ class Reporter:
     self._flushed = False   # the first step is flushed at once: it ends compiling
     self._since = time.perf_counter()
     self._reported = -1     # the newest step reported as finished
-    self._checked: list = []   # (rows, last step, its loss) fetched and checked, not yet written
+    self._checked: list = []   # intervals' rows (step, scalars) fetched and checked, not written
 
   def step(self, *, global_step: int, epoch: int, partition: int, offset: int,
            rows: np.ndarray, metrics: dict) -> None:
@@ -130,17 +130,18 @@ class Reporter:
           **{k: float(v) for k, v in m.items() if k != "weight"},
           "examples_per_s": rate, "epoch": p.epoch, "partition": p.partition,
           "generation": self.generation}))
-    self._checked.append((rows, pending[-1], float(fetched[-1]["loss"])))
+    self._checked.append(rows)
 
   def write(self) -> None:
     """Writes what `check` fetched: metrics.jsonl gets every step, TensorBoard one point per
     interval (its mean); then the progress bar and `on_progress`."""
     checked, self._checked = self._checked, []
-    for rows, last, loss in checked:
+    for rows in checked:
       self.writer.write_interval(rows)
-      self.bar.update(len(rows), loss=f"{loss:.3f}")
-      self._reported = last.global_step
-      self.on_progress(last.global_step, last.epoch, last.partition)
+      step, last = rows[-1]
+      self.bar.update(len(rows), loss=f"{last['loss']:.3f}")
+      self._reported = step
+      self.on_progress(step, last["epoch"], last["partition"])
 
   def cache_counters(self, global_step: int, epoch: int, counts: dict, keys) -> None:
     """One metrics.jsonl row (kind 'cache') of every host's cache counters at an epoch end."""

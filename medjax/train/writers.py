@@ -27,7 +27,8 @@ _WHERE = ("epoch", "partition", "generation")
 # Events TensorBoard's writer thread may have pending before `add_scalar` waits for it. At
 # tensorboardX's default of 10, the training thread waited on that thread (which serializes and
 # checksums each event in Python) for ~11% of its time on the quickstart (py-spy), and training
-# took ~12% longer, supervised or not. A run's scalars are a few thousand small events.
+# took ~12% longer, supervised or not. (With one point per logging interval a run writes a few
+# hundred small events.)
 _TB_QUEUE = 100_000
 
 
