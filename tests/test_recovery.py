@@ -172,11 +172,23 @@ def test_a_generation_takes_the_standby_prepared_for_its_shape(tmp_path):
   assert agent._take_standby(two)[1] == "standby"
 
 
+def _pidfds() -> list[str]:
+  """This process's open pidfds (counting all its fds failed when another test's fd closed)."""
+  found = []
+  for fd in os.listdir("/proc/self/fd"):
+    try:
+      if os.readlink(f"/proc/self/fd/{fd}") == "anon_inode:[pidfd]":
+        found.append(fd)
+    except OSError:   # the listing's own fd, or one closed meanwhile
+      pass
+  return found
+
+
 def test_an_agent_wakes_as_soon_as_a_worker_exits(tmp_path):
   # Between heartbeats the agent waits on its workers' pidfds: a crash (or the end of the run)
   # is reported within milliseconds, not at the next interval.
   agent = _agent(tmp_path)
-  fds = len(os.listdir("/proc/self/fd"))
+  pidfds = _pidfds()
   worker = agent_lib.Worker(0, subprocess.Popen([sys.executable, "-c",
                                                  "import time; time.sleep(0.3)"]))
   agent.workers = [worker]
@@ -186,7 +198,7 @@ def test_an_agent_wakes_as_soon_as_a_worker_exits(tmp_path):
   t0 = time.monotonic()
   agent._nap(0.2)   # the exit was seen: nothing left to watch, a plain sleep
   assert time.monotonic() - t0 >= 0.19
-  assert len(os.listdir("/proc/self/fd")) == fds   # no pidfd left open
+  assert _pidfds() == pidfds   # no pidfd left open
   agent._forget_workers()
   assert agent.workers == []
 
