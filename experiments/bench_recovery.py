@@ -10,7 +10,9 @@ A. Supervision cost: the default quickstart (supervised: coordinator, agent and 
    warm-up of the shared compilation cache: launch.py's wall time end to end (both reuse
    a copy of one ingest and its decoded cache, so the ratio is over start-up, training and
    evaluation), training time (summary.json train.seconds), test accuracy and macro F1. The
-   variants alternate, `--repeats` times; each is represented by its median.
+   variants alternate, `--repeats` times; each is represented by its median, and each round's
+   pair by its ratio (the median of those, with a bootstrap 90% interval: on a shared machine
+   the speed drifts between rounds by more than the effect measured).
    Target: supervised <= 1.05x the unsupervised wall time, with the same accuracy.
 B. Recovery per failure kind: a supervised run per layout ('auto': one worker process, the
    default fault.warm_standby='after_failure', so the first restart takes a spare standby that
@@ -190,7 +192,16 @@ def _compared(runs: dict, baseline: str, variant: str) -> dict:
   for ratio, key in (("round_wall_ratios", "wall_s"), ("round_train_ratios", "train_s")):
     out[ratio] = [round(v[key] / b[key], 4) for b, v in zip(runs[baseline], runs[variant])]
     out["median_" + ratio.removesuffix("s")] = round(float(np.median(out[ratio])), 4)
+    out["median_" + ratio.removesuffix("s") + "_ci90"] = _median_ci(out[ratio])
   return out
+
+
+def _median_ci(values: list[float], level: float = 0.90, resamples: int = 10_000) -> list[float]:
+  """A bootstrap interval of the median of `values` (the rounds resampled with replacement):
+  how far the machine's drift between rounds leaves the median round ratio uncertain."""
+  draws = np.random.default_rng(0).choice(values, size=(resamples, len(values)))
+  medians = np.median(draws, axis=1)
+  return [round(float(q), 4) for q in np.quantile(medians, [(1 - level) / 2, (1 + level) / 2])]
 
 
 # -- C. what preparing ahead costs a run that does not fail ------------------------------------
@@ -354,9 +365,12 @@ def table(result: dict) -> str:
     lines.append(f"supervised / unsupervised: wall {a['wall_ratio']:.3f} (target <= 1.05), "
                  f"training {a['train_ratio']:.3f}, same accuracy: {a['same_accuracy']}")
     if "round_wall_ratios" in a:
+      ci = lambda key: ("" if key not in a else
+                        f", 90% interval {a[key][0]:.3f}-{a[key][1]:.3f}")
       lines.append(f"  each round's pair: wall {a['round_wall_ratios']} (median "
-                   f"{a['median_round_wall_ratio']:.3f}), training {a['round_train_ratios']} "
-                   f"(median {a['median_round_train_ratio']:.3f})")
+                   f"{a['median_round_wall_ratio']:.3f}{ci('median_round_wall_ratio_ci90')}), "
+                   f"training {a['round_train_ratios']} (median "
+                   f"{a['median_round_train_ratio']:.3f}{ci('median_round_train_ratio_ci90')})")
   c = result.get("prepare_cost")
   if c:
     lines.append(f"two processes, no failure, warm_standby always / after_failure: wall "

@@ -475,3 +475,17 @@ def test_a_benchmark_run_of_some_parts_keeps_the_newest_of_the_others_on_top():
   assert result["overhead"] == {"wall_ratio": 1.04}
   assert result["failures"] == [{"layout": "auto", "n": 2}, {"layout": "2", "n": 1}]
   assert result["carried"] == {"overhead": "t1", "failures.2": "t0"}
+
+
+def test_the_overhead_ratio_comes_with_an_interval_that_widens_with_the_rounds_spread():
+  from experiments import bench_recovery   # pylint: disable=import-outside-toplevel
+  runs = {"unsupervised": [{"wall_s": 10.0, "train_s": 5.0}] * 4,
+          "supervised": [{"wall_s": w, "train_s": 5.0} for w in (10.2, 10.4, 10.3, 10.5)]}
+  out = bench_recovery._compared(runs, "unsupervised", "supervised")  # pylint: disable=protected-access
+  assert out["round_wall_ratios"] == [1.02, 1.04, 1.03, 1.05]
+  low, high = out["median_round_wall_ratio_ci90"]
+  assert low <= out["median_round_wall_ratio"] == 1.035 <= high
+  assert 1.02 <= low and high <= 1.05
+  assert out["median_round_train_ratio_ci90"] == [1.0, 1.0]   # no spread, no width
+  spread = bench_recovery._median_ci([0.9, 1.0, 1.1, 1.2])  # pylint: disable=protected-access
+  assert spread[1] - spread[0] > high - low
