@@ -2,7 +2,7 @@
 experiments/results/recovery.json and prints a table.
 
   python experiments/bench_recovery.py [--epochs 15] [--failure-epochs 30] [--repeats 2]
-                                       [--parts A,B,C] [--layouts auto,auto-always,2]
+                                       [--parts A,B,C,W] [--layouts auto,auto-always,2]
 
 A. Supervision cost: the default quickstart (supervised: coordinator, agent and worker processes
    in the auto layout, medjax/fault/layout.py) against an unsupervised run
@@ -14,6 +14,9 @@ A. Supervision cost: the default quickstart (supervised: coordinator, agent and 
    pair by its ratio (the median of those, with a bootstrap 90% interval: on a shared machine
    the speed drifts between rounds by more than the effect measured).
    Target: supervised <= 1.05x the unsupervised wall time, with the same accuracy.
+W. The same comparison over whole runs, as a new user runs the quickstart (--parts W): each run
+   starts in an empty workdir and synthesizes, ingests (decoding every DICOM file) and caches its
+   cohort, then trains and evaluates; only the compilation cache and the salt are shared.
 B. Recovery per failure kind: a supervised run per layout ('auto': one worker process, the
    default fault.warm_standby='after_failure', so the first restart takes a spare standby that
    imported while the run started and later ones a spare prepared ahead; '2': two worker
@@ -134,6 +137,12 @@ def workdir_from(base: str, name: str) -> str:
   return workdir
 
 
+def empty_workdir(base: str, name: str) -> str:
+  workdir = os.path.join(base, name)
+  os.makedirs(workdir)
+  return workdir
+
+
 def load() -> float:
   return round(os.getloadavg()[0], 2)
 
@@ -150,12 +159,14 @@ def stolen_s() -> float:
     return 0.0
 
 
-def alternate(args, base: str, common: list[str], modes: dict[str, list[str]]) -> dict:
+def alternate(args, base: str, common: list[str], modes: dict[str, list[str]], *,
+              whole: bool = False) -> dict:
   """Clean runs of each mode (its flags), alternating, `--repeats` times, after a warm-up of
   each mode's compiled programs: {mode: [run, ...]} with wall and training seconds, accuracy.
   Every other round runs the modes in reverse order (A B, B A, ...): on this shared machine the
   run after another ran measurably slower or faster by turns, and a fixed order put it on one
-  mode (supervised / unsupervised training 1.07x in one order, 0.90x in the other, same code)."""
+  mode (supervised / unsupervised training 1.07x in one order, 0.90x in the other, same code).
+  `whole`: each run starts in an empty workdir (synthesizes and ingests its cohort)."""
   for mode, flags in modes.items():
     # The compilation cache for every mode, with the same programs (the learning-rate schedule,
     # so the epoch count, is part of the step): each runs to its first step, then is stopped.
@@ -165,7 +176,8 @@ def alternate(args, base: str, common: list[str], modes: dict[str, list[str]]) -
   for r in range(args.repeats):
     for mode, flags in list(modes.items())[::1 if r % 2 == 0 else -1]:
       before, stolen = load(), stolen_s()
-      s = launch(workdir_from(base, f"{mode}-{r}"),
+      name = f"{'whole-' if whole else ''}{mode}-{r}"
+      s = launch(empty_workdir(base, name) if whole else workdir_from(base, name),
                  common + flags + [f"--config.optim.epochs={args.epochs}"], args.config)
       stolen = round(stolen_s() - stolen, 2)
       runs[mode].append({"wall_s": s["_launch_s"], "train_s": s["train"]["seconds"],
@@ -218,11 +230,16 @@ def bench_prepare_cost(args, base: str, common: list[str]) -> dict:
 
 # -- A. supervision cost -----------------------------------------------------------------------
 
-def bench_overhead(args, base: str, common: list[str]) -> dict:
-  print("A. supervised (default layout) vs unsupervised, same config, cohort, salt and ingest",
-        flush=True)
+def bench_overhead(args, base: str, common: list[str], *, whole: bool = False) -> dict:
+  if whole:
+    print("W. supervised vs unsupervised, each run from an empty workdir (synthesis and ingest "
+          "included), same config and salt", flush=True)
+    common = [c for c in common if not c.startswith("--config.data.root=")]
+  else:
+    print("A. supervised (default layout) vs unsupervised, same config, cohort, salt and "
+          "ingest", flush=True)
   modes = {"unsupervised": ["--config.fault.supervised=False"], "supervised": []}
-  runs = alternate(args, base, common, modes)
+  runs = alternate(args, base, common, modes, whole=whole)
   out = _compared(runs, "unsupervised", "supervised")
   out["same_accuracy"] = all(
       a["accuracy"] == b["accuracy"] and a["macro_f1"] == b["macro_f1"]
@@ -353,24 +370,29 @@ def _first_step_time(workdir: str, generation: int) -> float:
   return time.time()
 
 
+def _overhead_lines(a: dict, what: str) -> list[str]:
+  lines = [f"{'run (' + what + ')':<26}{'wall s':>9}{'train s':>9}{'accuracy':>10}"
+           f"{'macro F1':>10}"]
+  for mode in ("unsupervised", "supervised"):
+    for r in a[mode]["runs"]:
+      lines.append(f"{mode:<26}{r['wall_s']:>9.1f}{r['train_s']:>9.1f}{r['accuracy']:>10.4f}"
+                   f"{r['macro_f1']:>10.4f}")
+  lines.append(f"supervised / unsupervised: wall {a['wall_ratio']:.3f} (target <= 1.05), "
+               f"training {a['train_ratio']:.3f}, same accuracy: {a['same_accuracy']}")
+  if "round_wall_ratios" in a:
+    ci = lambda key: "" if key not in a else f", 90% interval {a[key][0]:.3f}-{a[key][1]:.3f}"
+    lines.append(f"  each round's pair: wall {a['round_wall_ratios']} (median "
+                 f"{a['median_round_wall_ratio']:.3f}{ci('median_round_wall_ratio_ci90')}), "
+                 f"training {a['round_train_ratios']} (median "
+                 f"{a['median_round_train_ratio']:.3f}{ci('median_round_train_ratio_ci90')})")
+  return lines
+
+
 def table(result: dict) -> str:
   lines = []
-  a = result.get("overhead")
-  if a:
-    lines.append(f"{'run':<14}{'wall s':>9}{'train s':>9}{'accuracy':>10}{'macro F1':>10}")
-    for mode in ("unsupervised", "supervised"):
-      for r in a[mode]["runs"]:
-        lines.append(f"{mode:<14}{r['wall_s']:>9.1f}{r['train_s']:>9.1f}{r['accuracy']:>10.4f}"
-                     f"{r['macro_f1']:>10.4f}")
-    lines.append(f"supervised / unsupervised: wall {a['wall_ratio']:.3f} (target <= 1.05), "
-                 f"training {a['train_ratio']:.3f}, same accuracy: {a['same_accuracy']}")
-    if "round_wall_ratios" in a:
-      ci = lambda key: ("" if key not in a else
-                        f", 90% interval {a[key][0]:.3f}-{a[key][1]:.3f}")
-      lines.append(f"  each round's pair: wall {a['round_wall_ratios']} (median "
-                   f"{a['median_round_wall_ratio']:.3f}{ci('median_round_wall_ratio_ci90')}), "
-                   f"training {a['round_train_ratios']} (median "
-                   f"{a['median_round_train_ratio']:.3f}{ci('median_round_train_ratio_ci90')})")
+  for part, what in (("overhead", "ingest reused"), ("overhead_whole", "whole runs")):
+    if result.get(part):
+      lines += _overhead_lines(result[part], what)
   c = result.get("prepare_cost")
   if c:
     lines.append(f"two processes, no failure, warm_standby always / after_failure: wall "
@@ -396,7 +418,7 @@ def carry_forward(result: dict, previous: dict) -> None:
   says from which run ('started' time) each one is."""
   carried = {}
   source = lambda key: previous.get("carried", {}).get(key, previous.get("started"))
-  for part in ("overhead", "prepare_cost"):
+  for part in ("overhead", "overhead_whole", "prepare_cost"):
     if part not in result and part in previous:
       result[part], carried[part] = previous[part], source(part)
   ran = {b["layout"] for b in result.get("failures", [])}
@@ -429,6 +451,8 @@ def main():
             "args": vars(args)}
   if "A" in args.parts:
     result["overhead"] = bench_overhead(args, base, common)
+  if "W" in args.parts:
+    result["overhead_whole"] = bench_overhead(args, base, common, whole=True)
   if "B" in args.parts:
     result["failures"] = [bench_failures(args, base, common, layout)
                           for layout in args.layouts.split(",")]

@@ -468,19 +468,22 @@ def test_back_to_training_after_a_phase_the_coordinator_heard_is_told_at_once():
 def test_a_benchmark_run_of_some_parts_keeps_the_newest_of_the_others_on_top():
   from experiments import bench_recovery   # pylint: disable=import-outside-toplevel
   previous = {"started": "t1", "overhead": {"wall_ratio": 1.04},
+              "overhead_whole": {"wall_ratio": 1.01},
               "failures": [{"layout": "auto", "n": 1}, {"layout": "2", "n": 1}],
               "carried": {"failures.2": "t0"}}
   result = {"started": "t2", "failures": [{"layout": "auto", "n": 2}]}
   bench_recovery.carry_forward(result, previous)
   assert result["overhead"] == {"wall_ratio": 1.04}
+  assert result["overhead_whole"] == {"wall_ratio": 1.01}
   assert result["failures"] == [{"layout": "auto", "n": 2}, {"layout": "2", "n": 1}]
-  assert result["carried"] == {"overhead": "t1", "failures.2": "t0"}
+  assert result["carried"] == {"overhead": "t1", "overhead_whole": "t1", "failures.2": "t0"}
 
 
 def test_the_overhead_ratio_comes_with_an_interval_that_widens_with_the_rounds_spread():
   from experiments import bench_recovery   # pylint: disable=import-outside-toplevel
-  runs = {"unsupervised": [{"wall_s": 10.0, "train_s": 5.0}] * 4,
-          "supervised": [{"wall_s": w, "train_s": 5.0} for w in (10.2, 10.4, 10.3, 10.5)]}
+  same = {"train_s": 5.0, "accuracy": 0.8, "macro_f1": 0.7}
+  runs = {"unsupervised": [{"wall_s": 10.0, **same}] * 4,
+          "supervised": [{"wall_s": w, **same} for w in (10.2, 10.4, 10.3, 10.5)]}
   out = bench_recovery._compared(runs, "unsupervised", "supervised")  # pylint: disable=protected-access
   assert out["round_wall_ratios"] == [1.02, 1.04, 1.03, 1.05]
   low, high = out["median_round_wall_ratio_ci90"]
@@ -489,3 +492,6 @@ def test_the_overhead_ratio_comes_with_an_interval_that_widens_with_the_rounds_s
   assert out["median_round_train_ratio_ci90"] == [1.0, 1.0]   # no spread, no width
   spread = bench_recovery._median_ci([0.9, 1.0, 1.1, 1.2])  # pylint: disable=protected-access
   assert spread[1] - spread[0] > high - low
+  out["same_accuracy"] = True
+  text = bench_recovery.table({"overhead": out, "overhead_whole": out})
+  assert text.count("(median 1.035, 90% interval") == 2 and "run (whole runs)" in text
