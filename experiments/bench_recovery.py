@@ -128,18 +128,13 @@ def prepared_base(config: str) -> tuple[str, list[str]]:
   return base, common
 
 
-def workdir_from(base: str, name: str) -> str:
-  """A run directory holding a copy of the shared ingest and decoded cache."""
+def workdir_from(base: str, name: str, *, empty: bool = False) -> str:
+  """A run directory holding a copy of the shared ingest and decoded cache (`empty`: nothing,
+  the run synthesizes and ingests its own cohort)."""
   workdir = os.path.join(base, name)
   os.makedirs(workdir)
-  for part in ("ingest", "cache"):
+  for part in () if empty else ("ingest", "cache"):
     shutil.copytree(os.path.join(base, "ingested", part), os.path.join(workdir, part))
-  return workdir
-
-
-def empty_workdir(base: str, name: str) -> str:
-  workdir = os.path.join(base, name)
-  os.makedirs(workdir)
   return workdir
 
 
@@ -176,8 +171,7 @@ def alternate(args, base: str, common: list[str], modes: dict[str, list[str]], *
   for r in range(args.repeats):
     for mode, flags in list(modes.items())[::1 if r % 2 == 0 else -1]:
       before, stolen = load(), stolen_s()
-      name = f"{'whole-' if whole else ''}{mode}-{r}"
-      s = launch(empty_workdir(base, name) if whole else workdir_from(base, name),
+      s = launch(workdir_from(base, f"{'whole-' if whole else ''}{mode}-{r}", empty=whole),
                  common + flags + [f"--config.optim.epochs={args.epochs}"], args.config)
       stolen = round(stolen_s() - stolen, 2)
       runs[mode].append({"wall_s": s["_launch_s"], "train_s": s["train"]["seconds"],

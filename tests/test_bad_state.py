@@ -58,7 +58,6 @@ def test_a_damaged_salt_file_stops_ingest_with_one_line(tmp_path):
       "checkpoints and caches belong to the old ids)")
 
 
-
 _UNRAISABLE = """
 import sys
 from medjax import runlog
