@@ -9,7 +9,7 @@ Variants:
 import ml_collections
 from ml_collections import config_dict
 
-from medjax.data import synthetic_config
+from medjax.data.synthetic import config as synthetic_config
 
 
 def get_config(arg=None):
@@ -135,7 +135,7 @@ def get_config(arg=None):
   # lineage: a boundary's or k-step save sooner than this after the previous one is skipped
   # (0: every one, the paper's policy). Each save costs tens of ms of CPU on the saver thread.
   ckpt.min_interval_s = 0.0
-  # Host-local snapshots (medjax.snapshots): the state every k global steps in host memory, which
+  # Host-local snapshots (medjax.checkpoint.snapshots): the state every k global steps in host memory, which
   # a crashed or hung worker's replacement on the same host resumes from (0: off).
   ckpt.snapshot_every_steps = 4
   ckpt.snapshot_dir = ""                # default /dev/shm (else the temporary directory)
@@ -151,7 +151,7 @@ def get_config(arg=None):
   evals.splits = ("val", "test")
   evals.bootstrap = 1000                # resamples for the 95% intervals
   # What "better on validation" means for early stopping, the best checkpoint and sweeps:
-  # a key of the validation split's metrics (medjax/train/metrics.py): 'macro_f1', 'accuracy',
+  # a key of the validation split's metrics (medjax/evals/metrics.py): 'macro_f1', 'accuracy',
   # 'top3_accuracy', 'rare_recall', 'auroc_macro' (binary tasks: 'auroc'); higher is better.
   evals.validation_metric = "macro_f1"
 

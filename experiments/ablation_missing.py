@@ -43,7 +43,7 @@ from configs import quickstart  # pylint: disable=wrong-import-position
 from medjax import paths  # pylint: disable=wrong-import-position
 from medjax.data import ingest  # pylint: disable=wrong-import-position
 from medjax.data import pipeline  # pylint: disable=wrong-import-position
-from medjax.train import metrics as metrics_lib  # pylint: disable=wrong-import-position
+from medjax.evals import metrics as metrics_lib  # pylint: disable=wrong-import-position
 
 CONFIGS = {"quickstart": quickstart.get_config, "default": default.get_config}
 ROWS = (("all3", "All 3 (I,L,V)"), ("any2", "Any 2"), ("single", "Single"))

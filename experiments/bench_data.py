@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from configs import default as default_config  # pylint: disable=wrong-import-position
 from medjax.data import cache as cache_lib  # pylint: disable=wrong-import-position
 from medjax.data import ingest  # pylint: disable=wrong-import-position
-from medjax.data import placement  # pylint: disable=wrong-import-position
+from medjax.data.cache import placement  # pylint: disable=wrong-import-position
 from medjax.data import records  # pylint: disable=wrong-import-position
 from medjax.data import synthetic  # pylint: disable=wrong-import-position
 

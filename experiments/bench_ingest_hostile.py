@@ -77,7 +77,7 @@ def measure(cmd: list[str], tmp: str, interval_s: float) -> dict:
       try:
         total += p.memory_info().rss
         hwm[p.pid] = max(hwm.get(p.pid, 0), _hwm(p))
-        if "medjax.data.decoder_child" in p.cmdline():
+        if "medjax.data.dicom.decoder_child" in p.cmdline():
           decoders.add(p.pid)
       except (psutil.Error, OSError):
         pass

@@ -53,7 +53,7 @@ import psutil
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from medjax import jsonl  # pylint: disable=wrong-import-position
-from medjax.fault import inject  # pylint: disable=wrong-import-position
+from medjax.runtime import inject  # pylint: disable=wrong-import-position
 from medjax.fault import layout as layout_lib  # pylint: disable=wrong-import-position
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

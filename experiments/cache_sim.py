@@ -44,7 +44,7 @@ from matplotlib import figure
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from medjax.data import manifest as manifest_lib  # pylint: disable=wrong-import-position
-from medjax.data import placement  # pylint: disable=wrong-import-position
+from medjax.data.cache import placement  # pylint: disable=wrong-import-position
 from medjax.data import synthetic  # pylint: disable=wrong-import-position
 
 # The cache paper's Fig. 6(b) as described in its text (the figure's exact values are not given).

@@ -29,8 +29,8 @@ sys.path.insert(0, ROOT)
 import bench_fault  # pylint: disable=wrong-import-position  (experiments/ is the script's folder)
 from medjax import plots  # pylint: disable=wrong-import-position
 from medjax.data import ingest  # pylint: disable=wrong-import-position
-from medjax.data import placement  # pylint: disable=wrong-import-position
-from medjax.fault import inject  # pylint: disable=wrong-import-position
+from medjax.data.cache import placement  # pylint: disable=wrong-import-position
+from medjax.runtime import inject  # pylint: disable=wrong-import-position
 from medjax.train import writers  # pylint: disable=wrong-import-position
 
 VARIANTS = {

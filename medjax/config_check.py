@@ -11,7 +11,7 @@ answers a bad config in well under 2 s). What it checks:
   None only for a placeholder (data.root).
 - Enums: mode, data.on_error, data.isolate_decoding, data.prefetch, data.placement_method,
   data.cache_policy, data.replicas, model.fusion, model.missing, model.dtype,
-  ckpt.if_all_damaged, evals.splits, and the fault.inject grammar (`medjax.fault.inject.parse`).
+  ckpt.if_all_damaged, evals.splits, and the fault.inject grammar (`medjax.runtime.inject.parse`).
 - Ranges: sizes and counts >= 1 (or >= 0 where 0 means "from the data" or "off"), fractions,
   0 <= dropout < 1, lr > 0, Adam betas in [0, 1), timeouts > 0, ports 0..65535, the synthetic
   cohort's fractions, sizes and header weights.
@@ -50,8 +50,8 @@ from typing import Any, Callable
 import ml_collections
 
 from medjax import errors
-from medjax.data import synthetic_config
-from medjax.fault import inject
+from medjax.data.synthetic import config as synthetic_config
+from medjax.runtime import inject
 from medjax.fault import layout
 
 FREE_FORM = ("data.rename", "data.value_ranges")
@@ -72,7 +72,7 @@ DTYPES = ("float32", "bfloat16", "float16")                # model/fusion.py jnp
 IF_ALL_DAMAGED = ("stop", "start_fresh")                   # configs/default.py ckpt
 CKPT_STRATEGIES = ("lineage", "epoch", "time", "none")      # medjax/train/checkpointing.py
 WARM_STANDBY = ("after_failure", "always", "never")          # medjax/fault/agent.py warm_key
-# Higher is better: keys of a split's metrics (medjax/train/metrics.py); binary tasks have the
+# Higher is better: keys of a split's metrics (medjax/evals/metrics.py); binary tasks have the
 # last four instead of top-3 and the macro AUROC.
 VALIDATION_METRICS = ("macro_f1", "accuracy", "top3_accuracy", "rare_recall", "auroc_macro",
                       "auroc", "auprc", "sensitivity", "specificity")

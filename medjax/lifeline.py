@@ -31,13 +31,22 @@ _PR_SET_NAME = 15
 
 
 def child_env(env: dict | None = None, *, low_priority: bool = False) -> dict:
-  """`env` (default: ours) for a child that is to die with this process."""
-  env = dict(os.environ if env is None else env)
+  """`env` (default: ours) for a child that is to die with this process and run our code."""
+  env = same_code(dict(os.environ if env is None else env))
   env[PARENT_ENV] = str(os.getpid())
   if low_priority:
     env[LOW_PRIORITY_ENV] = "1"
   else:
     env.pop(LOW_PRIORITY_ENV, None)
+  return env
+
+
+def same_code(env: dict) -> dict:
+  """`env` with PYTHONPATH led by the directory this medjax was imported from, so that a child
+  started as `python -m medjax...` runs the same code as its parent (a checkout run as
+  `python launch.py`, an editable or a regular install), wherever it was started from."""
+  package_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH")) if p)
   return env
 
 

@@ -19,8 +19,6 @@ import base64
 import binascii
 import dataclasses
 import json
-import os
-import shutil
 
 import numpy as np
 import tensorstore as ts
@@ -50,7 +48,7 @@ class Segment:
   """A plan segment: the rest of an epoch, planned under one placement.
 
   Attributes:
-    placement: the placement's fingerprint (`medjax.data.placement.fingerprint`).
+    placement: the placement's fingerprint (`medjax.data.cache.placement.fingerprint`).
     hosts: the placement's hosts.
     base: packed bitmap of the epoch's records processed before the segment began.
   """
@@ -286,16 +284,3 @@ class LineageStore:
     return self._get(_STATE + name)
 
 
-def prune(directory: str, committed_steps: list[int], keep: int | None,
-          also_keep: tuple = ()) -> list[int]:
-  """Deletes checkpoint step directories in `directory` older than the `keep` newest committed
-  steps, except the steps in `also_keep` (the best checkpoint: ckpt.keep_best); returns them."""
-  if not keep or len(committed_steps) <= keep or not os.path.isdir(directory):
-    return []
-  oldest_kept = sorted(committed_steps)[-keep]
-  removed = []
-  for name in os.listdir(directory):
-    if name.isdigit() and int(name) < oldest_kept and int(name) not in also_keep:
-      shutil.rmtree(os.path.join(directory, name), ignore_errors=True)
-      removed.append(int(name))
-  return sorted(removed)

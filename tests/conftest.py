@@ -18,7 +18,7 @@ def _no_snapshots_left_in_host_memory(tmp_path_factory):
   workdir's tag, `snapshots.workdir_tag`) are removed, and nothing else: another run of the same
   user on this machine keeps its own."""
   yield
-  from medjax import snapshots  # pylint: disable=import-outside-toplevel  (after XLA_FLAGS)
+  from medjax.checkpoint import snapshots  # pylint: disable=import-outside-toplevel  (after XLA_FLAGS)
   base = str(tmp_path_factory.getbasetemp())
   parent = snapshots.user_root()
   if not os.path.isdir(parent):

@@ -8,7 +8,7 @@ import os
 import numpy as np
 import pytest
 
-from medjax.data import placement as placement_lib
+from medjax.data.cache import placement as placement_lib
 
 _PATH = os.path.join(os.path.dirname(__file__), "..", "experiments", "cache_sim.py")
 _spec = importlib.util.spec_from_file_location("cache_sim", _PATH)

@@ -10,7 +10,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from medjax import checkpoint
+from medjax.checkpoint import checkpointer
+from medjax.checkpoint import packing
+from medjax.checkpoint import restore
+from medjax.checkpoint import retention
 from medjax import lineage
 
 
@@ -32,7 +35,7 @@ def _lineage(step, partition=None):
 
 
 def _save_and_commit(directory, store, steps):
-  ckpt = checkpoint.Checkpointer(directory)
+  ckpt = checkpointer.Checkpointer(directory)
   for step in steps:
     ckpt.save(_state(float(step)), _lineage(step))
     ckpt.wait()
@@ -45,13 +48,13 @@ def test_restore_takes_newest_committed_and_skips_uncommitted(tmp_path):
   store = lineage.LineageStore(str(tmp_path / "lineage"))
   directory = str(tmp_path / "ckpt")
   _save_and_commit(directory, store, [1, 2])
-  ckpt = checkpoint.Checkpointer(directory)
+  ckpt = checkpointer.Checkpointer(directory)
   ckpt.save(_state(3.0), _lineage(3))
   ckpt.close()  # finalized by Orbax, never committed
-  state, saved, step = checkpoint.restore_committed(directory, store, _abstract())
+  state, saved, step = restore.restore_committed(directory, store, _abstract())
   assert step == 2 and saved.partition == 2 and saved == _lineage(2)
   np.testing.assert_array_equal(np.asarray(state["params"]["w"]), 2.0)
-  assert checkpoint.discard_uncommitted(directory, store.committed_steps()) == [3]
+  assert retention.discard_uncommitted(directory, store.committed_steps()) == [3]
 
 
 @pytest.mark.parametrize("damage", ["truncate", "delete"])
@@ -69,7 +72,7 @@ def test_damaged_newest_checkpoint_falls_back_to_previous(tmp_path, caplog, dama
     else:
       os.remove(f)
   with caplog.at_level(logging.WARNING):
-    state, _, step = checkpoint.restore_committed(directory, store, _abstract())
+    state, _, step = restore.restore_committed(directory, store, _abstract())
   assert step == 1
   np.testing.assert_array_equal(np.asarray(state["params"]["b"]), 1.0)
   assert "checkpoint 2 is damaged or incomplete" in caplog.text
@@ -81,7 +84,7 @@ def test_lineage_disagreement_is_not_trusted(tmp_path, caplog):
   _save_and_commit(directory, store, [1, 2])
   store.commit(_lineage(2, partition=99), committed_at=2.0)
   with caplog.at_level(logging.WARNING):
-    _, _, step = checkpoint.restore_committed(directory, store, _abstract())
+    _, _, step = restore.restore_committed(directory, store, _abstract())
   assert step == 1 and "disagrees with the lineage store" in caplog.text
 
 
@@ -89,7 +92,7 @@ def test_retention_keeps_newest_committed(tmp_path):
   store = lineage.LineageStore(str(tmp_path / "lineage"))
   directory = str(tmp_path / "ckpt")
   _save_and_commit(directory, store, [1, 2, 3, 4])
-  removed = lineage.prune(directory, store.committed_steps(), keep=2)
+  removed = retention.prune(directory, store.committed_steps(), keep=2)
   assert removed == [1, 2]
   assert sorted(int(d) for d in os.listdir(directory) if d.isdigit()) == [3, 4]
 
@@ -111,9 +114,9 @@ def test_states_of_one_layout_are_laid_out_once_and_another_shape_anew(monkeypat
   program runs; a state of other shapes (the same structure) is caught where the program is
   traced again, and packed by a layout of its own."""
   calls = []
-  real = checkpoint.state_layout
-  monkeypatch.setattr(checkpoint, "state_layout", lambda state: calls.append(1) or real(state))
-  packer = checkpoint.StatePacker()
+  real = packing.state_layout
+  monkeypatch.setattr(packing, "state_layout", lambda state: calls.append(1) or real(state))
+  packer = packing.StatePacker()
   for value in (1.0, 2.0, 3.0):
     packed = packer(_state(value))
     np.testing.assert_array_equal(np.asarray(packed["packed"]["float32"]),
@@ -132,21 +135,21 @@ def test_a_packer_warmed_on_the_abstract_state_saves_without_laying_it_out_again
     tmp_path, monkeypatch):
   """The trainer warms one packer on the state's shapes and shardings and hands it to its
   checkpoints and snapshots: their first save packs by that layout instead of working it out."""
-  packer = checkpoint.StatePacker()
+  packer = packing.StatePacker()
   packer.warm(_abstract())
   calls = []
-  real = checkpoint.state_layout
-  monkeypatch.setattr(checkpoint, "state_layout", lambda state: calls.append(1) or real(state))
+  real = packing.state_layout
+  monkeypatch.setattr(packing, "state_layout", lambda state: calls.append(1) or real(state))
   store = lineage.LineageStore(str(tmp_path / "lineage"))
   directory = str(tmp_path / "ckpt")
-  ckpt = checkpoint.Checkpointer(directory, packer=packer)
+  ckpt = checkpointer.Checkpointer(directory, packer=packer)
   ckpt.save(jax.device_put(_state(5.0), jax.devices()[0]), _lineage(5))
   ckpt.wait()
   for saved in ckpt.finalized():
     store.commit(saved, committed_at=1.0)
   ckpt.close()
   assert calls == []
-  state, _, step = checkpoint.restore_committed(directory, store, _abstract())
+  state, _, step = restore.restore_committed(directory, store, _abstract())
   assert step == 5
   np.testing.assert_array_equal(np.asarray(state["params"]["w"]), 5.0)
 
@@ -157,7 +160,7 @@ def test_a_primed_packer_packs_the_first_save_from_jits_own_cache():
   device = jax.devices()[0]
   state = lambda v: jax.device_put({"w": jnp.full((3, 7), v, jnp.float32), "step": jnp.int32(v)},
                                    device)
-  packer = checkpoint.StatePacker()
+  packer = packing.StatePacker()
   # Shapes of this test's own: the packing programs of one layout are shared (lru_cache).
   packer.warm(jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
                            state(0)))
@@ -174,7 +177,7 @@ def test_on_cpu_the_pack_is_costed_to_run_off_the_training_thread():
   """XLA:CPU runs programs it estimates under 1000 flops inline on the dispatching thread, and a
   copy of any size counts none: the packing program carries a partial sum that puts it over."""
   state = {"w": jnp.ones((64, 100)), "step": jnp.int32(1)}
-  packer = checkpoint.StatePacker()
+  packer = packing.StatePacker()
   packed = packer(state)
   abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
                           state)
@@ -190,7 +193,7 @@ def test_a_changed_state_structure_gets_its_own_layout(tmp_path):
   sharded = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("fsdp"))
   replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
   directory = str(tmp_path / "ckpt")
-  ckpt = checkpoint.Checkpointer(directory)
+  ckpt = checkpointer.Checkpointer(directory)
   first = jax.device_put(_state(1.0), replicated)
   second = jax.device_put({**_state(2.0), "extra": jnp.arange(8.0)}, replicated)
   third = {**second, "extra": jax.device_put(jnp.arange(8.0) + 1, sharded)}
@@ -219,7 +222,7 @@ def test_packed_state_restores_onto_other_shardings(tmp_path):
            "c": jax.device_put(jnp.full((8,), 7.0), replicated),
            "step": jax.device_put(jnp.asarray(5, jnp.int32), replicated)}
   directory = str(tmp_path / "ckpt")
-  ckpt = checkpoint.Checkpointer(directory)
+  ckpt = checkpointer.Checkpointer(directory)
   ckpt.save(state, _lineage(1))
   ckpt.wait()
   layout = ckpt.layout(1)
@@ -232,12 +235,12 @@ def test_packed_state_restores_onto_other_shardings(tmp_path):
             "b": jax.ShapeDtypeStruct((3,), jnp.float32, sharding=replicated),
             "c": jax.ShapeDtypeStruct((8,), jnp.float32, sharding=sharded),
             "step": jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated)}
-  restored = checkpoint.Checkpointer(directory, async_save=False).restore(1, target)
+  restored = checkpointer.Checkpointer(directory, async_save=False).restore(1, target)
   for k in state:
     np.testing.assert_array_equal(np.asarray(restored[k]), np.asarray(state[k]))
     assert restored[k].sharding == target[k].sharding
-  arrays, step = checkpoint.load_arrays(directory)
+  arrays, step = checkpointer.load_arrays(directory)
   assert step == 1 and sorted(arrays) == ["['b']", "['c']", "['step']", "['w']"]
   np.testing.assert_array_equal(arrays["['w']"], np.arange(16.0).reshape(8, 2))
   with pytest.raises(ValueError, match="another state structure"):
-    checkpoint.Checkpointer(directory, async_save=False).restore(1, {"w": target["w"]})
+    checkpointer.Checkpointer(directory, async_save=False).restore(1, {"w": target["w"]})

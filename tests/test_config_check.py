@@ -190,7 +190,7 @@ def test_split_without_val_needs_evals_without_val():
 
 
 def test_batch_splits_over_every_device_of_a_supervised_run():
-  # 1 host x 4 worker processes x 1 device: the trainer's mesh has 4 devices (loop.check_shapes).
+  # 1 host x 4 worker processes x 1 device: the trainer's mesh has 4 devices (prepare.check_shapes).
   assert _error(_config({"data.batch_size": 30, "fault.workers_per_host": 4})) == (
       "config.data.batch_size=30: does not split evenly over the 4 devices of "
       "config.fault.local_hosts=1 hosts x 4 workers_per_host x 1 devices_per_worker; make it a "
@@ -381,16 +381,16 @@ def test_many_problems_make_one_line_that_names_the_first_three():
 
 
 def test_enum_copies_match_the_modules_that_consume_them():
-  from medjax.data import placement  # pylint: disable=import-outside-toplevel
-  from medjax.data import recache  # pylint: disable=import-outside-toplevel
+  from medjax.data.cache import placement  # pylint: disable=import-outside-toplevel
+  from medjax.data.cache import recache  # pylint: disable=import-outside-toplevel
   from medjax.model import fusion  # pylint: disable=import-outside-toplevel
   assert config_check.PLACEMENT_METHODS == placement.METHODS
   assert config_check.CACHE_POLICIES == recache.POLICIES
   assert config_check.MISSING_POLICIES == fusion.MISSING_POLICIES
-  from medjax.data import decoder  # pylint: disable=import-outside-toplevel
+  from medjax.data.dicom import decoder  # pylint: disable=import-outside-toplevel
   assert config_check.ISOLATE == decoder.ISOLATE
-  from medjax.train import checkpointing  # pylint: disable=import-outside-toplevel
-  assert config_check.CKPT_STRATEGIES == checkpointing.STRATEGIES
+  from medjax.checkpoint import policy
+  assert config_check.CKPT_STRATEGIES == policy.STRATEGIES
 
 
 def test_imports_no_jax():

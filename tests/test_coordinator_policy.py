@@ -32,7 +32,7 @@ class Run:
   def __init__(self, *, saved=None, last_commit=0, ms=T0_MS, **overrides):
     self.f = fault_config(**overrides)
     self.ms = ms
-    self.faults: list[dict] = []      # fault markers, as medjax.fault.inject.fired returns them
+    self.faults: list[dict] = []      # fault markers, as medjax.runtime.inject.fired returns them
     self.events: list[tuple[str, dict]] = []
     self.saved: dict | None = None    # the last persisted state, through JSON
     self.specs: list[dict] = []

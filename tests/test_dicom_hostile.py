@@ -18,7 +18,7 @@ import numpy as np
 import psutil
 import pytest
 
-from medjax.data import decoder
+from medjax.data.dicom import decoder
 from medjax.data import dicom
 from medjax.data import ingest
 from tests import cohorts
@@ -313,7 +313,7 @@ def test_pool_is_lazy_shared_by_threads_and_shut_down():
 
 @pytest.mark.slow
 def test_children_die_with_their_parent():
-  script = ("import sys, time\nfrom medjax.data import decoder\n"
+  script = ("import sys, time\nfrom medjax.data.dicom import decoder\n"
             "decoder.Decoder().load_image(sys.argv[1])\n"
             "print(*decoder.children(), flush=True)\ntime.sleep(600)\n")
   parent = subprocess.Popen([sys.executable, "-c", script,
@@ -350,7 +350,7 @@ def test_ingest_of_a_hostile_cohort_exits_0_and_accounts_for_every_file(tmp_path
   # No decoder child outlived the ingest (their argv names their parent's pid).
   time.sleep(0.5)
   leftover = [p.pid for p in psutil.process_iter(["cmdline"])
-              if (p.info["cmdline"] or [])[-3:-1] == ["medjax.data.decoder_child",
+              if (p.info["cmdline"] or [])[-3:-1] == ["medjax.data.dicom.decoder_child",
                                                        str(launched.pid)]]
   assert leftover == []
   with open(os.path.join(workdir, "ingest", "quarantine.jsonl")) as f:

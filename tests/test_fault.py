@@ -17,12 +17,12 @@ import numpy as np
 import psutil
 import pytest
 
-from medjax import checkpoint
+from medjax.checkpoint import checkpointer
 from medjax import jsonl
 from medjax import lineage
 from medjax.data import ingest
-from medjax.data import placement
-from medjax.fault import inject
+from medjax.data.cache import placement
+from medjax.runtime import inject
 from medjax.fault import protocol
 from tests import runs
 
@@ -128,8 +128,8 @@ def test_signals_recovery_exactly_once_and_same_parameters(shared, clean_run):
   _assert_exactly_once(faulty, epochs=EPOCHS)
 
   # The run that survived three failures ends where the uninterrupted one does.
-  a, step_a = checkpoint.load_arrays(os.path.join(clean, "checkpoints"))
-  b, step_b = checkpoint.load_arrays(os.path.join(faulty, "checkpoints"))
+  a, step_a = checkpointer.load_arrays(os.path.join(clean, "checkpoints"))
+  b, step_b = checkpointer.load_arrays(os.path.join(faulty, "checkpoints"))
   assert step_a == step_b and sorted(a) == sorted(b)
   params = [k for k in a if k.startswith("['params']")]
   assert params

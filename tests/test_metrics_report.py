@@ -13,9 +13,11 @@ from hypothesis import given, settings, strategies as st
 import numpy as np
 import pytest
 
-from medjax import evaluate
+from medjax.evals import splits
+from medjax.evals import summary as summary_lib
+from medjax.evals import table as table_lib
 from medjax.data import manifest as manifest_lib
-from medjax.train import metrics
+from medjax.evals import metrics
 
 # p(class 0), p(class 1) for 6 records; labels below. Argmax: 0 1 0 1 0 0 (the 0.5 tie is class 0).
 BINARY_P = np.array([[.9, .1], [.2, .8], [.6, .4], [.3, .7], [.5, .5], [.8, .2]])
@@ -37,10 +39,10 @@ def _binary_summary(bootstrap=100):
   split = np.array(["train"] * 40 + ["test"] * 6)
   subsets = ["LV"] * 40 + ["LV", "LV", "LV", "L", "L", "V"]
   manifest = _manifest(labels, split, subsets, ["no", "yes"])
-  test = evaluate.split_metrics(manifest, manifest.indices("test"), BINARY_P,
+  test = splits.split_metrics(manifest, manifest.indices("test"), BINARY_P,
                                 bootstrap=bootstrap)
   return {"test": test, "ceiling": None,
-          "not_applicable": {"ceiling": evaluate.NO_ORACLE}}
+          "not_applicable": {"ceiling": table_lib.NO_ORACLE}}
 
 
 @settings(max_examples=200, deadline=None)
@@ -139,7 +141,7 @@ def test_three_classes_have_no_top3_but_a_macro_auroc():
   assert out["auroc_macro"] == pytest.approx((1 + 0.5 + 1) / 3)
   assert out["accuracy"] == pytest.approx(3 / 4)
   assert metrics.top_k_accuracy(probs, labels, 2) == pytest.approx(3 / 4)  # record 3 misses
-  assert "top3_accuracy" not in evaluate.metric_keys(out)
+  assert "top3_accuracy" not in table_lib.metric_keys(out)
 
 
 def test_37_classes_rare_recall_and_a_class_absent_from_test():
@@ -168,7 +170,7 @@ def test_37_classes_rare_recall_and_a_class_absent_from_test():
   f1 = metrics.per_class_f1(cm)
   assert out["macro_f1"] == pytest.approx(np.mean(f1[present]))
   assert out["top3_accuracy"] is not None and out["top3_accuracy"] >= out["accuracy"]
-  assert "sensitivity" not in out and "top3_accuracy" in evaluate.metric_keys(out)
+  assert "sensitivity" not in out and "top3_accuracy" in table_lib.metric_keys(out)
   json.dumps(out, allow_nan=False)
 
 
@@ -185,7 +187,7 @@ def test_empty_records_give_none_never_nan():
 
 def test_binary_summary_is_strict_json_with_reasons():
   summary = _binary_summary()
-  text = json.dumps(evaluate.strict_json(summary), allow_nan=False)
+  text = json.dumps(summary_lib.strict_json(summary), allow_nan=False)
   test = json.loads(text)["test"]
   assert test["positive_class"] == "yes" and test["decision"] == "argmax, i.e. p(yes) > 0.5"
   assert test["rare_rule"] == "under 5% of training records" and test["rare_classes"] == []
@@ -203,12 +205,12 @@ def test_binary_summary_is_strict_json_with_reasons():
 
 def test_strict_json_replaces_nan_left_anywhere():
   value = {"a": float("nan"), "b": [np.float32(1.5), np.float64(np.inf)], "c": np.int64(3)}
-  assert evaluate.strict_json(value) == {"a": None, "b": [1.5, None], "c": 3}
-  json.dumps(evaluate.strict_json(value), allow_nan=False)
+  assert summary_lib.strict_json(value) == {"a": None, "b": [1.5, None], "c": 3}
+  json.dumps(summary_lib.strict_json(value), allow_nan=False)
 
 
 def test_binary_table_reads_sensibly():
-  table = evaluate.format_summary(_binary_summary())
+  table = table_lib.format_summary(_binary_summary())
   print(table)
   assert "nan" not in table.lower()
   assert "top-3" not in table and "top3" not in table
@@ -217,7 +219,7 @@ def test_binary_table_reads_sensibly():
   assert "rare_recall      n/a (no class under 5% of training records)" in table
   assert "positive class 'yes'" in table and "3 of 6 records (50.0%)" in table
   assert "\ndecision: argmax, i.e. p(yes) > 0.5\n" in table
-  assert f"Bayes ceiling n/a ({evaluate.NO_ORACLE})" in table
+  assert f"Bayes ceiling n/a ({table_lib.NO_ORACLE})" in table
   assert "ceiling  " not in table.splitlines()[0]
   # Present subsets with their n; absent ones listed once, not as rows.
   rows = {line.split()[0]: line.split()[1:] for line in table.splitlines()
@@ -256,23 +258,23 @@ def _summary_37(subsets_pool, n_train=3000, n_test=700):
   logits[np.arange(n_test), labels[rows]] += 2.0
   posterior = logits + 1.0 * np.eye(k)[labels[rows]]
   softmax = lambda x: np.exp(x) / np.exp(x).sum(1, keepdims=True)
-  return {"test": evaluate.split_metrics(manifest, rows, softmax(logits), bootstrap=20),
-          "ceiling": evaluate.split_metrics(manifest, rows, softmax(posterior), bootstrap=20)}
+  return {"test": splits.split_metrics(manifest, rows, softmax(logits), bootstrap=20),
+          "ceiling": splits.split_metrics(manifest, rows, softmax(posterior), bootstrap=20)}
 
 
 def test_37_class_table_matches_the_synthetic_report():
   summary = _summary_37(metrics.SUBSETS)
   assert len(summary["test"]["rare_classes"]) == 27
   assert summary["test"]["rare_recall"] is not None
-  table = evaluate.format_summary(summary)
+  table = table_lib.format_summary(summary)
   assert table == _table_before_issue_11(summary)
   assert "nan" not in table and "top3_accuracy" in table and "sensitivity" not in table
-  json.dumps(evaluate.strict_json(summary), allow_nan=False)
+  json.dumps(summary_lib.strict_json(summary), allow_nan=False)
 
 
 def test_37_class_table_leaves_out_an_absent_subset():
   summary = _summary_37(["ILV", "IL", "LV", "L", "V"])
-  table = evaluate.format_summary(summary)
+  table = table_lib.format_summary(summary)
   assert "nan" not in table and "top3_accuracy" in table
   lines = table.splitlines()
   assert lines[-1] == "  no records: IV, I"
@@ -338,7 +340,7 @@ def test_two_class_table_only_cohort_end_to_end(tmp_path):
     assert math.isfinite(test[key]) and 0 <= test[key] <= 1, key
   assert test["top3_accuracy"] is None and test["not_applicable"]["top3_accuracy"] == "2 classes"
   assert all(test["by_subset"][s]["count"] == 0 for s in ("ILV", "IL", "IV", "I"))
-  table = evaluate.format_summary(summary)
+  table = table_lib.format_summary(summary)
   print(table)
   assert "nan" not in table.lower() and "top3" not in table and "AUPRC".lower() in table
   assert os.path.exists(os.path.join(workdir, "confusion.png"))

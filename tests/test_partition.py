@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from medjax.data import partition as partition_lib
-from medjax.data import placement as placement_lib
+from medjax.data.cache import placement as placement_lib
 from medjax.data import synthetic
 
 HOSTS = ("host-0", "host-1", "host-2", "host-3")

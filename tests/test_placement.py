@@ -1,4 +1,4 @@
-"""Tests for medjax.data.placement: balance per stratum, minimal movement, determinism, speed."""
+"""Tests for medjax.data.cache.placement: balance per stratum, minimal movement, determinism, speed."""
 
 import hashlib
 import time
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from medjax.data import manifest as manifest_lib
-from medjax.data import placement as placement_lib
+from medjax.data.cache import placement as placement_lib
 from medjax.data import synthetic
 
 PAPER_RECORDS, PAPER_HOSTS = 53_420, 16

@@ -11,9 +11,9 @@ import pytest
 from configs import default as default_config
 from medjax.data import cache as cache_lib
 from medjax.data import ingest
-from medjax.data import placement as placement_lib
+from medjax.data.cache import placement as placement_lib
 from medjax.data import records
-from medjax.data import recache
+from medjax.data.cache import recache
 from medjax.data import synthetic
 
 HOSTS = ["host-0", "host-1", "host-2"]

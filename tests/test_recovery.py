@@ -18,10 +18,10 @@ import pytest
 
 from configs import default
 from medjax.fault import agent as agent_lib
-from medjax.fault import context
+from medjax.runtime import context
 from medjax.fault import forking
 from medjax.fault import layout
-from medjax.fault import phases as phases_lib
+from medjax.runtime import phases as phases_lib
 from medjax.fault import policy
 from medjax.fault import protocol
 from medjax.fault import report

@@ -1,4 +1,4 @@
-"""Host-local snapshots (medjax.snapshots): real files, written by the writer thread, restored,
+"""Host-local snapshots (medjax.checkpoint.snapshots): real files, written by the writer thread, restored,
 rotated, damaged. tests/test_fault.py restores from them after real crashes and hangs."""
 
 import dataclasses
@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
-from medjax import checkpoint
+from medjax.checkpoint import checkpointer
 from medjax import lineage
-from medjax import snapshots
+from medjax.checkpoint import snapshots
 from tests import runs
 
 
@@ -218,8 +218,8 @@ def test_a_killed_unsupervised_run_rerun_resumes_from_its_snapshot(tmp_path):
   # Newer than the checkpoint at 30 that it would otherwise have resumed from; at most the
   # step it was killed at.
   assert 30 < int(found.group(1)) <= killed_at, (found.group(0), killed_at)
-  a, step_a = checkpoint.load_arrays(os.path.join(clean, "checkpoints"))
-  b, step_b = checkpoint.load_arrays(os.path.join(killed, "checkpoints"))
+  a, step_a = checkpointer.load_arrays(os.path.join(clean, "checkpoints"))
+  b, step_b = checkpointer.load_arrays(os.path.join(killed, "checkpoints"))
   assert step_a == step_b and sorted(a) == sorted(b)
   for k in (k for k in a if k.startswith("['params']")):
     np.testing.assert_allclose(a[k], b[k], rtol=1e-5, atol=1e-6, err_msg=k)

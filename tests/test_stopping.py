@@ -5,7 +5,7 @@ import os
 import pytest
 
 from configs import quickstart
-from medjax import checkpoint
+from medjax.checkpoint import retention
 from medjax import lineage as lineage_lib
 from medjax.train import loop
 from medjax.train import stopping
@@ -64,7 +64,7 @@ def test_the_history_travels_in_the_lineage_record():
 def test_retention_keeps_the_best_checkpoint(tmp_path):
   for step in (3, 6, 9, 12):
     os.makedirs(tmp_path / str(step))
-  assert lineage_lib.prune(str(tmp_path), [3, 6, 9, 12], 1, also_keep=(3,)) == [6, 9]
+  assert retention.prune(str(tmp_path), [3, 6, 9, 12], 1, also_keep=(3,)) == [6, 9]
   assert sorted(os.listdir(tmp_path)) == ["12", "3"]
 
 
@@ -101,7 +101,7 @@ def test_a_run_stops_after_patience_tests_the_best_checkpoint_and_stays_stopped(
   assert summary["train"]["global_step"] == 3 * steps_per_epoch   # stopped at an epoch end
   assert early["evaluated_on"] == f"best (epoch 0, step {steps_per_epoch})"
   # Retention kept the best checkpoint beside the newest one.
-  steps = checkpoint.step_dirs(os.path.join(workdir, "checkpoints"))
+  steps = retention.step_dirs(os.path.join(workdir, "checkpoints"))
   assert steps == [steps_per_epoch, 3 * steps_per_epoch]
   # Validation rows in metrics.jsonl, one per epoch run.
   from medjax.train import writers  # pylint: disable=import-outside-toplevel

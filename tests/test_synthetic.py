@@ -13,8 +13,9 @@ import pytest
 from scipy import stats
 
 from medjax.data import synthetic
-from medjax.data import synthetic_dicom
-from medjax.data import synthetic_tables
+from medjax.data.synthetic import cohort as synthetic_cohort
+from medjax.data.synthetic import dicom as synthetic_dicom
+from medjax.data.synthetic import tables as synthetic_tables
 
 _HAS_DICOM = importlib.util.find_spec("medjax.data.dicom") is not None
 _WRITE_PATIENTS = 120
@@ -303,7 +304,7 @@ def _brute_force_posterior(c: synthetic.Cohort, keep_3) -> np.ndarray:
       rows.append(np.pad(m.lab_loadings[obs], ((0, 0), (0, d - s))))
       noise.append(m.lab_noise_sd[obs] ** 2)
     if use[2]:
-      x = ((c.vitals[i] - synthetic._VITALS_BASE) / synthetic._VITALS_SCALE).ravel()
+      x = ((c.vitals[i] - synthetic_cohort._VITALS_BASE) / synthetic_cohort._VITALS_SCALE).ravel()
       obs = ~np.isnan(x)
       xs.append(x[obs])
       rows.append(np.pad(vit_A[obs], ((0, 0), (0, d - s))))

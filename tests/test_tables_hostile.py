@@ -19,7 +19,7 @@ from configs import quickstart
 from medjax import errors
 from medjax.data import ingest
 from medjax.data import synthetic
-from medjax.data import synthetic_tables
+from medjax.data.synthetic import tables as synthetic_tables
 from medjax.data import tables
 from tests import testdata
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from configs import quickstart
-from medjax import checkpoint
+from medjax.checkpoint import checkpointer
 from medjax.train import loop
 
 
@@ -32,7 +32,7 @@ def test_ablation_policies_train_and_evaluate(cohort, missing):
   workdir = str(cohort / missing)
   summary = loop.train_and_evaluate(config, workdir)
   assert summary["test"]["count"] > 0 and math.isfinite(summary["test"]["macro_f1"])
-  arrays, step = checkpoint.load_arrays(os.path.join(workdir, "checkpoints"))
+  arrays, step = checkpointer.load_arrays(os.path.join(workdir, "checkpoints"))
   assert step == summary["train"]["global_step"] > 0
   if missing == "mean":
     # The mean training image was written into the fill values before training.

@@ -12,11 +12,14 @@ import ml_collections
 import numpy as np
 import pytest
 
-from medjax import checkpoint
+from medjax.checkpoint import checkpointer
+from medjax.checkpoint import packing
 from medjax import errors
 from medjax import lineage
-from medjax.fault import context
-from medjax.train import checkpointing
+from medjax.runtime import context
+from medjax.checkpoint import policy
+from medjax.checkpoint import restore
+from medjax.checkpoint import saver as saver_lib
 from medjax.train import reporting
 
 
@@ -26,14 +29,14 @@ def _lineage(step):
 
 
 def test_save_policy_every_k_inside_partitions_and_boundaries():
-  every = checkpointing.SavePolicy(ml_collections.ConfigDict(
+  every = policy.SavePolicy(ml_collections.ConfigDict(
       {"every_steps": 4, "partition_boundaries": True}), epochs=2)
   # Inside a partition of 10 steps: global steps 4 and 8; never on the partition's last step
   # (the boundary saves it).
   assert [g for g in range(1, 11) if every.after_step(g, g, 10)] == [4, 8]
   assert not every.after_step(12, 10, 10)
   assert every.at_boundary(1) and every.at_boundary(2)
-  ends_only = checkpointing.SavePolicy(ml_collections.ConfigDict(
+  ends_only = policy.SavePolicy(ml_collections.ConfigDict(
       {"every_steps": 0, "partition_boundaries": False}), epochs=2)
   assert not any(ends_only.after_step(g, g, 100) for g in range(1, 100))
   assert not ends_only.at_boundary(1) and ends_only.at_boundary(2)
@@ -41,7 +44,7 @@ def test_save_policy_every_k_inside_partitions_and_boundaries():
 
 def _policy(strategy, *, every_steps=0, every_seconds=0.0, epochs=3, min_interval_s=0.0,
             **kwargs):
-  return checkpointing.SavePolicy(ml_collections.ConfigDict(
+  return policy.SavePolicy(ml_collections.ConfigDict(
       {"strategy": strategy, "every_steps": every_steps, "partition_boundaries": True,
        "every_seconds": every_seconds, "min_interval_s": min_interval_s}), epochs=epochs,
       **kwargs)
@@ -127,7 +130,7 @@ def test_save_policy_time_based_takes_the_chiefs_decision():
 
 class _FakeCheckpointer:
   """Finalizes a save at once, handing it to `on_finalized` (which `Saver` sets) with a write
-  time of 0.01 s per step, as `checkpoint.Checkpointer` does from its saver thread."""
+  time of 0.01 s per step, as `checkpointer.Checkpointer` does from its saver thread."""
   writes, write_s = 0, 0.0
 
   def __init__(self):
@@ -171,7 +174,7 @@ class _FakeContext:
 @pytest.mark.parametrize("is_chief", [True, False])
 def test_saver_saves_once_per_step_and_only_the_chief_commits(is_chief):
   ckpt, ctx, calls = _FakeCheckpointer(), _FakeContext(), []
-  saver = checkpointing.Saver(ckpt, ctx, is_chief=is_chief, last_saved=5,
+  saver = saver_lib.Saver(ckpt, ctx, is_chief=is_chief, last_saved=5,
                               before_save=lambda: calls.append(("before", list(ckpt.saved))),
                               after_save=lambda: calls.append(("after", list(ckpt.saved))))
   saver.save({}, _lineage(5))      # restored there: not saved again
@@ -181,7 +184,7 @@ def test_saver_saves_once_per_step_and_only_the_chief_commits(is_chief):
   assert ctx.phases == ["checkpointing", "training"] and ctx.phase == "training"
   saver.commit_finalized()
   assert ctx.commits == ([8] if is_chief else [])
-  with pytest.raises(checkpointing.Preempted, match="checkpoint 11 saved and committed"):
+  with pytest.raises(saver_lib.Preempted, match="checkpoint 11 saved and committed"):
     saver.preempt({}, _lineage(11))
   assert ckpt.saved == [8, 11] and ckpt.waits == 1 and ctx.flushed == 1
   assert ctx.commits == ([8, 11] if is_chief else [])
@@ -193,8 +196,8 @@ def test_saver_saves_once_per_step_and_only_the_chief_commits(is_chief):
 def test_a_save_is_committed_when_its_write_is_finalized(tmp_path, is_chief):
   """From the saver thread, not at the training thread's next commit_finalized: that thread may
   be blocked on the device for most of a partition."""
-  ckpt, ctx = checkpoint.Checkpointer(str(tmp_path / "ckpt")), _FakeContext()
-  saver = checkpointing.Saver(ckpt, ctx, is_chief=is_chief, last_saved=None)
+  ckpt, ctx = checkpointer.Checkpointer(str(tmp_path / "ckpt")), _FakeContext()
+  saver = saver_lib.Saver(ckpt, ctx, is_chief=is_chief, last_saved=None)
   saver.save({"w": jnp.ones((3,)), "step": jnp.asarray(4, jnp.int32)}, _lineage(4))
   ckpt.wait()   # the write is done; commit_finalized was never called
   assert ctx.commits == ([4] if is_chief else [])
@@ -309,7 +312,7 @@ def test_reporter_names_the_first_non_finite_step_by_pseudonym():
 
 
 def _save_steps(directory, steps):
-  ckpt = checkpoint.Checkpointer(directory, async_save=False)
+  ckpt = checkpointer.Checkpointer(directory, async_save=False)
   for step in steps:
     ckpt.save({"w": jnp.full((2,), float(step))}, _lineage(step))
   ckpt.close()
@@ -402,11 +405,11 @@ def test_a_step_left_uncommitted_by_a_crash_is_saved_again_after_restart(tmp_pat
   _save_steps(directory, [4])
   store = lineage.LineageStore(str(tmp_path / "lineage"))
   store.put_state("records", {"fingerprint": "f", "count": 4})  # written by the first start
-  ckpt = checkpoint.Checkpointer(directory, async_save=False)   # opened before the discard
+  ckpt = checkpointer.Checkpointer(directory, async_save=False)   # opened before the discard
   abstract = {"w": jax.ShapeDtypeStruct((2,), jnp.float32,
                                         sharding=jax.sharding.SingleDeviceSharding(
                                             jax.devices()[0]))}
-  state, start, step = checkpointing.restore_or_start(
+  state, start, step = restore.restore_or_start(
       ckpt, store, abstract, placement="p", hosts=("h",), seed=0, num_records=4,
       is_chief=True, barrier=lambda name: None, records="f")
   assert state is None and step is None and start.global_step == 0
@@ -444,8 +447,8 @@ def _committed_run(tmp_path, steps):
 
 
 def _restore(directory, store, **kw):
-  ckpt = checkpoint.Checkpointer(directory, async_save=False)
-  return ckpt, checkpointing.restore_or_start(
+  ckpt = checkpointer.Checkpointer(directory, async_save=False)
+  return ckpt, restore.restore_or_start(
       ckpt, store, _abstract_w(), placement="p", hosts=("h",), seed=0, num_records=4,
       is_chief=True, barrier=lambda name: None, **kw)
 
@@ -537,7 +540,7 @@ def test_standby_lists_checkpoints_again_when_one_is_pruned_meanwhile(monkeypatc
   # CI saw it: the running generation's coordinator deleted step 208 while the standby's Orbax
   # read its metadata, and the standby gave up preparing ahead.
   from medjax import paths  # pylint: disable=import-outside-toplevel
-  from medjax.train import loop  # pylint: disable=import-outside-toplevel
+  from medjax.train import prepare  # pylint: disable=import-outside-toplevel
   calls = []
 
   def flaky(directory, *, async_save, packer):
@@ -546,14 +549,14 @@ def test_standby_lists_checkpoints_again_when_one_is_pruned_meanwhile(monkeypatc
       raise FileNotFoundError(f"{directory}/208")
     return "opened"
 
-  monkeypatch.setattr(checkpoint, "Checkpointer", flaky)
+  monkeypatch.setattr(checkpointer, "Checkpointer", flaky)
   config = ml_collections.ConfigDict({"ckpt": {"async_save": True}})
-  open_while_pruned = loop._open_while_pruned  # pylint: disable=protected-access
-  packer = checkpoint.StatePacker()
+  open_while_pruned = prepare._open_while_pruned  # pylint: disable=protected-access
+  packer = packing.StatePacker()
   assert open_while_pruned(paths.RunPaths(str(tmp_path)), config, packer) == "opened"
   assert len(calls) == 3
   calls.clear()
-  monkeypatch.setattr(checkpoint, "Checkpointer", lambda *a, **k: (_ for _ in ()).throw(
+  monkeypatch.setattr(checkpointer, "Checkpointer", lambda *a, **k: (_ for _ in ()).throw(
       FileNotFoundError("gone")))
   with pytest.raises(FileNotFoundError):
     open_while_pruned(paths.RunPaths(str(tmp_path)), config, packer, attempts=2)
@@ -564,7 +567,7 @@ def test_a_newer_snapshot_is_resumed_from_without_reading_a_checkpoint(tmp_path,
   asked = []
   snap = ({"w": jnp.full((2,), 6.0)}, _lineage(6), 6)
   read = []
-  monkeypatch.setattr(checkpoint.Checkpointer, "restore",
+  monkeypatch.setattr(checkpointer.Checkpointer, "restore",
                       lambda self, step, abstract: read.append(step))
   ckpt, (state, start, step) = _restore(
       directory, store, snapshot=lambda after: (asked.append(after), snap)[1])

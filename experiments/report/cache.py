@@ -10,7 +10,7 @@ import time
 import numpy as np
 
 from experiments import cache_sim
-from medjax.data import placement
+from medjax.data.cache import placement
 
 
 def modulo_trials(manifest, hosts: list[str], departed_T: np.ndarray, *, seed: int) -> list[dict]:

@@ -20,8 +20,8 @@ from medjax.data import cache as cache_lib
 from medjax.data import loader
 from medjax.data import partition
 from medjax.data import pipeline
-from medjax.data import placement as placement_lib
-from medjax.data import recache
+from medjax.data.cache import placement as placement_lib
+from medjax.data.cache import recache
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,3 +169,17 @@ def setup(config, workdir: str, topology: Topology = Topology(),
   return HostData(run=run, topology=topology, prepared=prepared, walk=walk, rows=rows,
                   cache=cache, seed=config.seed, num_partitions=data.num_partitions,
                   host_batch=data.batch_size // len(topology.hosts))
+
+
+# Cache counters in metrics.jsonl and summary.json (`cache.hosts.<host>.<counter>`, `cache.total`).
+SUMMARY_COUNTERS = ("pfs_reads", "pfs_bytes", "hits", "misses", "records_moved_in", "recache_s",
+                    "moved_reads", "pfs_files", "wait_s", "damaged")
+
+
+def cache_summary(data_config, counts: dict) -> dict:
+  """summary.json's cache block: the policy and every host's counters (README, "The cache")."""
+  pick = lambda c: {k: c[k] for k in SUMMARY_COUNTERS}
+  return {"policy": data_config.cache_policy, "replicas": data_config.replicas,
+          "placement": data_config.placement_method,
+          "hosts": {h: pick(c) for h, c in counts["hosts"].items()},
+          "total": pick(counts["total"])}

@@ -26,7 +26,7 @@ import numpy as np
 
 from medjax import errors
 from medjax.data import manifest as manifest_lib
-from medjax.data import placement as placement_lib
+from medjax.data.cache import placement as placement_lib
 
 # Stream tags that keep the seeded draws of a plan independent of each other.
 _DEAL_KEY, _DEAL_OFFSET, _STEP_SEED = 1, 2, 3

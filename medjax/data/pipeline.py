@@ -18,12 +18,12 @@ import numpy as np
 from medjax import paths
 from medjax import progress
 from medjax.data import cache as cache_lib
-from medjax.data import decoder as decoder_lib
+from medjax.data.dicom import decoder as decoder_lib
 from medjax.data import ingested as ingested_lib
 from medjax.data import manifest as manifest_lib
 from medjax.data import partition
-from medjax.data import placement as placement_lib
-from medjax.data import recache
+from medjax.data.cache import placement as placement_lib
+from medjax.data.cache import recache
 from medjax.data import records
 
 

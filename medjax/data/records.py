@@ -19,8 +19,8 @@ import os
 import numpy as np
 from PIL import Image
 
-from medjax.data import decoder as decoder_lib
-from medjax.data import dicom_limits
+from medjax.data.dicom import decoder as decoder_lib
+from medjax.data.dicom import limits as dicom_limits
 
 KEYS = ("images", "image_mask", "labs", "labs_mask", "vitals", "vitals_mask")
 

@@ -47,16 +47,16 @@ from medjax import lifeline
 from medjax import paths
 from medjax.fault import forking
 from medjax.fault import layout as layout_lib
-from medjax.fault import phases as phases_lib
+from medjax.runtime import phases as phases_lib
 from medjax.fault import protocol
 
-LAUNCH = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
-    __file__)))), "launch.py")
+# The command a worker runs: this medjax's (`lifeline.child_env` points the child at it).
+COMMAND = (sys.executable, "-m", "medjax")
 
 
 def popen(args: list[str], *, log: str, env: dict | None = None, stdin=None,
           low_priority: bool = False, pass_fds: tuple[int, ...] = ()) -> subprocess.Popen:
-  """Starts `launch.py args` with stdout and stderr appended to `log`, in a session of its own;
+  """Starts `medjax args` with stdout and stderr appended to `log`, in a session of its own;
   it dies with us (`medjax.lifeline`).
 
   `low_priority`: at nice 19 and SCHED_IDLE (a standby restores its priority when it is handed
@@ -64,7 +64,7 @@ def popen(args: list[str], *, log: str, env: dict | None = None, stdin=None,
   """
   with open(log, "a") as out:
     # The child has its own copy of the descriptor; ours closes here.
-    return subprocess.Popen([sys.executable, LAUNCH, *args],
+    return subprocess.Popen([*COMMAND, *args],
                             env=lifeline.child_env(env, low_priority=low_priority), stdin=stdin,
                             stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                             pass_fds=pass_fds)

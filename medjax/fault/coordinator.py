@@ -24,7 +24,8 @@ import time
 from medjax import errors
 from medjax import lineage as lineage_lib
 from medjax import paths
-from medjax.fault import inject
+from medjax.checkpoint import retention
+from medjax.runtime import inject
 from medjax.fault import layout
 from medjax.fault import policy as policy_lib
 from medjax.fault import protocol
@@ -127,7 +128,7 @@ class Coordinator:
     with self.lock:
       self.store.commit(record, committed_at=time.time())
       best = lineage_lib.best_step(record) if self.config.ckpt.keep_best else None
-      removed = lineage_lib.prune(self.run.checkpoints, self.store.committed_steps(),
+      removed = retention.prune(self.run.checkpoints, self.store.committed_steps(),
                                   self.config.ckpt.max_to_keep,
                                   also_keep=() if best is None else (best,))
       self.events.write("commit", generation=msg.get("generation"), step=record.global_step,

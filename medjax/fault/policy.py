@@ -160,7 +160,7 @@ class Policy:
     saved: the state persisted by an earlier coordinator of this run (`State.to_json`), if any.
     last_commit: the newest committed step in the lineage store.
     fault_times: returns the faults that fired so far ({name, time, process or host}, oldest
-      first; `medjax.fault.inject.fired`), so that detection is timed from the fault itself.
+      first; `medjax.runtime.inject.fired`), so that detection is timed from the fault itself.
   """
 
   def __init__(self, fault_config, now: float, *, saved: dict | None = None,

@@ -15,11 +15,11 @@ from medjax import jsonl
 from medjax import lineage as lineage_lib
 from medjax import paths
 from medjax.data import manifest as manifest_lib
-from medjax.fault import ledger
+from medjax.runtime import ledger
 from medjax.fault import policy as policy_lib
 
 _FAILURE_KEYS = ("kind", "worker", "step", "detected_s", "recovered_s", "generation", "host")
-# A recovery's phases in the order they happen (medjax.fault.phases names the worker's).
+# A recovery's phases in the order they happen (medjax.runtime.phases names the worker's).
 WORKER_PHASES = ("handover", "process_start", "distributed_init", "data_setup", "data_takeover",
                  "model_build", "compile", "restore", "first_step")
 
@@ -30,7 +30,7 @@ def recovery(events: list[dict], failure: policy_lib.Failure) -> dict | None:
 
   stop: detection -> the generation's workers gone; backoff: -> the next generation started;
   agent: -> its agent handed a worker the generation; then the worker's own phases
-  (`medjax.fault.phases`) of its slowest process; report: its first step -> the coordinator
+  (`medjax.runtime.phases`) of its slowest process; report: its first step -> the coordinator
   heard of it; other: the rest of `recovered_s` (the worker's time between its phases).
   """
   after = [e for e in events if e.get("time", 0) >= failure.t_detect - 1e-3]

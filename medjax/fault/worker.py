@@ -6,7 +6,7 @@ them on stdin; the generation's spec (hosts, host history, process count, the ja
 address) is in <workdir>/generations/gen-<G>.json, the run's config in <workdir>/config.json.
 A generation of one process needs no jax.distributed, so a standby can initialise JAX and build
 everything before its generation exists (a warm standby): the restart then restores and goes on.
-Each worker times its start-up phases and reports them once (`medjax.fault.phases`).
+Each worker times its start-up phases and reports them once (`medjax.runtime.phases`).
 """
 
 from __future__ import annotations
@@ -26,11 +26,11 @@ import jax
 from medjax import errors
 from medjax import lifeline
 from medjax import paths
-from medjax.fault import context
+from medjax.runtime import context
 from medjax.fault import forking
-from medjax.fault import inject
+from medjax.runtime import inject
 from medjax.fault import layout as layout_lib
-from medjax.fault import phases as phases_lib
+from medjax.runtime import phases as phases_lib
 from medjax.fault import policy
 from medjax.fault import protocol
 
@@ -260,10 +260,10 @@ def _leave_when_stuck(process_id: int, asked_to_stop: threading.Event,
   os._exit(policy.EXIT_STOPPED)  # pylint: disable=protected-access
 
 
-def run(workdir: str, generation: int, process_id: int, host: str,
-        coordinator: str) -> NoReturn:
+def run(workdir: str, generation: int, process_id: int, host: str, coordinator: str, *,
+        make_trial=None) -> NoReturn:
   """Trains as process `process_id` of `generation`, then ends the process with its exit code
-  (policy.EXIT_*; 0 when training finished)."""
+  (policy.EXIT_*; 0 when training finished). `make_trial`: see `loop.train_and_evaluate`."""
   from medjax.train import loop  # pylint: disable=import-outside-toplevel
   handover = dict(_handover)
   assigned_at = handover.get("assigned_at")
@@ -320,7 +320,7 @@ def run(workdir: str, generation: int, process_id: int, host: str,
       phases.adopt_prepared(handover["prepared_phases"], handover["prepared_at"])
       with phases.phase("data_takeover"):
         prepared.take_over(ctx)
-    loop.run_prepared(prepared, ctx, phases=phases)
+    loop.run_prepared(prepared, ctx, phases=phases, make_trial=make_trial)
   except loop.Stopped as e:
     logging.info("worker %d: %s", process_id, e)
     code = policy.EXIT_STOPPED

@@ -18,7 +18,8 @@ import time
 from medjax import lifeline
 from medjax.sweep import spec
 
-LAUNCH = os.path.join(spec.REPO, "launch.py")
+# A trial runs this medjax (`lifeline.child_env` points the child at it).
+COMMAND = (sys.executable, "-m", "medjax")
 STOP_GRACE_S = 30.0   # a stopped child's launcher stops its run within this, or is killed
 
 @dataclasses.dataclass(frozen=True)
@@ -36,7 +37,7 @@ def run(args: list[str], log_path: str, *, timeout_s: float = 0.0, on_start=None
   """
   t0 = time.monotonic()
   with open(log_path, "ab") as log:
-    proc = subprocess.Popen([sys.executable, LAUNCH, *args], stdout=log, stderr=subprocess.STDOUT,
+    proc = subprocess.Popen([*COMMAND, *args], stdout=log, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL, env=lifeline.child_env(),
                             start_new_session=True)
   if on_start is not None:

@@ -30,10 +30,10 @@ from typing import Any
 
 import ml_collections
 
+import configs
 from medjax import config_check
 from medjax import errors
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 KINDS = ("loguniform", "uniform", "int", "categorical")
 SAMPLERS = ("tpe", "random")
 PRUNERS = ("asha", "hyperband", "none")
@@ -259,9 +259,10 @@ def flatten(section, prefix: str = "") -> dict:
 def load_config_file(spec: str):
   """`path.py[:variant]` -> (the absolute spec launch.py takes, get_config(variant))."""
   path, _, variant = spec.partition(":")
-  if not os.path.isabs(path) and not os.path.exists(path) and os.path.exists(
-      os.path.join(REPO, path)):
-    path = os.path.join(REPO, path)
+  # configs/x.py from anywhere: beside the `configs` package (the checkout, or where installed).
+  beside = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(configs.__file__))), path)
+  if not os.path.isabs(path) and not os.path.exists(path) and os.path.exists(beside):
+    path = beside
   path = os.path.abspath(path)
   if not os.path.isfile(path):
     raise errors.InputError(f"config.base={spec!r}: no such file; give a run config such as "

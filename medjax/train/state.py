@@ -131,3 +131,23 @@ def count_params(model_config, *, num_classes: int, shapes) -> int:
   abstract = nnx.eval_shape(
       lambda: model_lib.create(model_config, num_classes=num_classes, shapes=shapes, seed=0))
   return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(abstract, nnx.Param)))
+
+
+def fill_values(reader, rows: np.ndarray, tables) -> tuple:
+  """(mean training image, raw-zero in z-space for labs, for vitals) for 'mean'/'zero' fills."""
+  size = reader.cache.shapes.image_size
+  sample = reader.cache.read(rows[:256])
+  images = sample["images"][sample["image_mask"]]
+  image_mean = images.mean(0) if len(images) else np.zeros((size, size), np.float32)
+  return (image_mean, -tables["labs_mean"] / tables["labs_std"],
+          -tables["vitals_mean"] / tables["vitals_std"])
+
+
+def with_fill_values(state: dict, built, reader, rows: np.ndarray, tables) -> dict:
+  """`state` with the 'zero'/'mean' fill values of the missing-modality ablations set from data."""
+  # Writable host copies: set_fill_values assigns into the fill variables.
+  host = lambda tree: jax.tree.map(np.array, jax.device_get(tree))
+  model = nnx.merge(built.graphdef, host(state["params"]), host(state["fill"]))
+  model.set_fill_values(*fill_values(reader, rows, tables))
+  return dict(state, fill=jax.device_put(nnx.to_pure_dict(nnx.state(model, fusion.FillValue)),
+                                         built.shardings["fill"]))

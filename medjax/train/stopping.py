@@ -21,10 +21,10 @@ import math
 import jax
 import numpy as np
 
-from medjax import evaluate as evaluate_lib
+from medjax.evals import splits
 from medjax import lineage as lineage_lib
 from medjax.lineage import best
-from medjax.train import metrics as metrics_lib
+from medjax.evals import metrics as metrics_lib
 from medjax.train import step as step_lib
 
 def wanted(config) -> bool:
@@ -102,9 +102,12 @@ class Validator:
     ctx: the fault-tolerance context (the phase is 'validating' meanwhile: fixed timeouts).
     writer: the run's MetricWriter (rows of kind 'val' in metrics.jsonl and TensorBoard).
     is_chief: only process 0 reports to the sweep's study; the others follow its decision.
+    make_trial: `make_trial(config)` gives the reporter of a run that is a sweep's trial
+      (`report(epoch, value)` -> whether the pruner stops it; `medjax.sweep.trial.reporter`),
+      or None; asked on process 0 when config.trial.storage is set. None: no sweep.
   """
 
-  def __init__(self, prepared, ctx, writer, *, is_chief: bool):
+  def __init__(self, prepared, ctx, writer, *, is_chief: bool, make_trial=None):
     self.p, self.ctx, self.writer, self.is_chief = prepared, ctx, writer, is_chief
     config = prepared.config
     self.metric = config.evals.validation_metric
@@ -116,9 +119,8 @@ class Validator:
                                          len(manifest.class_names))
     self._predict = None
     self.trial = None
-    if config.trial.storage and is_chief:
-      from medjax.sweep import trial as trial_lib  # pylint: disable=import-outside-toplevel
-      self.trial = trial_lib.reporter(config)
+    if config.trial.storage and is_chief and make_trial is not None:
+      self.trial = make_trial(config)
     self.evaluated_on = "final"
 
   def epoch_end(self, state, cursor: lineage_lib.Cursor) -> None:
@@ -130,9 +132,9 @@ class Validator:
     self.ctx.set_phase("validating")
     if self._predict is None:
       self._predict = step_lib.make_predict_step(p.built.graphdef, p.built, p.mesh)
-    probs = evaluate_lib.predict(self._predict, state, p.reader, p.data.placement, self.rows,
-                                 host_batch=p.data.host_batch, sharding=p.batch_sharding,
-                                 global_batch=p.config.data.batch_size, seed=p.config.seed)
+    probs = splits.predict(self._predict, state, p.reader, p.data.placement, self.rows,
+                           host_batch=p.data.host_batch, sharding=p.batch_sharding,
+                           global_batch=p.config.data.batch_size, seed=p.config.seed)
     manifest = p.data.manifest
     metrics = metrics_lib.classification(
         probs.reshape(len(self.rows), len(manifest.class_names)), manifest.labels[self.rows],

@@ -17,7 +17,7 @@ syntaxes no installed plugin decodes; missing or empty PatientID. All of it is d
 any pixel data is read, so a small file that claims a huge image is refused without allocating it.
 
 Decoders of compressed data can still crash or allocate without bound on what these checks do
-not see; `medjax.data.decoder` runs them in child processes, where that costs one file. This
+not see; `medjax.data.dicom.decoder` runs them in child processes, where that costs one file. This
 module decodes in the calling process.
 
 `load_image` makes the same checks except PatientID (it needs only pixels), then decodes with
@@ -67,8 +67,8 @@ from pydicom import filereader
 from pydicom import uid as uids
 from pydicom.pixels import utils as pixel_utils
 
-from medjax.data import dicom_limits
-from medjax.data import dicom_pixels
+from medjax.data.dicom import limits as dicom_limits
+from medjax.data.dicom import pixels as dicom_pixels
 
 # The limits' public names, part of this module's API.
 RejectedFile = dicom_limits.RejectedFile
@@ -143,7 +143,7 @@ def load_image(path: str | os.PathLike, budgets: Budgets | None = None, *,
   """Decodes a DICOM image to float32 in [0, 1] by the rules in the module docstring.
 
   PatientID is not required here; use `read_header` to vet files for a cohort. This decodes in
-  the calling process; `medjax.data.decoder.Decoder.load_image` isolates the risky decoders.
+  the calling process; `medjax.data.dicom.decoder.Decoder.load_image` isolates the risky decoders.
 
   Args:
     path: the file.

@@ -6,7 +6,7 @@ from summary.json while the workers, not the launcher, do the run's work.
 
 from __future__ import annotations
 
-from medjax.train import metrics as metrics_lib
+from medjax.evals import metrics as metrics_lib
 
 NO_ORACLE = "no oracle: the Bayes posterior exists for synthetic cohorts only"
 

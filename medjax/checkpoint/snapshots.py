@@ -49,7 +49,7 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from medjax import checkpoint as checkpoint_lib
+from medjax.checkpoint import packing
 from medjax import lineage as lineage_lib
 
 SUFFIX = ".snap"
@@ -130,13 +130,13 @@ class Snapshots:
   """
 
   def __init__(self, root: str, *, host: str, process: int, every_steps: int, keep: int = 2,
-               packer: checkpoint_lib.StatePacker | None = None):
+               packer: packing.StatePacker | None = None):
     self.root = root
     self.directory = os.path.join(root, host, f"proc-{process}") if root else ""
     self.every_steps, self.keep = int(every_steps), max(int(keep), 1)
     self.written = self.skipped = 0
     self.write_s = 0.0
-    self._packer = packer or checkpoint_lib.StatePacker()
+    self._packer = packer or packing.StatePacker()
     self._checked = ""   # the layout whose leaves were checked (all replicated)
     self._unsupported = False
     self._queue: queue.Queue = queue.Queue(maxsize=1)
@@ -322,7 +322,7 @@ class Snapshots:
       if tuple(e["shape"]) != tuple(target.shape) or e["dtype"] != str(target.dtype):
         raise ValueError(f"snapshot {step} holds another state structure ({e['path']}: "
                          f"{e['dtype']}{e['shape']}, not {target.dtype}{list(target.shape)})")
-    leaves = checkpoint_lib.unpack_on_host(arrays, entries, [t for _, t in paths_and_targets])
+    leaves = packing.unpack_on_host(arrays, entries, [t for _, t in paths_and_targets])
     return treedef.unflatten(leaves)
 
 
@@ -346,3 +346,17 @@ def _remove(path: str) -> None:
     os.remove(path)
   except FileNotFoundError:
     pass
+
+
+def open_for_run(ckpt_config, workdir: str, host: str, store: lineage_lib.LineageStore, *,
+                 is_chief: bool, barrier, packer: packing.StatePacker) -> Snapshots:
+  """This process's host-local snapshots (config.ckpt.snapshot_every_steps; 0: none), in a
+  folder of this run's (earlier runs' folders in the same place are dropped)."""
+  every = int(ckpt_config.get("snapshot_every_steps", 0))
+  root = ""
+  if every:
+    root = run_root(ckpt_config.get("snapshot_dir", ""), workdir,
+                    run_id(store, is_chief=is_chief, barrier=barrier))
+    drop_earlier_runs(root)
+  return Snapshots(root, host=host, process=jax.process_index(), every_steps=every,
+                   packer=packer)

@@ -4,7 +4,7 @@ The C decoders behind pydicom's plugins trust the codestream: gdcm aborts the wh
 (SIGABRT) on a JPEG-LS file whose Rows/Columns disagree with its codestream, and a decoder may
 allocate whatever a header claims. `Decoder.load_image` therefore runs the decoding of compressed
 (encapsulated) and deflated files in long-lived child processes (`python -m
-medjax.data.decoder_child`), each under an address-space limit (RLIMIT_AS = config.data.
+medjax.data.dicom.decoder_child`), each under an address-space limit (RLIMIT_AS = config.data.
 decode_memory_mb) and a per-file timeout (config.data.decode_timeout_s). A child that dies, runs
 out of memory or times out turns that one file into a `dicom.RejectedFile` ("decoder crashed
 (SIGABRT) on JPEG-LS Lossless Image Compression"), and a fresh child takes the next file. The
@@ -20,7 +20,7 @@ thread waits for a free child), and stopped at exit (`shutdown`; a child busy wi
 stopped when that file is done). They never outlive the process: they exit on EOF of their
 request pipe, and on Linux the kernel kills them when the process dies (PR_SET_PDEATHSIG). A
 reply is checked before anything is allocated for it (the pipe protocol is in
-`medjax.data.decoder_child`).
+`medjax.data.dicom.decoder_child`).
 """
 
 from __future__ import annotations
@@ -43,8 +43,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from medjax.data import decoder_child
-from medjax.data import dicom_limits
+from medjax import lifeline
+from medjax.data.dicom import decoder_child
+from medjax.data.dicom import limits as dicom_limits
 
 ISOLATE = ("compressed", "all", "none")
 FAULT_ENV = decoder_child.FAULT_ENV
@@ -289,7 +290,7 @@ class _Child:
 
   def _start(self) -> None:
     self.stderr = tempfile.TemporaryFile("a+b")
-    argv = [sys.executable, "-m", "medjax.data.decoder_child", str(os.getpid()),
+    argv = [sys.executable, "-m", "medjax.data.dicom.decoder_child", str(os.getpid()),
             str(self.pool.memory_mb)]
     self.proc = self.pool.spawn(argv, self.stderr)
     try:
@@ -398,6 +399,4 @@ def _child_env() -> dict[str, str]:
   for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     env[name] = "1"
   # The child imports medjax the way this process did, wherever it was started from.
-  package_parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-  env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH")) if p)
-  return env
+  return lifeline.same_code(env)

@@ -25,7 +25,7 @@ import time
 import numpy as np
 
 from medjax.data import cache as cache_lib
-from medjax.data import placement as placement_lib
+from medjax.data.cache import placement as placement_lib
 
 POLICIES = ("recache", "redirect")
 

@@ -3,7 +3,7 @@
 Each worker of a generation times its own phases from the moment its agent handed it the
 generation (`assigned_at`, the agent's clock: the same machine) to its first finished training
 step, and sends the result once, in the heartbeat that reports that step (`Reporting`, a client
-wrapper: the heartbeat itself is `medjax.fault.context`'s). The coordinator writes it to
+wrapper: the heartbeat itself is `medjax.runtime.context`'s). The coordinator writes it to
 events.jsonl (`generation_phases`) and summary.json breaks each failure's recovery down with it
 (`medjax.fault.report`).
 

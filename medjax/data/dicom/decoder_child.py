@@ -1,6 +1,6 @@
-"""The decoder child process: `python -m medjax.data.decoder_child PARENT_PID MEMORY_MB`.
+"""The decoder child process: `python -m medjax.data.dicom.decoder_child PARENT_PID MEMORY_MB`.
 
-Started by `medjax.data.decoder`; imports no jax. It sets PR_SET_PDEATHSIG (Linux), limits its
+Started by `medjax.data.dicom.decoder`; imports no jax. It sets PR_SET_PDEATHSIG (Linux), limits its
 address space to MEMORY_MB (RLIMIT_AS) and core files to nothing, then decodes one file per
 request with `dicom.load_image` until its stdin closes.
 

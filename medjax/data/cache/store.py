@@ -14,7 +14,7 @@ dropped. On read, each record's bytes are checked against its crc32; a damaged o
 is decoded again from shared storage, and only that record.
 
 A host's first process writes its cache; its other processes open it read-only. The cache is
-thread-safe: the background recacher (`medjax.data.recache`) and the training reader share it, and
+thread-safe: the background recacher (`medjax.data.cache.recache`) and the training reader share it, and
 a record wanted by both is decoded once (the second waits for the first). A read-only process
 that misses a record the writer has promised (`expect`) waits for the writer instead of decoding it
 again. Counters (`COUNTERS`) are cumulative over the cache's life on this node, per process, and
@@ -35,7 +35,7 @@ import zlib
 import numpy as np
 import tensorstore as ts
 
-from medjax.data import decoder as decoder_lib
+from medjax.data.dicom import decoder as decoder_lib
 from medjax.data import records
 
 FORMAT_VERSION = 1
@@ -94,7 +94,7 @@ class Cache:
     memory_mb: memory for recently read records, on top of the on-disk cache.
     wait_limit_s: how long a read-only process waits for a record the writer has promised
       before decoding it itself.
-    decoder: DICOM budgets and decoder isolation (`medjax.data.decoder`; default: the config
+    decoder: DICOM budgets and decoder isolation (`medjax.data.dicom.decoder`; default: the config
       defaults).
   """
 

@@ -18,6 +18,7 @@ import time
 import grpc
 
 from medjax import lineage as lineage_lib
+from medjax.checkpoint import retention
 
 
 PHASES = ("starting", "preparing", "compiling", "restoring", "training", "checkpointing",
@@ -69,7 +70,7 @@ class Local:
     del write_s  # the coordinator's events record it; a local run has none
     self.store.commit(lineage, committed_at=time.time())
     best = lineage_lib.best_step(lineage) if self.keep_best else None
-    lineage_lib.prune(self.checkpoints, self.store.committed_steps(), self.max_to_keep,
+    retention.prune(self.checkpoints, self.store.committed_steps(), self.max_to_keep,
                       also_keep=() if best is None else (best,))
 
   def flush(self, timeout_s: float = 0.0) -> bool:

@@ -37,9 +37,9 @@ import numpy as np
 
 from medjax import errors
 from medjax.data import manifest as manifest_lib
-from medjax.data import synthetic_config
-from medjax.data import synthetic_dicom
-from medjax.data import synthetic_tables
+from medjax.data.synthetic import config as synthetic_config
+from medjax.data.synthetic import dicom as synthetic_dicom
+from medjax.data.synthetic import tables as synthetic_tables
 
 IMAGES, LABS, VITALS = 0, 1, 2  # modality_mask columns, as in medjax.data.manifest.
 VITALS_CHANNELS = synthetic_config.VITALS_CHANNELS

@@ -1,0 +1,28 @@
+"""The clinical tables (labels, lab panels, vital-sign series), read strictly with pandas.
+
+  csvfile  a file as checked physical lines (encoding, line endings, delimiter, malformed lines
+           set aside; one line is one record), the good ones parsed
+  values   ids, numbers, plausible ranges, `Problems` (shared by the readers)
+  labels   labels.csv
+  labs     labs.csv, wide or long
+  vitals   vitals.csv, resampled to fixed steps
+
+What cannot be read at all (an empty or binary file, no header naming the needed columns, a column
+named twice) is refused with a `TableError` (an `errors.InputError`). Everything else is accounted
+for through `Problems`: a malformed row is set aside with its file, line and reason, a bad value is
+set to missing and counted per column, and `on_error='raise'` turns the first of them (lowest
+line) into a `TableError` naming file and line.
+"""
+
+from medjax.data.tables.csvfile import Problem
+from medjax.data.tables.csvfile import TableError
+from medjax.data.tables.labels import Labels
+from medjax.data.tables.labels import read_labels
+from medjax.data.tables.labs import Labs
+from medjax.data.tables.labs import read_labs
+from medjax.data.tables.values import DEFAULT_VALUE_RANGES
+from medjax.data.tables.values import Problems
+from medjax.data.tables.values import normalize_ids
+from medjax.data.tables.values import value_ranges
+from medjax.data.tables.vitals import Vitals
+from medjax.data.tables.vitals import read_vitals

@@ -1,0 +1,64 @@
+"""labels.csv: one row per patient, its class name."""
+
+from __future__ import annotations
+
+import dataclasses
+import unicodedata
+from typing import Sequence
+
+import numpy as np
+
+from medjax.data.tables import csvfile
+from medjax.data.tables import values as values_lib
+
+
+@dataclasses.dataclass
+class Labels:
+  """labels.csv's accepted rows: ids (P,), class names (P,), physical lines (P,)."""
+  ids: np.ndarray
+  classes: np.ndarray
+  lines: np.ndarray
+
+  def as_dicts(self) -> tuple[dict[str, str], dict[str, int]]:
+    return (dict(zip(self.ids.tolist(), self.classes.tolist())),
+            dict(zip(self.ids.tolist(), self.lines.tolist())))
+
+
+def read_labels(path: str, problems: values_lib.Problems, classes: Sequence[str] = (),
+                fold_case: bool = False) -> Labels:
+  """labels.csv (columns `patient_id`, `diagnosis`): one accepted row per patient.
+
+  Rows with an empty id or class, a class not in `classes` (when given) or a patient an earlier
+  line already has are set aside with their line.
+  """
+  cols = {}
+
+  def text_columns(lines):
+    cols["pid"] = csvfile.find_column(lines, values_lib.PATIENT_COLUMNS, "patient id")
+    cols["label"] = csvfile.find_column(lines, values_lib.LABEL_COLUMNS, "label")
+    return [cols["pid"], cols["label"]]
+
+  lines, frame = csvfile.load(path, text_columns)
+  source, found = frame.source, list(frame.problems)
+  pid_name, label_name = frame.columns[cols["pid"]], frame.columns[cols["label"]]
+  ids, id_set = values_lib.read_ids(frame, cols["pid"], fold_case, problems)
+  names = values_lib.map_unique(frame.frame[cols["label"]].to_numpy(object),
+                      lambda s: unicodedata.normalize("NFC", s.strip()))
+  keep = np.ones(len(ids), bool)
+  empty = (ids == "") | (names == "")
+  for i in np.flatnonzero(empty):
+    found.append(csvfile.Problem(source, int(frame.lines[i]), f"empty {pid_name!r} or {label_name!r}; "
+                         "the row is set aside"))
+  keep &= ~empty
+  if classes:
+    unknown = keep & ~np.isin(names, list(classes))
+    for i in np.flatnonzero(unknown):
+      found.append(csvfile.Problem(source, int(frame.lines[i]), f"class {values_lib.shown(names[i], id_set)} not in "
+                           f"config.data.classes ({len(classes)} names); add it or fix the row; "
+                           "the row is set aside"))
+    keep &= ~unknown
+  kept = np.flatnonzero(keep)
+  kept = values_lib.first_rows(ids, kept, frame.lines, source, found)
+  problems.files[source] = lines.info
+  problems.extend(found)
+  return Labels(ids[kept], names[kept], frame.lines[kept])

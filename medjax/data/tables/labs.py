@@ -1,0 +1,155 @@
+"""labs.csv: lab panels, wide (one column per analyte) or long (one row per measurement)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+
+from medjax.data.tables import csvfile
+from medjax.data.tables import values as values_lib
+
+
+@dataclasses.dataclass
+class Labs:
+  """labs.csv: analyte names (L), patient ids (P,), float32 (P, L) values (NaN: not measured)."""
+  analytes: list[str]
+  ids: np.ndarray
+  values: np.ndarray
+
+
+def read_labs(path: str, analytes: Sequence[str], rename: dict[str, str], problems: values_lib.Problems,
+              ranges: dict[str, tuple[float, float]] | None = None,
+              fold_case: bool = False) -> Labs:
+  """labs.csv, wide (one column per analyte) or long (`analyte`, `value` columns).
+
+  Args:
+    path: the CSV file.
+    analytes: the expected analyte names, in model order; empty to take them from the file.
+    rename: file column or analyte name -> analyte name.
+    problems: where malformed rows and values go.
+    ranges: analyte -> plausible (low, high); values outside are set to missing.
+    fold_case: casefold patient ids (config.data.ids_case_insensitive).
+
+  Returns:
+    Labs with one row per patient (the first row of a patient; later ones are set aside).
+  """
+  ranges = ranges or {}
+  cols = {}
+
+  def text_columns(lines):
+    cols["pid"] = csvfile.find_column(lines, values_lib.PATIENT_COLUMNS, "patient id")
+    lower = [h.lower() for h in lines.header]
+    if "analyte" in lower and "value" in lower:
+      cols["analyte"], cols["value"] = lower.index("analyte"), lower.index("value")
+      return [j for j in range(len(lower)) if j != cols["value"]]
+    return [cols["pid"]] + [j for j, h in enumerate(lower)
+                            if h in ("date", "time", "timestamp", "")]
+
+  lines, frame = csvfile.load(path, text_columns)
+  if "analyte" in cols:
+    return _read_labs_long(lines, frame, cols, analytes, rename, problems, ranges, fold_case)
+  source, found = frame.source, list(frame.problems)
+  skip = {"date", "time", "timestamp"}
+  columns = [j for j, h in enumerate(frame.columns)
+             if j != cols["pid"] and h and h.lower() not in skip]
+  names = [rename.get(frame.columns[j], frame.columns[j]) for j in columns]
+  _check_renamed(lines.path, [frame.columns[j] for j in columns], names)
+  analytes = list(analytes) or names
+  index = {a: i for i, a in enumerate(analytes)}
+  for j, name in zip(columns, names):
+    if name not in index:
+      found.append(csvfile.Problem(source, lines.header_line, f"column {frame.columns[j]!r} not in "
+                           f"config.data.analytes ({len(analytes)} names); add it or map it with "
+                           "config.data.rename; its values are ignored", "column"))
+  found += _unnamed(frame, lines)
+  ids, id_set = values_lib.read_ids(frame, cols["pid"], fold_case, problems)
+  empty = ids == ""
+  for i in np.flatnonzero(empty):
+    found.append(csvfile.Problem(source, int(frame.lines[i]), f"empty {frame.columns[cols['pid']]!r}; the "
+                         "row is set aside"))
+  kept = np.flatnonzero(~empty)
+  kept = values_lib.first_rows(ids, kept, frame.lines, source, found)
+  values = np.full((len(kept), len(analytes)), np.nan, np.float32)
+  commas = 0
+  for j, name in zip(columns, names):
+    if name in index:
+      v, probs, counts, c = values_lib.read_values(frame, j, name, "column", ranges, id_set, kept)
+      values[:, index[name]] = v
+      found += probs
+      commas += c
+      values_lib.count_values(lines.info, counts, name)
+  if commas:
+    lines.info["decimal_commas"] = commas
+  problems.files[source] = lines.info
+  problems.extend(found)
+  return Labs(list(analytes), ids[kept], values)
+
+
+def _check_renamed(path: str, columns: list[str], names: list[str]) -> None:
+  seen = {}
+  for column, name in zip(columns, names):
+    if name in seen:
+      raise csvfile.refuse(path, f"columns {seen[name]!r} and {column!r} both give analyte "
+                           f"{name!r} (config.data.rename); keep one")
+    seen[name] = column
+
+
+def _unnamed(frame: csvfile.Frame, lines: csvfile.Lines) -> list[csvfile.Problem]:
+  """Columns without a name are ignored; reported when they hold values."""
+  out = []
+  for j, name in enumerate(frame.columns):
+    if not name:
+      lines.info["unnamed_columns"] = lines.info.get("unnamed_columns", 0) + 1
+      if (frame.frame[j].astype(str).str.strip() != "").any():
+        out.append(csvfile.Problem(frame.source, lines.header_line, f"column {j + 1} has no name in the "
+                           "header; its values are ignored", "column"))
+  return out
+
+
+def _read_labs_long(lines, frame, cols, analytes, rename, problems, ranges, fold_case) -> Labs:
+  source, found = frame.source, list(frame.problems)
+  ids, id_set = values_lib.read_ids(frame, cols["pid"], fold_case, problems)
+  names = values_lib.map_unique(frame.frame[cols["analyte"]].to_numpy(object),
+                      lambda s: rename.get(s.strip(), s.strip()))
+  if not analytes:
+    analytes = sorted(set(names[(ids != "") & (names != "")]))
+  index = {a: i for i, a in enumerate(analytes)}
+  empty = ids == ""
+  for i in np.flatnonzero(empty):
+    found.append(csvfile.Problem(source, int(frame.lines[i]), f"empty {frame.columns[cols['pid']]!r}; the "
+                         "row is set aside"))
+  column = np.array([index.get(n, -1) for n in names], np.int64)
+  unknown = ~empty & (column < 0)
+  for i in np.flatnonzero(unknown):
+    found.append(csvfile.Problem(source, int(frame.lines[i]), f"analyte {values_lib.shown(names[i], id_set)} not in "
+                         f"config.data.analytes ({len(analytes)} names); add it or map it with "
+                         "config.data.rename; the row is set aside"))
+  rows = np.flatnonzero(~empty & ~unknown)
+  values = np.full(len(rows), np.nan)
+  order = np.argsort(column[rows], kind="stable")
+  bounds = np.flatnonzero(np.diff(column[rows][order])) + 1
+  for sel in np.split(order, bounds) if len(rows) else []:
+    name = analytes[column[rows[sel[0]]]]
+    v, probs, counts, _ = values_lib.read_values(frame, cols["value"], name, "analyte", ranges, id_set,
+                                       rows[sel])
+    values[sel] = v
+    found += probs
+    values_lib.count_values(lines.info, counts, name)
+  usable = ~np.isnan(values)
+  rows, values = rows[usable], values[usable]
+  codes, patients = pd.factorize(pd.Series(ids[rows], dtype=object))
+  keys = codes.astype(np.int64) * max(len(analytes), 1) + column[rows]
+  dup = pd.Series(keys).duplicated(keep="first").to_numpy()
+  first = values_lib.first_lines(keys, frame.lines[rows], np.flatnonzero(dup))
+  for i, line in zip(rows[dup], first):
+    found.append(csvfile.Problem(source, int(frame.lines[i]), f"duplicate value for analyte "
+                         f"{values_lib.shown(names[i], id_set)} (line {line} has it for this patient); "
+                         "the row is set aside"))
+  out = np.full((len(patients), len(analytes)), np.nan, np.float32)
+  out[codes[~dup], column[rows[~dup]]] = values[~dup]
+  problems.files[source] = lines.info
+  problems.extend(found)
+  return Labs(list(analytes), np.asarray(patients, dtype=object), out)

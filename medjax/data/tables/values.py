@@ -1,0 +1,226 @@
+"""Cells and values shared by the table readers: ids, numbers, plausible ranges, problems.
+
+Reasons never carry patient ids, and cell values only when they cannot be identifying (see
+`shown`). Ids are stripped of surrounding whitespace and NFC-normalised (casefolded too when
+`fold_case`); ingest hashes them right away.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+import unicodedata
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+
+from medjax import errors
+from medjax.data.tables import csvfile
+
+PATIENT_COLUMNS = ("patient_id", "patientid", "patient", "mrn")
+LABEL_COLUMNS = ("diagnosis", "label", "class")
+TIME_COLUMNS = ("hour", "hours", "time", "timestamp", "charttime")
+# Built-in plausible ranges (inclusive) of the known vitals channels: wide enough for any real
+# patient and for the synthetic generator (which writes SpO2 up to ~103 and heart rates down to
+# ~7), narrow enough to catch unit slips (temperature in Fahrenheit, SpO2 as a fraction).
+DEFAULT_VALUE_RANGES = {"hr": (0.0, 350.0), "sbp": (0.0, 400.0), "dbp": (0.0, 300.0),
+                        "rr": (0.0, 150.0), "spo2": (20.0, 105.0), "temp": (25.0, 45.0)}
+# Text read as a missing value but counted, like inf and nan, as a non-finite value.
+MISSING_MARKERS = frozenset({"nan", "-nan", "+nan", "na", "n/a", "#n/a", "null", "none", "<na>"})
+_WITHHELD = "(withheld: it may identify a patient)"
+SHOWN_LINES = 20   # line numbers listed in one values entry of the quarantine report
+OK, NON_FINITE, NOT_A_NUMBER, OUT_OF_RANGE = range(4)
+_VALUE_KINDS = {NON_FINITE: "non_finite", NOT_A_NUMBER: "not_a_number",
+                OUT_OF_RANGE: "out_of_range"}
+
+
+class Problems:
+  """Collects set-aside rows and values, or raises on the first one; keeps per-file counts."""
+
+  def __init__(self, on_error: str):
+    if on_error not in ("raise", "quarantine"):
+      raise ValueError(f"config.data.on_error={on_error!r}: use 'raise' or 'quarantine'")
+    self.on_error = on_error
+    self.items: list[csvfile.Problem] = []
+    self.files: dict[str, dict] = {}   # file name -> counts and format (ingest summary)
+    self.known_ids: set[str] = set()   # casefolded ids seen so far: never shown in a reason
+
+  def report(self, source: str, line: int, reason: str) -> None:
+    self.extend([csvfile.Problem(source, line, reason)])
+
+  def redact(self) -> None:
+    """Withholds any value shown in a reason that turned out to be an id (of a table read later
+    or of a DICOM file): `shown` only knew the ids read before it."""
+    def withhold(match):
+      return _WITHHELD if match.group(1).strip().casefold() in self.known_ids else match.group(0)
+    self.items = [dataclasses.replace(p, reason=re.sub(r"'([^']*)'", withhold, p.reason))
+                  for p in self.items]
+
+  def extend(self, found: Sequence[csvfile.Problem]) -> None:
+    """Adds problems in line order; with on_error='raise', raises the first."""
+    found = sorted(found, key=lambda p: p.line)
+    if found and self.on_error == "raise":
+      p = found[0]
+      raise csvfile.TableError(f"{p.source}:{p.line}: {p.reason} (set config.data.on_error='quarantine' "
+                       "to set such rows and values aside and go on)")
+    self.items.extend(found)
+
+
+def value_ranges(config_ranges=None) -> dict[str, tuple[float, float]]:
+  """`DEFAULT_VALUE_RANGES` updated by config.data.value_ranges (name -> (low, high) or None)."""
+  ranges = dict(DEFAULT_VALUE_RANGES)
+  for name, bounds in dict(config_ranges or {}).items():
+    if bounds is None:
+      ranges.pop(name, None)
+      continue
+    try:
+      low, high = (float(b) for b in bounds)
+      valid = low <= high
+    except (TypeError, ValueError):
+      valid = False
+    if not valid:
+      raise errors.InputError(f"config.data.value_ranges.{name}={bounds!r}: give (low, high) with "
+                              "low <= high, or None for no check")
+    ranges[name] = (low, high)
+  return ranges
+
+
+def normalize_ids(ids, fold_case: bool = False) -> np.ndarray:
+  """Ids as joined across tables and DICOM: stripped, Unicode NFC, casefolded if `fold_case`."""
+  def clean(u):
+    text = "" if u is None or (isinstance(u, float) and np.isnan(u)) else str(u)
+    text = unicodedata.normalize("NFC", text.strip())
+    return text.casefold() if fold_case else text
+  return map_unique(ids, clean)
+
+
+def map_unique(values, fn) -> np.ndarray:
+  """fn applied to each distinct value once (object array in, object array out)."""
+  codes, uniques = pd.factorize(pd.Series(values, dtype=object), use_na_sentinel=False)
+  return np.array([fn(u) for u in uniques] + [None], dtype=object)[codes]
+
+
+# -- cells ----------------------------------------------------------------------------------------
+
+def shown(text, ids: set[str]) -> str:
+  """A cell value fit for a reason, in single quotes; withheld when it could identify a patient
+  (an id seen so far, four digits in a row as in ids and dates, long text, quotes)."""
+  text = unicodedata.normalize("NFC", str(text).strip())
+  if (len(text) > 24 or re.search(r"\d{4}", text) or text.casefold() in ids
+      or not text.isprintable() or "'" in text or '"' in text or "\\" in text):
+    return _WITHHELD
+  return f"'{text}'"
+
+
+def numbers(col: pd.Series, decimal_comma: bool) -> tuple[np.ndarray, np.ndarray, int]:
+  """(float64 values with NaN for missing or bad, kind per cell, decimal commas read)."""
+  if col.dtype.kind in "fiu":
+    values = col.to_numpy(np.float64, copy=True)
+    kinds = np.where(np.isinf(values), NON_FINITE, OK)
+    values[kinds != OK] = np.nan
+    return values, kinds, 0
+  # Text as read (a column pandas took for booleans, or mixed with floats, as text again).
+  if col.dtype.kind == "b":
+    cells = pd.Series(np.where(col.to_numpy(bool), "True", "False"), dtype=object)
+  elif col.dtype == object:
+    cells = pd.Series(["" if x is None or (isinstance(x, float) and np.isnan(x)) else str(x)
+                       for x in col.to_numpy(object)], dtype=object)
+  else:
+    cells = pd.Series(col.to_numpy(object), dtype=object).fillna("")
+  values = pd.to_numeric(cells, errors="coerce").to_numpy(np.float64, copy=True)
+  kinds = np.full(len(values), OK)
+  kinds[np.isinf(values)] = NON_FINITE
+  failed = np.flatnonzero(np.isnan(values))
+  text = cells.iloc[failed].str.strip()
+  marker = text.str.lower().isin(MISSING_MARKERS).to_numpy(bool)
+  kinds[failed[marker]] = NON_FINITE
+  rest = ~marker & (text != "").to_numpy(bool)
+  commas = 0
+  if decimal_comma and rest.any():
+    comma = rest & text.str.fullmatch(r"[+-]?\d+,\d+").to_numpy(bool)
+    values[failed[comma]] = text[comma].str.replace(",", ".").astype(float).to_numpy()
+    commas, rest = int(comma.sum()), rest & ~comma
+  kinds[failed[rest]] = NOT_A_NUMBER
+  values[kinds != OK] = np.nan
+  return values, kinds, commas
+
+
+def _value_problems(source: str, label: str, name: str, kinds: np.ndarray, lines: np.ndarray,
+                    cells, ids: set[str], bounds=None) -> tuple[list[csvfile.Problem], dict[str, int]]:
+  """One 'values' problem per kind of bad value in a column, and the counts per kind."""
+  out, counts = [], {}
+  for kind, key in _VALUE_KINDS.items():
+    rows = np.flatnonzero(kinds == kind)
+    if not len(rows):
+      continue
+    counts[key] = len(rows)
+    first = rows[0]
+    value = shown(cells[first], ids)
+    if kind == NOT_A_NUMBER:
+      what = f"value {value} is not a number"
+    elif kind == NON_FINITE:
+      what = f"value {value} is not a finite number"
+    else:
+      what = (f"value {value} is outside the plausible range [{bounds[0]:g}, {bounds[1]:g}] "
+              f"(config.data.value_ranges.{name})")
+    more = (f" ({len(rows)} such values in this {label}, first on lines "
+            f"{', '.join(str(int(x)) for x in lines[rows[:5]])})" if len(rows) > 1 else "")
+    shown_lines = tuple(int(x) for x in lines[rows[:SHOWN_LINES]])
+    out.append(csvfile.Problem(source, int(lines[first]), f"{label} {name!r}: {what}; set to missing{more}",
+                       "values", len(rows), shown_lines))
+  return out, counts
+
+
+def read_values(frame: csvfile.Frame, column: int, name: str, label: str, ranges, ids: set[str],
+                 rows=None):
+  """A numeric column's values (NaN where missing or bad) and its problems and counts."""
+  col = frame.frame[column] if rows is None else frame.frame[column].iloc[rows]
+  lines = frame.lines if rows is None else frame.lines[rows]
+  values, kinds, commas = numbers(col, frame.delimiter != ",")
+  bounds = ranges.get(name)
+  if bounds is not None:
+    outside = ~np.isnan(values) & ((values < bounds[0]) | (values > bounds[1]))
+    kinds[outside] = OUT_OF_RANGE
+    values[outside] = np.nan
+  if not (kinds != OK).any():
+    return values, [], {}, commas
+  probs, counts = _value_problems(frame.source, label, name, kinds, lines,
+                                  col.to_numpy(object), ids, bounds)
+  return values, probs, counts, commas
+
+
+def read_ids(frame: csvfile.Frame, column: int, fold_case: bool,
+         problems: Problems) -> tuple[np.ndarray, set[str]]:
+  """Normalised ids of a column; their spellings join `problems.known_ids` (for `shown`)."""
+  ids = normalize_ids(frame.frame[column].to_numpy(object), fold_case)
+  problems.known_ids.update(str(x).casefold() for x in pd.unique(ids))
+  return ids, problems.known_ids
+
+
+def first_rows(ids: np.ndarray, kept: np.ndarray, lines: np.ndarray, source: str,
+                found: list) -> np.ndarray:
+  """`kept` without later rows of a patient already kept; each such row is a csvfile.Problem."""
+  dup = pd.Series(ids[kept], dtype=object).duplicated(keep="first").to_numpy()
+  first = first_lines(ids[kept], lines[kept], np.flatnonzero(dup))
+  for i, line in zip(kept[dup], first):
+    found.append(csvfile.Problem(source, int(lines[i]), f"duplicate patient row (line {line} has "
+                         "this patient); the row is set aside"))
+  return kept[~dup]
+
+
+def first_lines(keys: np.ndarray, lines: np.ndarray, rows: np.ndarray) -> np.ndarray:
+  """For each of `rows`, the line of the first row (in `lines` order) with the same key."""
+  codes, _ = pd.factorize(np.asarray(keys))
+  first = pd.Series(lines).groupby(codes).transform("first").to_numpy()
+  return first[rows]
+
+
+def count_values(info: dict, counts: dict[str, int], name: str) -> None:
+  for kind, k in counts.items():
+    info.setdefault("values", {}).setdefault(kind, {})
+    info["values"][kind][name] = info["values"][kind].get(name, 0) + k
+
+
+# -- the tables -----------------------------------------------------------------------------------
+
+
