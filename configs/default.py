@@ -14,7 +14,7 @@ from medjax.data.synthetic import config as synthetic_config
 
 def get_config(arg=None):
   config = ml_collections.ConfigDict()
-  # What launch.py runs: 'synth' (write the cohort), 'ingest' (+ manifest, placement, cache),
+  # What the command runs: 'synth' (write the cohort), 'ingest' (+ manifest, placement, cache),
   # 'train' (+ training and evaluation).
   config.mode = "train"
   config.seed = 0
@@ -30,7 +30,7 @@ def get_config(arg=None):
   data.root = config_dict.placeholder(str)
   data.synthetic = synthetic_config.get_config()
   # 24,000 patients: at 6,000 this model is limited by training-set size (~0.91 of the Bayes
-  # ceiling whatever the architecture; experiments/results/tuning.md).
+  # ceiling whatever the architecture, in the tuning runs behind configs/quickstart.py).
   data.synthetic.num_patients = 24000
   data.analytes = ()          # expected lab columns in model order; empty: take them from labs.csv
   data.rename = ml_collections.ConfigDict()   # labs.csv column -> analyte name
@@ -69,7 +69,8 @@ def get_config(arg=None):
   data.decode_workers = 2     # children at most (the cache decodes from up to 2 threads)
   data.cache_dir = ""         # node-local decoded cache; default <workdir>/cache
   data.cache_memory_mb = 1024  # also hold a host's cached records in memory when they fit
-  data.prefetch = "auto"      # read ahead: 'thread', 'inline' (training thread), 'auto' (CPU: inline)
+  data.prefetch = "auto"      # read ahead: 'thread', 'inline' (training thread), 'auto'
+                              # (CPU: inline)
   data.reingest = False       # ingest again even if <workdir>/ingest exists
   data.placement_method = "bounded"   # 'bounded' (medjax), 'ring' or 'modulo' (baselines)
   # After a host set change: 'recache' (new owners decode moved records once, in the background)
@@ -120,7 +121,8 @@ def get_config(arg=None):
   config.mesh = mesh = ml_collections.ConfigDict()
   mesh.data = -1                        # data-parallel axis size; -1: all devices fsdp leaves
   mesh.fsdp = 1                         # parameter-sharding axis size
-  mesh.compilation_cache_dir = ""       # JAX persistent compilation cache; default <workdir>/jax_cache
+  # JAX persistent compilation cache; default <workdir>/jax_cache.
+  mesh.compilation_cache_dir = ""
 
   config.ckpt = ckpt = ml_collections.ConfigDict()
   ckpt.max_to_keep = 3                  # committed checkpoints kept
@@ -135,8 +137,8 @@ def get_config(arg=None):
   # lineage: a boundary's or k-step save sooner than this after the previous one is skipped
   # (0: every one, the paper's policy). Each save costs tens of ms of CPU on the saver thread.
   ckpt.min_interval_s = 0.0
-  # Host-local snapshots (medjax.checkpoint.snapshots): the state every k global steps in host memory, which
-  # a crashed or hung worker's replacement on the same host resumes from (0: off).
+  # Host-local snapshots (medjax.checkpoint.snapshots): the state every k global steps in host
+  # memory, which a crashed or hung worker's replacement on the same host resumes from (0: off).
   ckpt.snapshot_every_steps = 4
   ckpt.snapshot_dir = ""                # default /dev/shm (else the temporary directory)
   ckpt.lineage_store = ""               # TensorStore kvstore path or URL; default <workdir>/lineage

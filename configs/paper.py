@@ -1,6 +1,6 @@
 """Paper scale: the lineage paper's cohort shape (53,420 patients, 37 classes, 43 analytes).
 
-Run (on a cluster; see README "Multi-host"):
+Run (on a cluster; see docs/multi-host.md and deploy/):
   python launch.py --config configs/paper.py --workdir /pfs/runs/paper
 Variants:
   configs/paper.py:ingest   only synthesise and ingest the cohort

@@ -12,7 +12,7 @@ from configs import default
 
 def get_config(arg=None):
   config = default.get_config(None if arg == "tiny" else arg)
-  # Tuned on three fresh splits (experiments/results/tuning.md): this model at this cohort size
+  # Tuned on three fresh splits (a session's runs, not kept): this model at this cohort size
   # is limited by training-set size, so more patients and stronger modality dropout beat a
   # bigger image encoder.
   config.data.synthetic.num_patients = 6000

@@ -12,7 +12,7 @@ A sweep spread over machines: the same command on each, with a shared --workdir 
 The base config is ingested once into <workdir>/data; each trial runs in
 <workdir>/trials/trial-NNNN with the searched fields as --config.<field>=<value>, and reports
 evals.validation_metric at each epoch end to the study, whose pruner may stop it early. The
-report (trials.md, trials.csv, PNGs) is in the workdir. README.md, "Sweeps", has the details.
+report (trials.md, trials.csv, PNGs) is in the workdir. docs/sweeps.md has the details.
 """
 
 import ml_collections

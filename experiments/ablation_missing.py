@@ -1,7 +1,7 @@
 """Missing-modality ablation: learned 'missing' embeddings vs zero-fill vs dropping incomplete
 records (and optionally mean-fill), on one cohort and one train/val/test split, over seeds.
 
-  python experiments/ablation_missing.py [--config quickstart|default] [--policies ...]
+  python -m experiments.ablation_missing [--config quickstart|default] [--policies ...]
       [--seeds 0,1,2] [--patients N] [--epochs N] [--workdir /tmp/ablation_missing]
 
 Every run trains the config (configs/quickstart.py or configs/default.py) single-process in a
@@ -35,16 +35,14 @@ import time
 import numpy as np
 from scipy import stats
 
+from configs import default
+from configs import quickstart
+from medjax import paths
+from medjax.data import ingest
+from medjax.data import pipeline
+from medjax.evals import metrics as metrics_lib
+
 REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-sys.path.insert(0, REPO)
-
-from configs import default  # pylint: disable=wrong-import-position
-from configs import quickstart  # pylint: disable=wrong-import-position
-from medjax import paths  # pylint: disable=wrong-import-position
-from medjax.data import ingest  # pylint: disable=wrong-import-position
-from medjax.data import pipeline  # pylint: disable=wrong-import-position
-from medjax.evals import metrics as metrics_lib  # pylint: disable=wrong-import-position
-
 CONFIGS = {"quickstart": quickstart.get_config, "default": default.get_config}
 ROWS = (("all3", "All 3 (I,L,V)"), ("any2", "Any 2"), ("single", "Single"))
 # The lineage paper's Table IV (its learned-embedding model on its own cohort), for reference.
@@ -143,7 +141,7 @@ def run_one(args, shared, policy: str, seed: int) -> dict:
       shutil.rmtree(workdir)  # an interrupted run: start it again (lineage resume is not the point)
     os.makedirs(workdir)
     shutil.copytree(paths.RunPaths(shared["base"]).ingest, paths.RunPaths(workdir).ingest)
-    cmd = [sys.executable, os.path.abspath(__file__), f"--child={workdir}",
+    cmd = [sys.executable, "-m", "experiments.ablation_missing", f"--child={workdir}",
            f"--config={args.config}", f"--variant={args.variant}",
            f"--child-overrides={json.dumps(overrides(args, shared, policy, seed))}"]
     log(f"{policy} seed {seed}: training in {workdir}")

@@ -1,6 +1,6 @@
 """Data-layer benchmark, measured side by side in one run; writes experiments/results/bench_data.json.
 
-  python experiments/bench_data.py [--patients 300] [--batches 20]
+  python -m experiments.bench_data [--patients 300] [--batches 20]
 
 1. Batch reads from the decoded cache vs decoding the same records from DICOM (target: >= 10x).
 2. Header-scan throughput (files/s), serial and with one process per core.
@@ -11,20 +11,17 @@
 import argparse
 import json
 import os
-import sys
 import tempfile
 import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-
-from configs import default as default_config  # pylint: disable=wrong-import-position
-from medjax.data import cache as cache_lib  # pylint: disable=wrong-import-position
-from medjax.data import ingest  # pylint: disable=wrong-import-position
-from medjax.data.cache import placement  # pylint: disable=wrong-import-position
-from medjax.data import records  # pylint: disable=wrong-import-position
-from medjax.data import synthetic  # pylint: disable=wrong-import-position
+from configs import default as default_config
+from medjax.data import cache as cache_lib
+from medjax.data import ingest
+from medjax.data import records
+from medjax.data import synthetic
+from medjax.data.cache import placement
 
 
 def bench_cache(tmp: str, patients: int, batches: int, batch_size: int) -> dict:

@@ -1,7 +1,7 @@
 """jax.distributed's start in a restart, with and without waiting for process 0's service to
 listen, side by side; writes experiments/results/distributed_init.json.
 
-  python experiments/bench_distributed_init.py [--repeats 5] [--processes 2]
+  python -m experiments.bench_distributed_init [--repeats 5] [--processes 2]
 
 In a restart every worker of the new generation is handed its assignment at once, so a process
 other than 0 often calls jax.distributed.initialize before process 0's coordination service
@@ -23,15 +23,13 @@ import time
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-from medjax.fault import protocol  # pylint: disable=wrong-import-position
+from medjax.fault import protocol
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHILD = """
 import os, sys, time
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=1"
 os.environ["JAX_PLATFORMS"] = "cpu"
-sys.path.insert(0, {root!r})
 import jax
 from medjax.fault import protocol
 jax.config.update("jax_cpu_collectives_implementation", "gloo")
@@ -43,7 +41,7 @@ if wait and pid != 0:
   protocol.wait_for_listener(address, 60.0)
 jax.distributed.initialize(address, n, pid, initialization_timeout=60,
                            coordinator_bind_address=address)
-print(f"{{time.perf_counter() - t0:.4f}}", flush=True)
+print(f"{time.perf_counter() - t0:.4f}", flush=True)
 os._exit(0)
 """
 
@@ -51,8 +49,7 @@ os._exit(0)
 def trial(n: int, wait: bool, lead_s: float) -> float:
   """The slowest process's initialize, in seconds, for one generation of `n` processes."""
   address = f"127.0.0.1:{protocol.free_port()}"
-  code = CHILD.format(root=ROOT)
-  procs = [subprocess.Popen([sys.executable, "-c", code, str(p), str(n), address,
+  procs = [subprocess.Popen([sys.executable, "-c", CHILD, str(p), str(n), address,
                              "1" if wait else "0"], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True) for p in range(n)]
   for p in procs:

@@ -1,7 +1,7 @@
 """Fault-tolerance benchmark, measured side by side in one run; writes
 experiments/results/bench_fault.json.
 
-  python experiments/bench_fault.py [--epochs 5] [--repeats 2] [--failure-epochs 15] [--parts A,B]
+  python -m experiments.bench_fault [--epochs 5] [--repeats 2] [--failure-epochs 15] [--parts A,B]
 
 A. Checkpoint overhead: the same supervised training (coordinator, agent, worker processes) with
    no checkpoints but the last, with checkpoints at every partition boundary (the lineage
@@ -34,8 +34,7 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from medjax import jsonl  # pylint: disable=wrong-import-position
+from medjax import jsonl
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

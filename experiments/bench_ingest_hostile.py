@@ -1,6 +1,6 @@
 """Ingest of a cohort holding hostile DICOM inputs: peak memory, exit code and each file's fate.
 
-  python experiments/bench_ingest_hostile.py [--patients 300] [--quickstart-patients 6000]
+  python -m experiments.bench_ingest_hostile [--patients 300] [--quickstart-patients 6000]
 
 1. A small synthetic cohort plus every hostile input of tests/hostile.py (a JPEG-LS file that
    aborts gdcm, a 1.2 KB RLE file claiming 65535 x 65535, a JPEG 2000 SIZ claiming 40000 x
@@ -32,13 +32,11 @@ import time
 
 import psutil
 
+from configs import quickstart
+from medjax.data import synthetic
+from tests import hostile
+
 REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-sys.path.insert(0, REPO)
-
-from configs import quickstart  # pylint: disable=wrong-import-position
-from medjax.data import synthetic  # pylint: disable=wrong-import-position
-from tests import hostile  # pylint: disable=wrong-import-position
-
 MB = 1 << 20
 # Runs the command given as its arguments; writes its exit code and the largest peak RSS of any
 # process of its tree (getrusage of reaped descendants) to the file named first.

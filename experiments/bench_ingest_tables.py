@@ -25,13 +25,11 @@ import time
 
 import numpy as np
 
+from configs import quickstart
+from medjax import paths
+from medjax.data import synthetic
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-
-from configs import quickstart  # pylint: disable=wrong-import-position
-from medjax import paths  # pylint: disable=wrong-import-position
-from medjax.data import synthetic  # pylint: disable=wrong-import-position
-
 RESULT = os.path.join(ROOT, "experiments", "results", "ingest_tables.json")
 
 

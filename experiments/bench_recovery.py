@@ -1,7 +1,7 @@
 """Recovery and the cost of supervision, measured side by side in one run; writes
 experiments/results/recovery.json and prints a table.
 
-  python experiments/bench_recovery.py [--epochs 15] [--failure-epochs 30] [--repeats 2]
+  python -m experiments.bench_recovery [--epochs 15] [--failure-epochs 30] [--repeats 2]
                                        [--parts A,B,C,W] [--layouts auto,auto-always,2]
 
 A. Supervision cost: the default quickstart (supervised: coordinator, agent and worker processes
@@ -51,10 +51,9 @@ import time
 import numpy as np
 import psutil
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from medjax import jsonl  # pylint: disable=wrong-import-position
-from medjax.runtime import inject  # pylint: disable=wrong-import-position
-from medjax.fault import layout as layout_lib  # pylint: disable=wrong-import-position
+from medjax import jsonl
+from medjax.fault import layout as layout_lib
+from medjax.runtime import inject
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KINDS = (("crash", "kill", signal.SIGKILL), ("hang", "sigstop", signal.SIGSTOP),

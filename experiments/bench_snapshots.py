@@ -1,7 +1,7 @@
 """What host-local snapshots cost training, measured side by side in one run; writes
 experiments/results/snapshots.json and prints a table.
 
-  python experiments/bench_snapshots.py [--every 0,1,2,4,8] [--repeats 3] [--epochs 15]
+  python -m experiments.bench_snapshots [--every 0,1,2,4,8] [--repeats 3] [--epochs 15]
 
 The quickstart, unsupervised (one process: nothing else competes for the cores), with
 config.ckpt.snapshot_every_steps at each value of --every (0: no snapshots, the baseline), the
@@ -18,14 +18,11 @@ without snapshots).
 import argparse
 import json
 import os
-import sys
 import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import bench_recovery  # pylint: disable=wrong-import-position
+from experiments import bench_recovery
 
 ROOT = bench_recovery.ROOT
 

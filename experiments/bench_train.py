@@ -1,6 +1,6 @@
 """Training-step benchmark, side by side in one run; writes experiments/results/bench_train.json.
 
-  python experiments/bench_train.py [--config quickstart] [--patients 1500]
+  python -m experiments.bench_train [--config quickstart] [--patients 1500]
       [--batch-sizes 32,128,512] [--rounds 5]
 
 1. Achieved FLOP/s of a config's training step (FLOPs from the compiled step's XLA cost
@@ -20,9 +20,9 @@ given too.
 """
 
 import argparse
+import importlib
 import json
 import os
-import sys
 import tempfile
 import time
 
@@ -30,15 +30,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-
-import importlib  # pylint: disable=wrong-import-position,wrong-import-order
-from medjax.data import host  # pylint: disable=wrong-import-position
-from medjax.data import loader  # pylint: disable=wrong-import-position
-from medjax.data import partition  # pylint: disable=wrong-import-position
-from medjax.train import optim  # pylint: disable=wrong-import-position
-from medjax.train import state as state_lib  # pylint: disable=wrong-import-position
-from medjax.train import step as step_lib  # pylint: disable=wrong-import-position
+from medjax.data import host
+from medjax.data import loader
+from medjax.data import partition
+from medjax.train import optim
+from medjax.train import state as state_lib
+from medjax.train import step as step_lib
 
 
 def log(msg: str) -> None:

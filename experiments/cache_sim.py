@@ -1,6 +1,6 @@
 """One host leaves: where its cached records go, consistent-hash ring vs medjax's bounded loads.
 
-  nice -n 10 python experiments/cache_sim.py [--hosts 1024] [--trials 500] [--records 524288]
+  nice -n 10 python -m experiments.cache_sim [--hosts 1024] [--trials 500] [--records 524288]
       [--vnodes 10,50,100,500,1000] [--bounded-trials 200] [--out experiments/results]
 
 The cache paper's Fig. 6(b) setting: 1024 hosts; each trial removes one random host from the same
@@ -10,7 +10,7 @@ same, in the same order, for every method). Compared:
               departed host's records go to the next vnode clockwise of another host. The initial
               placement and the ring are `placement.place(method='ring')` and `placement.ring`;
               removal is vectorised here (one searchsorted of the departed host's records on the
-              ring without its vnodes), which tests/test_cache_sim.py checks equals
+              ring without its vnodes), which experiments/tests/test_cache_sim.py checks equals
               `placement.replace_hosts` on the ring.
   bounded     medjax's placement (`placement.place`, method 'bounded', vnodes 100), one
               `placement.replace_hosts` per trial. That call re-hashes every record id (about 1 s at
@@ -35,17 +35,14 @@ Writes <out>/cache_sim.json (config, per-trial and summary numbers, wall time), 
 import argparse
 import json
 import os
-import sys
 import time
 
 import numpy as np
 from matplotlib import figure
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-
-from medjax.data import manifest as manifest_lib  # pylint: disable=wrong-import-position
-from medjax.data.cache import placement  # pylint: disable=wrong-import-position
-from medjax.data import synthetic  # pylint: disable=wrong-import-position
+from medjax.data import manifest as manifest_lib
+from medjax.data import synthetic
+from medjax.data.cache import placement
 
 # The cache paper's Fig. 6(b) as described in its text (the figure's exact values are not given).
 PAPER_RECEIVERS = {10: "about 3", 1000: "about 300", "plateau": "about 350"}

@@ -6,7 +6,7 @@ starts (elastic shrink to 2) and trains on; compared side by side in one run:
   modulo    hash-mod-W placement (most records move), recached
   r2        medjax with replication r = 2 (moved records are already on their new owner)
 
-  python experiments/cache_study.py [--patients 3000] [--epochs 4]
+  python -m experiments.cache_study [--patients 3000] [--epochs 4]
 
 Per variant: records moved (against the ideal, the departed host's share), shared-storage reads
 per moved record over the remaining epochs (target: exactly 1; redirect: one per epoch; 0 with
@@ -19,20 +19,17 @@ import argparse
 import collections
 import json
 import os
-import sys
 
 import numpy as np
 
+from experiments import bench_fault
+from medjax import plots
+from medjax.data import ingest
+from medjax.data.cache import placement
+from medjax.runtime import inject
+from medjax.train import writers
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-
-import bench_fault  # pylint: disable=wrong-import-position  (experiments/ is the script's folder)
-from medjax import plots  # pylint: disable=wrong-import-position
-from medjax.data import ingest  # pylint: disable=wrong-import-position
-from medjax.data.cache import placement  # pylint: disable=wrong-import-position
-from medjax.runtime import inject  # pylint: disable=wrong-import-position
-from medjax.train import writers  # pylint: disable=wrong-import-position
-
 VARIANTS = {
     "medjax": [],
     "redirect": ["--config.data.cache_policy=redirect"],

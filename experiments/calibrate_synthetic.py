@@ -9,8 +9,8 @@ numbers, a 12,000-patient cohort with seed 1) prints the constants that become
 cohort (53,420 patients, seed 0, the default missingness) and also scores each patient with
 what it actually has, grouped as in the paper's Table IV.
 
-  python experiments/calibrate_synthetic.py            # report for the current defaults
-  python experiments/calibrate_synthetic.py --search   # search, then report the result
+  python -m experiments.calibrate_synthetic            # report for the current defaults
+  python -m experiments.calibrate_synthetic --search   # search, then report the result
 
 Writes experiments/results/calibrate_synthetic.json.
 """
@@ -18,14 +18,12 @@ Writes experiments/results/calibrate_synthetic.json.
 import argparse
 import json
 import os
-import sys
 import time
 
 import numpy as np
 import scipy.optimize
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from medjax.data import synthetic  # pylint: disable=g-import-not-at-top
+from medjax.data import synthetic
 
 SUBSETS = ("ILV", "IL", "IV", "LV", "I", "L", "V")
 PARAMS = ("class_sep", "lab_noise", "vitals_noise", "image_noise")

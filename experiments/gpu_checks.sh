@@ -17,8 +17,8 @@
 #   env        the GPU, driver and library versions, what medjax's layout sees
 #   tiny       the tests' tiny config end to end, supervised, in the auto layout (one worker
 #              process per GPU), on the GPU
-#   probe      experiments/live_devices_probe.py on the GPU(s) (issue 12, item 6)
-#   recovery   experiments/bench_recovery.py: three faults on the quickstart (part B, auto
+#   probe      experiments.live_devices_probe on the GPU(s) (issue 12, item 6)
+#   recovery   experiments.bench_recovery: three faults on the quickstart (part B, auto
 #              layout), then supervised vs unsupervised (part A, one repeat); RECOVERY_ARGS
 #              replaces those arguments, RECOVERY_LIMIT (seconds) the stage's limit
 # The workdirs' logs, events and summaries end up in OUTDIR/runs.tgz.
@@ -70,12 +70,12 @@ export JAX_PLATFORMS=cuda
 rm -rf /tmp/gpu_tiny
 stage tiny 180 python3 launch.py --config configs/quickstart.py:tiny --workdir /tmp/gpu_tiny
 tiny=$?
-(unset JAX_PLATFORMS; stage probe 60 python3 experiments/live_devices_probe.py --platform gpu --processes 2 \
+(unset JAX_PLATFORMS; stage probe 60 python3 -m experiments.live_devices_probe --platform gpu --processes 2 \
   --timeout-s 45 --out "$out/live_devices_gpu.json")
 
 if (( tiny == 0 )); then
   # shellcheck disable=SC2086  (RECOVERY_ARGS is a list of arguments)
-  stage recovery "${RECOVERY_LIMIT:-400}" python3 experiments/bench_recovery.py \
+  stage recovery "${RECOVERY_LIMIT:-400}" python3 -m experiments.bench_recovery \
     ${RECOVERY_ARGS:---parts B,A --layouts auto --repeats 1} --out "$out/recovery_gpu.json"
 fi
 

@@ -2,7 +2,7 @@
 recoverability features (jax_enable_recoverability, multihost_utils.live_devices); writes
 experiments/results/live_devices.json.
 
-  python experiments/live_devices_probe.py [--processes 3] [--platform cpu|gpu]
+  python -m experiments.live_devices_probe [--processes 3] [--platform cpu|gpu]
 
 N processes join one jax.distributed job (CPU: one device each, gloo collectives; GPU: one GPU each,
 NCCL, or, where there are fewer GPUs than processes, GPUs shared round-robin without preallocation,
@@ -18,10 +18,10 @@ process blocks for gloo's 30 s timeout before live_devices reports the failure; 
 survivors agree in under 1 s and compute over the 2 live devices correctly, without a relaunch.
 So on CPU a relaunch from the newest committed checkpoint (medjax's path, 2-8 s) is faster than
 surviving in place. On GPU, NCCL communicators can be aborted when a peer fails, which is what
-the feature is built for: `tests/test_live_devices.py` runs this probe where two or more GPUs
-are present and expects the survivors to go on within 10 s. On one H200 shared by two processes
-(jax 0.11.2, experiments/results/gpu_h200/live_devices.json) the survivor's collective was still
-blocked 35 s after the crash; one GPU cannot say what two do.
+the feature is built for: `experiments/tests/test_live_devices.py` runs this probe where two or
+more GPUs are present and expects the survivors to go on within 10 s. On one H200 shared by two
+processes (jax 0.11.2, experiments/results/gpu_h200/live_devices.json) the survivor's collective
+was still blocked 35 s after the crash; one GPU cannot say what two do.
 """
 
 import argparse
@@ -32,9 +32,10 @@ import subprocess
 import sys
 import time
 
+from medjax.fault import layout
+from medjax.fault import protocol
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-from medjax.fault import layout, protocol  # pylint: disable=wrong-import-position
 
 
 def worker(pid: int, n: int, port: int, platform: str, heartbeat_s: int, dump_s: float) -> None:
@@ -98,7 +99,7 @@ def probe(processes: int = 3, platform: str = "cpu", heartbeat_s: int = 3,
       if processes > gpus:
         env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
     procs.append(subprocess.Popen(
-        [sys.executable, os.path.abspath(__file__), "--worker", str(pid),
+        [sys.executable, "-m", "experiments.live_devices_probe", "--worker", str(pid),
          f"--processes={processes}", f"--port={port}", f"--platform={platform}",
          f"--heartbeat-s={heartbeat_s}", f"--timeout-s={timeout_s}"], env=env,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT))

@@ -3,7 +3,7 @@
 Anything wrong with what the user gave medjax (a config field, a cohort file, a table row, a run
 directory left in a bad state) is raised as `InputError` (or a subclass) with a message that says
 what is wrong, which file, field or value, and what to do, in one line and without raw patient
-identifiers (use "row 17 of labels.csv" or the pseudonym). `launch.py` prints it as
+identifiers (use "row 17 of labels.csv" or the pseudonym). `medjax.cli` prints it as
 `error: <message>` and exits with `EXIT_INPUT`; `--debug` (or MEDJAX_DEBUG=1) shows the traceback.
 """
 
@@ -34,5 +34,5 @@ def print_error(message: str) -> None:
 
 
 def debug() -> bool:
-  """Whether errors should show their traceback (MEDJAX_DEBUG=1, set by launch.py --debug)."""
+  """Whether errors should show their traceback (MEDJAX_DEBUG=1, set by --debug)."""
   return os.environ.get("MEDJAX_DEBUG", "") not in ("", "0")

@@ -79,7 +79,7 @@ def load(workdir: str, *, split: str = "test", bootstrap: int = 200) -> Evaluati
   manifest = data.manifest
   tx, _ = optim.make(config.optim, 1)
   built = state_lib.build_abstract(config.model, tx, mesh, num_classes=len(manifest.class_names),
-                                  shapes=data.prepared.shapes, seed=config.seed)
+                                   shapes=data.prepared.shapes, seed=config.seed)
   store = lineage_lib.LineageStore(run.lineage_store)
   restored = restore.restore_committed(run.checkpoints, store, built.abstract)
   if restored is None:
@@ -95,5 +95,5 @@ def load(workdir: str, *, split: str = "test", bootstrap: int = 200) -> Evaluati
   rows = manifest.indices(split)
   metrics, ceiling = results[split], results.get("ceiling")
   figures = summary_lib.figures_for({"test": metrics, "ceiling": ceiling}, manifest.class_names,
-                        writers.read_metrics(workdir))
+                                    writers.read_metrics(workdir))
   return Evaluation(metrics, ceiling, figures, probs[split], manifest.record_ids[rows])

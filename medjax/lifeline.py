@@ -1,7 +1,7 @@
 """Processes medjax starts die with the process that started them, set up in the child.
 
 The parent names itself in the child's environment (`child_env`); the child, first thing after
-exec (launch.py calls `settle` before anything else), asks Linux for SIGKILL when that parent
+exec (medjax.cli calls `settle` before anything else), asks Linux for SIGKILL when that parent
 dies (PR_SET_PDEATHSIG) and exits at once if it already has; a child started as a spare takes
 the lowest CPU priority there too (nice 19 and SCHED_IDLE, inherited by every thread it starts).
 

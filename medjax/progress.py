@@ -1,4 +1,5 @@
-"""Progress for long work: a tqdm bar on a terminal, plain log lines (every few seconds) otherwise."""
+"""Progress for long work: a tqdm bar on a terminal, plain log lines (every few seconds)
+otherwise."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ from medjax import jsonl
 from medjax import lineage
 from medjax import paths
 from medjax.fault import coordinator
-from medjax.fault import policy
+from medjax.fault import run_state
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -32,7 +32,7 @@ def test_a_garbled_coordinator_state_starts_fresh_after_the_newest_generation(tm
   with open(os.path.join(run.lineage_store, "state", "coordinator"), "wb") as f:
     f.write(garbage)
   c = coordinator.Coordinator(config, str(tmp_path), token="t")
-  assert c.policy.state.status == policy.Status.WAITING
+  assert c.policy.state.status == run_state.Status.WAITING
   assert c.policy.state.generation == 3          # the next one started is 4: no spec reused
   events = jsonl.read(run.events)
   assert [e["event"] for e in events] == ["coordinator_state_damaged"]

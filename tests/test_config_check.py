@@ -10,6 +10,7 @@ import ml_collections
 import pytest
 
 from medjax import config_check
+from medjax.config_check import rules as config_rules
 from medjax import errors
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -52,7 +53,7 @@ def test_shipped_configs_validate_clean(name, arg):
 
 def test_splits_are_the_manifests():
   from medjax.data import manifest  # pylint: disable=import-outside-toplevel
-  assert config_check.SPLITS == manifest.SPLITS
+  assert config_rules.SPLITS == manifest.SPLITS
 
 
 def test_unknown_field_suggests_the_closest():
@@ -384,13 +385,13 @@ def test_enum_copies_match_the_modules_that_consume_them():
   from medjax.data.cache import placement  # pylint: disable=import-outside-toplevel
   from medjax.data.cache import recache  # pylint: disable=import-outside-toplevel
   from medjax.model import fusion  # pylint: disable=import-outside-toplevel
-  assert config_check.PLACEMENT_METHODS == placement.METHODS
-  assert config_check.CACHE_POLICIES == recache.POLICIES
-  assert config_check.MISSING_POLICIES == fusion.MISSING_POLICIES
+  assert config_rules.PLACEMENT_METHODS == placement.METHODS
+  assert config_rules.CACHE_POLICIES == recache.POLICIES
+  assert config_rules.MISSING_POLICIES == fusion.MISSING_POLICIES
   from medjax.data.dicom import decoder  # pylint: disable=import-outside-toplevel
-  assert config_check.ISOLATE == decoder.ISOLATE
+  assert config_rules.ISOLATE == decoder.ISOLATE
   from medjax.checkpoint import policy
-  assert config_check.CKPT_STRATEGIES == policy.STRATEGIES
+  assert config_rules.CKPT_STRATEGIES == policy.STRATEGIES
 
 
 def test_imports_no_jax():

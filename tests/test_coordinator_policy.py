@@ -11,10 +11,11 @@ import ml_collections
 import pytest
 
 from configs import default
-from medjax.fault import policy
+from medjax.fault import policy as policy_lib
+from medjax.fault import run_state
 
 T0_MS = 1_000_000
-Status = policy.Status
+Status = run_state.Status
 
 
 def fault_config(**overrides) -> ml_collections.ConfigDict:
@@ -41,7 +42,7 @@ class Run:
     self.executed = collections.Counter()
     self.phase: dict[int, str] = {}
     self.settled_ms = 0
-    self.policy = policy.Policy(self.f, self.now, saved=saved, last_commit=last_commit,
+    self.policy = policy_lib.Policy(self.f, self.now, saved=saved, last_commit=last_commit,
                                 fault_times=lambda: list(self.faults))
 
   @property
@@ -49,14 +50,14 @@ class Run:
     return self.ms / 1000
 
   @property
-  def state(self) -> policy.State:
+  def state(self) -> run_state.State:
     return self.policy.state
 
   @property
   def status(self) -> Status:
     return self.state.status
 
-  def _do(self, effects: policy.Effects):
+  def _do(self, effects: run_state.Effects):
     if effects.spec is not None:
       self.specs.append(json.loads(json.dumps(effects.spec)))
     self.events.extend(effects.events)
@@ -185,9 +186,9 @@ def test_generation_starts_once_every_host_is_alive():
   assert run.named("first_step") == [{"generation": 1, "step": 1}]
 
 
-@pytest.mark.parametrize("code, kind", [(-9, "crash"), (policy.EXIT_ERROR, "error"),
-                                        (policy.EXIT_OOM, "oom"),
-                                        (policy.EXIT_PREEMPTED, "preemption"), (77, "exit 77")])
+@pytest.mark.parametrize("code, kind", [(-9, "crash"), (run_state.EXIT_ERROR, "error"),
+                                        (run_state.EXIT_OOM, "oom"),
+                                        (run_state.EXIT_PREEMPTED, "preemption"), (77, "exit 77")])
 def test_worker_exit_is_a_failure_of_its_kind(code, kind):
   run = Run()
   run.start()
@@ -286,7 +287,7 @@ def test_a_peer_crash_is_reclassified_when_its_host_turns_out_lost():
   run.start(("host-0", "host-1"))
   host1_last_seen = run.ms
   run.wait(1000, agents=["host-0"], progress=[0])
-  run.exit(0, policy.EXIT_ERROR)   # gloo noticed that its peer is gone before we did
+  run.exit(0, run_state.EXIT_ERROR)   # gloo noticed that its peer is gone before we did
   assert run.named("failure")[0]["kind"] == "error"
   run.ms = host1_last_seen + 5000 - 1
   run.agent_beat("host-0", running=False)
@@ -521,7 +522,7 @@ def test_state_round_trips_through_json():
   run.start(("host-0", "host-1"))
   run.exit(1, -9, host="host-1")
   saved = json.loads(json.dumps(run.state.to_json()))
-  assert policy.State.from_json(saved).to_json() == saved
+  assert run_state.State.from_json(saved).to_json() == saved
   assert saved["status"] == "stopping" and saved["failures"][0]["worker"] == 1
 
 
@@ -598,7 +599,7 @@ def test_bad_input_in_a_worker_stops_the_run_at_once_with_its_line():
   run.start()
   run.beat(0)
   line = "checkpoints: every committed checkpoint is damaged; see the docs"
-  run.exit(0, policy.EXIT_INPUT, reason=line)
+  run.exit(0, run_state.EXIT_INPUT, reason=line)
   assert run.status == Status.FAILED
   assert run.state.error == line
   assert run.named("gave_up") == [{"error": line}]
@@ -609,7 +610,7 @@ def test_a_crash_loop_error_carries_the_workers_reasons():
   run = Run(max_failures_without_progress=0)
   run.start()
   run.beat(0)
-  run.exit(0, policy.EXIT_ERROR, reason="TypeError: bad operand")
+  run.exit(0, run_state.EXIT_ERROR, reason="TypeError: bad operand")
   run.agent_beat("host-0", running=False)
   run.tick()
   assert run.status == Status.FAILED

@@ -9,6 +9,7 @@ import pytest
 
 from configs import default as default_config
 from medjax.data import ingest
+from medjax.data import ingest_summary
 from tests import cohorts
 
 
@@ -53,7 +54,7 @@ def test_ingest_links_by_patient_id_and_accounts_for_every_file(cohort, tmp_path
   assert [tables[f]["rows_quarantined"] for f in ("labels.csv", "labs.csv", "vitals.csv")] == [
       1, 1, 1]
   assert tables["values_not_a_number"] == {"Na": 1} and tables["ids"]["labels_without_data"] == 1
-  text = ingest.format_summary(result.summary)
+  text = ingest_summary.format_summary(result.summary)
   assert "values set to missing: not a number Na 1" in text
   assert "labs.csv: 1 of 5 rows set aside" in text
 
@@ -115,7 +116,7 @@ def _summary(classes):
 @pytest.mark.parametrize("k", [1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 37, 100])
 def test_class_line_reads_correctly_for_any_class_count(k):
   classes = {f"c{i:03d}": 3 * (k - i) for i in range(k)}
-  line = next(x for x in ingest.format_summary(_summary(classes)).splitlines()
+  line = next(x for x in ingest_summary.format_summary(_summary(classes)).splitlines()
               if x.startswith("classes"))
   named = re.findall(r"c\d{3}", line)
   assert len(named) == len(set(named)), line   # no class listed twice

@@ -18,11 +18,13 @@ import pytest
 
 from configs import default
 from medjax.fault import agent as agent_lib
+from medjax.fault import spawn
+from medjax.fault import standbys as standbys_lib
 from medjax.runtime import context
 from medjax.fault import forking
 from medjax.fault import layout
 from medjax.runtime import phases as phases_lib
-from medjax.fault import policy
+from medjax.fault import run_state
 from medjax.fault import protocol
 from medjax.fault import report
 from tests import test_coordinator_policy as policy_tests
@@ -79,30 +81,30 @@ SPEC = {"generation": 3, "hosts": ["host-0"], "host_history": [["host-0"]],
 
 
 def test_generations_of_one_cpu_host_get_warm_standbys():
-  assert agent_lib.warm_key(SPEC, "host-0", "cpu") is not None
-  assert agent_lib.warm_key({**SPEC, "generation": 9, "jax_address": "x:2"}, "host-0", "cpu") == \
-      agent_lib.warm_key(SPEC, "host-0", "cpu")   # the same shape, whatever the generation
+  assert standbys_lib.warm_key(SPEC, "host-0", "cpu") is not None
+  assert standbys_lib.warm_key({**SPEC, "generation": 9, "jax_address": "x:2"}, "host-0", "cpu") == \
+      standbys_lib.warm_key(SPEC, "host-0", "cpu")   # the same shape, whatever the generation
   two = {**SPEC, "workers_per_host": 2, "num_processes": 2}
   # Several processes of one host: a group that joins jax.distributed ahead; not over hosts.
-  assert agent_lib.warm_key(two, "host-0", "cpu") not in (None, agent_lib.warm_key(SPEC, "host-0",
+  assert standbys_lib.warm_key(two, "host-0", "cpu") not in (None, standbys_lib.warm_key(SPEC, "host-0",
                                                                                    "cpu"))
   over_two = {**SPEC, "hosts": ["host-0", "host-1"], "host_history": [["host-0", "host-1"]],
               "num_processes": 2}
-  assert agent_lib.warm_key(over_two, "host-0", "cpu") is None
-  assert agent_lib.warm_key(SPEC, "host-0", "gpu") is not None   # beside the running worker
-  assert agent_lib.warm_key(SPEC, "host-0", "tpu") is None       # one process per chip
+  assert standbys_lib.warm_key(over_two, "host-0", "cpu") is None
+  assert standbys_lib.warm_key(SPEC, "host-0", "gpu") is not None   # beside the running worker
+  assert standbys_lib.warm_key(SPEC, "host-0", "tpu") is None       # one process per chip
   shrunk = {**SPEC, "host_history": [["host-0", "host-1"], ["host-0"]]}
-  assert agent_lib.warm_key(shrunk, "host-0", "cpu") != agent_lib.warm_key(SPEC, "host-0", "cpu")
+  assert standbys_lib.warm_key(shrunk, "host-0", "cpu") != standbys_lib.warm_key(SPEC, "host-0", "cpu")
 
 
 def test_a_standby_prepares_after_a_failure_by_default():
   first = {**SPEC, "generation": 1}
-  assert agent_lib.warm_key(first, "host-0", "cpu", "after_failure") is None
-  assert agent_lib.warm_key(first, "host-0", "cpu", "always") is not None
+  assert standbys_lib.warm_key(first, "host-0", "cpu", "after_failure") is None
+  assert standbys_lib.warm_key(first, "host-0", "cpu", "always") is not None
   # From the second generation on it prepares, for the same shape as 'always' would.
-  assert agent_lib.warm_key(SPEC, "host-0", "cpu", "after_failure") == \
-      agent_lib.warm_key(SPEC, "host-0", "cpu", "always")
-  assert agent_lib.warm_key(SPEC, "host-0", "cpu", "never") is None
+  assert standbys_lib.warm_key(SPEC, "host-0", "cpu", "after_failure") == \
+      standbys_lib.warm_key(SPEC, "host-0", "cpu", "always")
+  assert standbys_lib.warm_key(SPEC, "host-0", "cpu", "never") is None
 
 
 class _Proc:
@@ -136,40 +138,41 @@ def test_on_a_gpu_only_spares_started_beside_a_running_worker_prepare(tmp_path, 
   monkeypatch.delenv("XLA_PYTHON_CLIENT_PREALLOCATE", raising=False)
   assert "XLA_PYTHON_CLIENT_PREALLOCATE" not in agent._env(1, beside=True)   # a CPU host
   agent.layout = layout.Layout(1, 1, "gpu", "test")
+  agent.standbys.platform = "gpu"
   assert "XLA_PYTHON_CLIENT_PREALLOCATE" not in agent._env(1)
   assert agent._env(1, beside=True)["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false"
   monkeypatch.setenv("XLA_PYTHON_CLIENT_PREALLOCATE", "true")
   assert agent._env(1, beside=True)["XLA_PYTHON_CLIENT_PREALLOCATE"] == "true"
   started = []
-  monkeypatch.setattr(agent, "_popen_standby",
+  monkeypatch.setattr(agent.standbys, "popen_standby",
                       lambda low_priority, beside=False, fork_spare=False:
                       started.append(beside) or _Proc())
   told = []
-  monkeypatch.setattr(agent, "_tell", lambda s, message, close: told.append(s) or True)
-  agent.warm_when = "always"
-  agent.standby = [agent_lib.Standby(_Proc())]   # left from the start: not beside
+  monkeypatch.setattr(agent.standbys, "tell", lambda s, message, close: told.append(s) or True)
+  agent.standbys.warm_when = "always"
+  agent.standbys.pool = [standbys_lib.Standby(_Proc())]   # left from the start: not beside
   running = {**SPEC, "generation": 1}
-  agent._replenish(running)
-  assert started == told == [] and agent.standby[0].prepared_for is None
-  agent.standby = []
-  agent._replenish(running)
-  assert started == [True] and agent.standby[0].beside and told == agent.standby
-  assert agent.standby[0].prepared_for == agent_lib.warm_key(running, "host-0", "gpu")
+  agent.standbys.replenish(running)
+  assert started == told == [] and agent.standbys.pool[0].prepared_for is None
+  agent.standbys.pool = []
+  agent.standbys.replenish(running)
+  assert started == [True] and agent.standbys.pool[0].beside and told == agent.standbys.pool
+  assert agent.standbys.pool[0].prepared_for == standbys_lib.warm_key(running, "host-0", "gpu")
 
 
 def test_a_generation_takes_the_standby_prepared_for_its_shape(tmp_path):
   agent = _agent(tmp_path)
-  key = agent_lib.warm_key(SPEC, "host-0", agent.layout.platform)
-  bare, warm, stale = (agent_lib.Standby(_Proc()), agent_lib.Standby(_Proc(), key),
-                       agent_lib.Standby(_Proc(), "another shape"))
-  agent.standby = [bare, stale, warm]
-  assert agent._take_standby(SPEC) == (warm, "warm_standby")
-  assert agent._take_standby(SPEC) == (bare, "standby")
+  key = standbys_lib.warm_key(SPEC, "host-0", agent.layout.platform)
+  bare, warm, stale = (standbys_lib.Standby(_Proc()), standbys_lib.Standby(_Proc(), key),
+                       standbys_lib.Standby(_Proc(), "another shape"))
+  agent.standbys.pool = [bare, stale, warm]
+  assert agent.standbys.take(SPEC) == (warm, "warm_standby")
+  assert agent.standbys.take(SPEC) == (bare, "standby")
   # One prepared for another shape cannot serve (its JAX is initialised for that one).
-  assert agent._take_standby(SPEC) == (None, "relaunch")
+  assert agent.standbys.take(SPEC) == (None, "relaunch")
   two = {**SPEC, "workers_per_host": 2, "num_processes": 2}
-  agent.standby = [agent_lib.Standby(_Proc(), key), agent_lib.Standby(_Proc())]
-  assert agent._take_standby(two)[1] == "standby"
+  agent.standbys.pool = [standbys_lib.Standby(_Proc(), key), standbys_lib.Standby(_Proc())]
+  assert agent.standbys.take(two)[1] == "standby"
 
 
 def _pidfds() -> list[str]:
@@ -210,18 +213,18 @@ def test_an_agent_adopts_the_spare_a_standby_forked_or_starts_one(tmp_path, monk
   # forking gets a spare started anew.
   agent = _agent(tmp_path)
   started = []
-  monkeypatch.setattr(agent_lib, "popen", lambda *a, **k: started.append(k) or _Proc())
+  monkeypatch.setattr(spawn, "popen", lambda *a, **k: started.append(k) or _Proc())
   forked, silent, quiet = socket.socketpair(), socket.socketpair(), socket.socketpair()
-  agent.pending_spares = [forked[0], silent[0], quiet[0]]
+  agent.standbys.pending_spares = [forked[0], silent[0], quiet[0]]
   forked[1].sendall(b"4242\n")
   silent[1].close()
-  agent._adopt_spares()
-  assert agent.pending_spares == [quiet[0]]   # nothing written yet: still pending
-  spare = next(s for s in agent.standby if s.proc.pid == 4242)
+  agent.standbys.adopt_spares()
+  assert agent.standbys.pending_spares == [quiet[0]]   # nothing written yet: still pending
+  spare = next(s for s in agent.standbys.pool if s.proc.pid == 4242)
   assert isinstance(spare.proc, forking.Forked) and spare.prepared_for is None
-  assert agent._tell(spare, {"generation": 2}, close=True)
+  assert agent.standbys.tell(spare, {"generation": 2}, close=True)
   assert forked[1].makefile().readline() == '{"generation": 2}\n'
-  assert len(started) == 1 and len(agent.standby) == 2   # the silent standby's replacement
+  assert len(started) == 1 and len(agent.standbys.pool) == 2   # the silent standby's replacement
   assert started[0]["stdin"] == subprocess.PIPE and not started[0]["pass_fds"]
   for sock in (*forked, *silent[:1], *quiet):
     sock.close()
@@ -249,8 +252,8 @@ def _group_agent(tmp_path, monkeypatch):
   """An agent of 2 workers per host whose standbys and processes are fakes; what it tells them."""
   agent = _agent(tmp_path, workers_per_host=2)
   told = []
-  monkeypatch.setattr(agent, "_tell", lambda s, message, close: told.append((s, message)) or True)
-  monkeypatch.setattr(agent_lib, "popen", lambda *a, **k: _Proc())
+  monkeypatch.setattr(agent.standbys, "tell", lambda s, message, close: told.append((s, message)) or True)
+  monkeypatch.setattr(spawn, "popen", lambda *a, **k: _Proc())
   return agent, told
 
 
@@ -258,50 +261,50 @@ def test_a_group_of_standbys_joins_one_address_and_becomes_the_next_generation(
     tmp_path, monkeypatch):
   agent, told = _group_agent(tmp_path, monkeypatch)
   running = {**SPEC, "workers_per_host": 2, "num_processes": 2}
-  agent._replenish(running)
+  agent.standbys.replenish(running)
   prepares = [m for _, m in told if "prepare" in m]
   assert [m["distributed"]["process_id"] for m in prepares] == [0, 1]
   (address,) = {m["distributed"]["address"] for m in prepares}
   assert all(m["distributed"]["num_processes"] == 2 for m in prepares)
   # Offered as this host's port, so that the coordinator's next spec uses it.
-  assert f"127.0.0.1:{agent._free_port()}" == address
-  agent._replenish(running)   # the group is there: nothing told again
+  assert f"127.0.0.1:{agent.standbys.free_port()}" == address
+  agent.standbys.replenish(running)   # the group is there: nothing told again
   assert len([m for _, m in told if "prepare" in m]) == 2
-  group = sorted(agent.standby, key=lambda s: s.process_id)
+  group = sorted(agent.standbys.pool, key=lambda s: s.process_id)
   told.clear()
   agent._start({**running, "generation": 4, "jax_address": address})
   assigned = [(s, m["process_id"], m["path"]) for s, m in told]
   assert assigned == [(group[0], 0, "warm_standby"), (group[1], 1, "warm_standby")]
-  assert agent.group_port is None and not agent.standby
+  assert agent.standbys.group_port is None and not agent.standbys.pool
 
 
 def test_a_group_that_cannot_serve_the_generation_is_ended(tmp_path, monkeypatch):
   agent, told = _group_agent(tmp_path, monkeypatch)
   running = {**SPEC, "workers_per_host": 2, "num_processes": 2}
-  agent._replenish(running)
-  group = list(agent.standby)
+  agent.standbys.replenish(running)
+  group = list(agent.standbys.pool)
   # Another address (the coordinator chose before the group existed): the group joined its own.
   told.clear()
   agent._start({**running, "generation": 4, "jax_address": "127.0.0.1:1"})
-  assert all(s.proc.killed for s in group) and agent.group_port is None
+  assert all(s.proc.killed for s in group) and agent.standbys.group_port is None
   assert [m.get("path") for _, m in told] == []   # new processes, not the group's
   assert [w.process_id for w in agent.workers] == [0, 1]
   # A member that exits takes its group with it; a new group is tried, at most MAX_GROUPS.
   agent.workers = []
-  agent._replenish(running)
-  first = [s for s in agent.standby if s.process_id is not None]
+  agent.standbys.replenish(running)
+  first = [s for s in agent.standbys.pool if s.process_id is not None]
   assert len(first) == 2
   first[1].proc.kill()
-  agent._replenish(running)
-  assert first[0].proc.killed and agent.group_port is None
-  agent._replenish(running)
-  assert len([s for s in agent.standby if s.process_id is not None]) == 2
-  agent.standby[0].proc.kill()
-  agent._replenish(running)
-  agent._replenish(running)
+  agent.standbys.replenish(running)
+  assert first[0].proc.killed and agent.standbys.group_port is None
+  agent.standbys.replenish(running)
+  assert len([s for s in agent.standbys.pool if s.process_id is not None]) == 2
+  agent.standbys.pool[0].proc.kill()
+  agent.standbys.replenish(running)
+  agent.standbys.replenish(running)
   # Two groups lost this generation: its standbys stay unprepared ('standby' at the next start).
-  assert agent.groups_tried == agent_lib.Agent.MAX_GROUPS
-  assert [s.prepared_for for s in agent.standby] == [None, None]
+  assert agent.standbys.groups_tried == standbys_lib.Standbys.MAX_GROUPS
+  assert [s.prepared_for for s in agent.standbys.pool] == [None, None]
 
 
 def test_the_phase_report_rides_on_one_heartbeat_once_the_first_step_is_done():
@@ -346,8 +349,8 @@ def test_the_coordinator_writes_each_workers_phases_once():
   assert set(run.state.gen_stats["1"]["phases"]) == {"0", "1"}
 
 
-def _failure(t_detect: float, recovered_s: float | None) -> policy.Failure:
-  return policy.Failure(kind="crash", worker=0, host="host-0", generation=1, step=40,
+def _failure(t_detect: float, recovered_s: float | None) -> run_state.Failure:
+  return run_state.Failure(kind="crash", worker=0, host="host-0", generation=1, step=40,
                         committed_step=36, detected_s=0.2, t_detect=t_detect,
                         recovered_s=recovered_s)
 
@@ -464,34 +467,3 @@ def test_back_to_training_after_a_phase_the_coordinator_heard_is_told_at_once():
   finally:
     ctx.close()
 
-
-def test_a_benchmark_run_of_some_parts_keeps_the_newest_of_the_others_on_top():
-  from experiments import bench_recovery   # pylint: disable=import-outside-toplevel
-  previous = {"started": "t1", "overhead": {"wall_ratio": 1.04},
-              "overhead_whole": {"wall_ratio": 1.01},
-              "failures": [{"layout": "auto", "n": 1}, {"layout": "2", "n": 1}],
-              "carried": {"failures.2": "t0"}}
-  result = {"started": "t2", "failures": [{"layout": "auto", "n": 2}]}
-  bench_recovery.carry_forward(result, previous)
-  assert result["overhead"] == {"wall_ratio": 1.04}
-  assert result["overhead_whole"] == {"wall_ratio": 1.01}
-  assert result["failures"] == [{"layout": "auto", "n": 2}, {"layout": "2", "n": 1}]
-  assert result["carried"] == {"overhead": "t1", "overhead_whole": "t1", "failures.2": "t0"}
-
-
-def test_the_overhead_ratio_comes_with_an_interval_that_widens_with_the_rounds_spread():
-  from experiments import bench_recovery   # pylint: disable=import-outside-toplevel
-  same = {"train_s": 5.0, "accuracy": 0.8, "macro_f1": 0.7}
-  runs = {"unsupervised": [{"wall_s": 10.0, **same}] * 4,
-          "supervised": [{"wall_s": w, **same} for w in (10.2, 10.4, 10.3, 10.5)]}
-  out = bench_recovery._compared(runs, "unsupervised", "supervised")  # pylint: disable=protected-access
-  assert out["round_wall_ratios"] == [1.02, 1.04, 1.03, 1.05]
-  low, high = out["median_round_wall_ratio_ci90"]
-  assert low <= out["median_round_wall_ratio"] == 1.035 <= high
-  assert 1.02 <= low and high <= 1.05
-  assert out["median_round_train_ratio_ci90"] == [1.0, 1.0]   # no spread, no width
-  spread = bench_recovery._median_ci([0.9, 1.0, 1.1, 1.2])  # pylint: disable=protected-access
-  assert spread[1] - spread[0] > high - low
-  out["same_accuracy"] = True
-  text = bench_recovery.table({"overhead": out, "overhead_whole": out})
-  assert text.count("(median 1.035, 90% interval") == 2 and "run (whole runs)" in text

@@ -18,6 +18,7 @@ from configs import default as default_config
 from configs import quickstart
 from medjax import errors
 from medjax.data import ingest
+from medjax.data import ingest_summary
 from medjax.data import synthetic
 from medjax.data.synthetic import tables as synthetic_tables
 from medjax.data import tables
@@ -79,7 +80,7 @@ def test_latin1_file_is_reported_in_the_ingest_summary(tmp_path):
   assert result.summary["tables"]["labs.csv"]["delimiter"] == ";"
   assert result.manifest.class_names == ["grippe aviaire é"]
   assert result.tables["labs"][0, 0] == pytest.approx(140.5)   # decimal comma, ';' file
-  text = ingest.format_summary(result.summary)
+  text = ingest_summary.format_summary(result.summary)
   assert "labels.csv: read as cp1252 (not UTF-8)" in text and "delimiter ';'" in text
 
 
@@ -274,7 +275,7 @@ def test_ids_are_stripped_everywhere_and_case_differences_are_counted(tmp_path):
   assert len(result.manifest) == 3 and sorted(result.manifest.num_images > 0) == [0, 1, 1]
   assert t["ids_case_only_mismatch"] == 2 and t["ids"]["labels_without_data"] == 1
   assert t["ids"]["data_without_label"] == 1
-  assert "ids differing only by letter case: 2" in ingest.format_summary(result.summary)
+  assert "ids differing only by letter case: 2" in ingest_summary.format_summary(result.summary)
 
   merged = ingest.run(_config(ids_case_insensitive=True), str(tmp_path / "w2"), str(root))
   t = merged.summary["tables"]
@@ -412,7 +413,7 @@ def test_no_raw_patient_id_in_any_output(tmp_path, caplog):
   for path in outputs:
     assert not _found(_output_text(path)), path
   assert not _found(caplog.text) and caplog.records
-  assert not _found(ingest.format_summary(result.summary))
+  assert not _found(ingest_summary.format_summary(result.summary))
   assert not _found(json.dumps(result.summary) + json.dumps(result.quarantine))
   # In raise mode the first problem becomes the error: one line, no id either.
   with pytest.raises(errors.InputError) as e:

@@ -268,7 +268,7 @@ def load_costs(results_dir: str = RESULTS, *, recovery_path: str = "standby",
   missing = [k for k in KINDS if k not in detect]
   if missing or not by_path:
     raise ValueError(f"{results_dir}: no measured {missing or 'recovery path'} in bench_fault.json"
-                     " or recovery.json; run experiments/bench_recovery.py or pass "
+                     " or recovery.json; run `python -m experiments.bench_recovery` or pass "
                      "failure_sim.Costs(...) directly")
   recover = {}
   for path, values in by_path.items():

@@ -173,15 +173,14 @@ def ablation(runner: Runner, out_prefix: str) -> dict | None:
   policies, seeds = runner.scale.ablation
   path, _, variant = runner.scale.config.partition(":")
   name = os.path.splitext(os.path.basename(path))[0]
-  cmd = [sys.executable, os.path.join(ROOT, "experiments", "ablation_missing.py"),
-         f"--config={name}",
+  cmd = [sys.executable, "-m", "experiments.ablation_missing", f"--config={name}",
          f"--policies={policies}", f"--seeds={','.join(map(str, seeds))}",
          # ablation_missing.py reuses any run it finds: a directory per code version.
          f"--workdir={runner.workdir}/ablation-{runner.fingerprint}", f"--out={out_prefix}",
          "--poll-s=120"]
   if variant:
     cmd.append(f"--variant={variant}")
-  log("missing-modality ablation: " + " ".join(cmd[2:]))
+  log("missing-modality ablation: " + " ".join(cmd[3:]))
   subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
   with open(out_prefix + ".json") as f:
     return json.load(f)

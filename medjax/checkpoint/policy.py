@@ -12,7 +12,7 @@ STRATEGIES = ("lineage", "epoch", "time", "none")   # config.ckpt.strategy
 
 
 class SavePolicy:
-  """When to checkpoint, from config.ckpt (README, "Checkpoint strategies").
+  """When to checkpoint, from config.ckpt (docs/checkpoints.md, "Checkpoint strategies").
 
   `strategy` is one of the lineage paper's Table I rows: 'lineage' (every partition boundary when
   `partition_boundaries`, and every `every_steps` global steps inside a partition), 'epoch' (at

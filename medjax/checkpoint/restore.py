@@ -21,7 +21,8 @@ from medjax.checkpoint import retention
 
 
 def restore_committed(directory: str, store: lineage_lib.LineageStore, abstract_state,
-                      ckpt: "checkpointer.Checkpointer | None" = None, *, damaged: list | None = None):
+                      ckpt: "checkpointer.Checkpointer | None" = None, *,
+                      damaged: list | None = None):
   """(state, lineage, step) from the newest good committed checkpoint, or None.
 
   A step counts only if its lineage record is in `store` and Orbax's copy of the lineage agrees;
@@ -80,9 +81,9 @@ def restore_or_start(ckpt: checkpointer.Checkpointer, store: lineage_lib.Lineage
   """(state or None, lineage, restored step or None): where training goes on from.
 
   `snapshot(after_step)`, if given, is asked first (after uncommitted checkpoints are discarded)
-  for a host-local snapshot newer than the newest committed step (`medjax.checkpoint.snapshots`): when it
-  gives one ((state, lineage, step)), that is where training goes on, no checkpoint is read, and
-  the restored step returned is the newest committed one (what is on disk).
+  for a host-local snapshot newer than the newest committed step (`medjax.checkpoint.snapshots`):
+  when it gives one ((state, lineage, step)), that is where training goes on, no checkpoint is
+  read, and the restored step returned is the newest committed one (what is on disk).
 
   Checkpoints newer than the newest committed step are work a failure discarded: the chief
   deletes them first. The newest committed, readable checkpoint whose two lineage copies agree
@@ -97,31 +98,8 @@ def restore_or_start(ckpt: checkpointer.Checkpointer, store: lineage_lib.Lineage
   so checkpoints of one ingest must never be resumed under another (a re-ingest with another
   salt or another cohort export); the first run stores it, later ones must match.
   """
-  committed = store.committed_steps()
-  if not committed and store.get_state("records") is None:
-    # No commit and no trace of a start in this store, yet steps on disk: the store is not this
-    # run's (deleted, or config.ckpt.lineage_store changed). Discarding them as uncommitted
-    # would delete trained work.
-    on_disk = retention.step_dirs(ckpt.directory)
-    if on_disk and if_all_damaged != "start_fresh":
-      raise errors.InputError(
-          f"{ckpt.directory} holds checkpoints (steps {on_disk[:3]}"
-          f"{'...' if len(on_disk) > 3 else ''}) but the lineage store {store.location} knows "
-          "none of them (deleted, or config.ckpt.lineage_store changed?); point ckpt.lineage_store at the run's store, or "
-          "rerun with --config.ckpt.if_all_damaged=start_fresh to train from step 0 (they are "
-          f"then moved to {ckpt.directory}-damaged)")
-    if on_disk and is_chief:
-      retention.set_aside(ckpt.directory, on_disk)
-  if records:
-    saved = store.get_state("records")
-    if saved is not None and saved.get("fingerprint") != records:
-      raise errors.InputError(
-          f"the cohort's records changed since this run's checkpoints were written (ingest "
-          f"fingerprint {saved.get('fingerprint')} in {store.location}, now {records}: re-ingested "
-          "with another salt, cohort or table rules); resume with the ingest they were trained "
-          "on, or start a new --workdir")
-    if saved is None and is_chief:
-      store.put_state("records", {"fingerprint": records, "count": num_records})
+  _check_the_store_is_this_runs(ckpt, store, is_chief=is_chief, if_all_damaged=if_all_damaged)
+  _check_the_records(store, records, num_records, is_chief=is_chief)
   if is_chief:
     dropped = retention.discard_uncommitted(ckpt.directory, store.committed_steps())
     if dropped:
@@ -136,9 +114,68 @@ def restore_or_start(ckpt: checkpointer.Checkpointer, store: lineage_lib.Lineage
     if newer is not None:
       state, lineage, _ = newer
       return state, lineage, committed[-1] if committed else None
+  restored = _restore_newest_good(ckpt, store, abstract_state, is_chief=is_chief,
+                                  barrier=barrier, if_all_damaged=if_all_damaged)
+  if restored is None:
+    return None, lineage_lib.Lineage.start(
+        epoch=0, global_step=0, seed=seed, placement=placement, hosts=hosts,
+        base_N=np.zeros(num_records, bool)), None
+  state, lineage, step = restored
+  if lineage.segment.placement != placement:
+    processed_N = lineage.processed_N(num_records)
+    logging.info("resume: hosts changed; re-planning the rest of epoch %d (%d records done)",
+                 lineage.epoch, int(processed_N.sum()))
+    lineage = lineage_lib.Lineage.start(epoch=lineage.epoch, global_step=lineage.global_step,
+                                        seed=seed, placement=placement, hosts=hosts,
+                                        base_N=processed_N)
+  return state, lineage, step
+
+
+def _check_the_store_is_this_runs(ckpt: checkpointer.Checkpointer,
+                                  store: lineage_lib.LineageStore, *, is_chief: bool,
+                                  if_all_damaged: str) -> None:
+  """No commit and no trace of a start in the store, yet steps on disk: the store is not this
+  run's (deleted, or config.ckpt.lineage_store changed). Discarding them as uncommitted would
+  delete trained work: refused, unless told to start fresh (then they are set aside)."""
+  if store.committed_steps() or store.get_state("records") is not None:
+    return
+  on_disk = retention.step_dirs(ckpt.directory)
+  if on_disk and if_all_damaged != "start_fresh":
+    raise errors.InputError(
+        f"{ckpt.directory} holds checkpoints (steps {on_disk[:3]}"
+        f"{'...' if len(on_disk) > 3 else ''}) but the lineage store {store.location} knows "
+        "none of them (deleted, or config.ckpt.lineage_store changed?); point ckpt.lineage_store "
+        "at the run's store, or rerun with --config.ckpt.if_all_damaged=start_fresh to train "
+        f"from step 0 (they are then moved to {ckpt.directory}-damaged)")
+  if on_disk and is_chief:
+    retention.set_aside(ckpt.directory, on_disk)
+
+
+def _check_the_records(store: lineage_lib.LineageStore, records: str, num_records: int, *,
+                       is_chief: bool) -> None:
+  """The manifest's fingerprint against the one the run's first start stored (stored now if
+  this is the first)."""
+  if not records:
+    return
+  saved = store.get_state("records")
+  if saved is not None and saved.get("fingerprint") != records:
+    raise errors.InputError(
+        f"the cohort's records changed since this run's checkpoints were written (ingest "
+        f"fingerprint {saved.get('fingerprint')} in {store.location}, now {records}: re-ingested "
+        "with another salt, cohort or table rules); resume with the ingest they were trained "
+        "on, or start a new --workdir")
+  if saved is None and is_chief:
+    store.put_state("records", {"fingerprint": records, "count": num_records})
+
+
+def _restore_newest_good(ckpt: checkpointer.Checkpointer, store: lineage_lib.LineageStore,
+                         abstract_state, *, is_chief: bool, barrier, if_all_damaged: str):
+  """(state, lineage, step) of the newest committed, readable checkpoint, or None. Damaged
+  committed steps newer than it are set aside and their records retracted; when every committed
+  step is damaged or gone, an InputError unless `if_all_damaged` is 'start_fresh'."""
+  committed = store.committed_steps()
   damaged: list[tuple[int, str]] = []
-  restored = restore_committed(ckpt.directory, store, abstract_state, ckpt,
-                                              damaged=damaged)
+  restored = restore_committed(ckpt.directory, store, abstract_state, ckpt, damaged=damaged)
   newest = restored[2] if restored is not None else -1
   newer = sorted(step for step, _ in damaged if step > newest)
   if newer:
@@ -164,19 +201,7 @@ def restore_or_start(ckpt: checkpointer.Checkpointer, store: lineage_lib.Lineage
         f"the lineage store {store.location} has committed steps (newest {committed[-1]}) but "
         f"{ckpt.directory} holds none of them (deleted or moved?); put them back, or rerun "
         "with --config.ckpt.if_all_damaged=start_fresh to train from step 0")
-  if restored is None:
-    return None, lineage_lib.Lineage.start(
-        epoch=0, global_step=0, seed=seed, placement=placement, hosts=hosts,
-        base_N=np.zeros(num_records, bool)), None
-  state, lineage, step = restored
-  if lineage.segment.placement != placement:
-    processed_N = lineage.processed_N(num_records)
-    logging.info("resume: hosts changed; re-planning the rest of epoch %d (%d records done)",
-                 lineage.epoch, int(processed_N.sum()))
-    lineage = lineage_lib.Lineage.start(epoch=lineage.epoch, global_step=lineage.global_step,
-                                        seed=seed, placement=placement, hosts=hosts,
-                                        base_N=processed_N)
-  return state, lineage, step
+  return restored
 
 
 def _short(e: BaseException) -> str:

@@ -10,8 +10,8 @@ and is lost with its host, where recovery falls back to the newest committed che
 
 A snapshot is one file per process, `<root>/<run>/<host>/proc-<p>/step-<N>.snap`: a JSON header
 (its lineage, the state's layout, each packed vector's dtype and size) and the raw vectors. The
-state is packed on its devices as a checkpoint is (`checkpoint.StatePacker`: one copy, which the next
-donating step cannot touch); a writer thread copies it to the host and writes it under a
+state is packed on its devices as a checkpoint is (`packing.StatePacker`: one copy, which the
+next donating step cannot touch); a writer thread copies it to the host and writes it under a
 temporary name, then renames it (atomic: a process killed mid-write leaves no partial snapshot),
 so training only dispatches the copy. When the writer is still busy with the previous snapshot,
 the step is not snapshotted (training never waits). A file is checked for its format and sizes,
@@ -165,7 +165,7 @@ class Snapshots:
       return False
     if self._error is not None:
       logging.warning("snapshots: writing failed (%r); the checkpoints alone go on",
-                       self._error)
+                      self._error)
       self._unsupported = True
       return False
     if self._queue.full():

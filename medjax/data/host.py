@@ -177,7 +177,7 @@ SUMMARY_COUNTERS = ("pfs_reads", "pfs_bytes", "hits", "misses", "records_moved_i
 
 
 def cache_summary(data_config, counts: dict) -> dict:
-  """summary.json's cache block: the policy and every host's counters (README, "The cache")."""
+  """summary.json's cache block: the policy and every host's counters (docs/cache.md)."""
   pick = lambda c: {k: c[k] for k in SUMMARY_COUNTERS}
   return {"policy": data_config.cache_policy, "replicas": data_config.replicas,
           "placement": data_config.placement_method,

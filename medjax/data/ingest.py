@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import dataclasses
 import hashlib
 import hmac
 import json
 import logging
 import multiprocessing
 import os
-import re
 import secrets
 import time
 import zipfile
@@ -35,6 +35,7 @@ from medjax import errors
 from medjax import paths
 from medjax import secretfile
 from medjax.data import dicom
+from medjax.data import ingest_summary
 from medjax.data import manifest as manifest_lib
 from medjax.data import tables
 # What a run reads back lives apart, without pandas and the readers (ingest.load as before).
@@ -182,18 +183,72 @@ def run(config, workdir: str, root: str) -> Ingested:
   salt = load_or_create_salt(run_paths.salt)
   problems = tables.Problems(data.on_error)
   t0 = time.perf_counter()
-
-  dicom_root = os.path.join(root, "dicom")
   budgets = dicom.Budgets.from_config(data)
-  if os.path.lexists(dicom_root) and not os.path.isdir(dicom_root):
-    raise errors.InputError(f"{dicom_root} is not a directory; the cohort's DICOM files go in a "
-                            "dicom/ folder (any subfolders)")
-  headers, quarantine = (scan_dicom(dicom_root, data.scan_workers, budgets)
-                         if os.path.isdir(dicom_root)
-                         else ([], []))
+  headers, quarantine = _scan(os.path.join(root, "dicom"), data.scan_workers, budgets)
   scan_s = time.perf_counter() - t0
   logging.info("ingest: scanned %d DICOM files in %.1f s (%d rejected)",
                len(headers) + len(quarantine), scan_s, len(quarantine))
+  fold = bool(data.ids_case_insensitive)
+  # DICOM PatientIDs are joined like the tables' ids: stripped, NFC, casefolded if configured.
+  dicom_ids = tables.normalize_ids([h.patient_id for _, h in headers], fold)
+  problems.known_ids.update(p.casefold() for p in dicom_ids)
+  read = _read_tables(root, data, budgets, problems, fold)
+  problems.redact()
+  files_by_patient: dict[str, list[tuple[str, int]]] = collections.defaultdict(list)
+  for (rel, header), pid in zip(headers, dicom_ids):
+    if pid:
+      files_by_patient[pid].append((os.path.join("dicom", rel), header.frames))
+    else:
+      quarantine.append({"path": os.path.join("dicom", rel), "stage": "link",
+                         "reason": "its PatientID is blank"})
+  linked = _link(read, files_by_patient, data.classes, problems, quarantine, run_paths)
+  case_only = _count_case_only(read, files_by_patient)
+  manifest, table_arrays = _assemble(linked, read, files_by_patient, data, salt, config.seed)
+  quarantine.extend(p.as_dict() for p in problems.items)
+
+  manifest.save(run_paths.manifest)
+  np.savez(run_paths.tables, **table_arrays)
+  _write_jsonl(run_paths.quarantine, quarantine)
+  oracle = os.path.join(root, "oracle.npz")
+  if os.path.exists(oracle):
+    try:
+      _write_ceiling(oracle, run_paths.ceiling, manifest, linked.patients, salt, fold)
+    except (OSError, ValueError, KeyError, IndexError, zipfile.BadZipFile) as e:
+      raise errors.InputError(f"{oracle}: not the synthetic generator's posterior file "
+                              f"({type(e).__name__}); delete it (only synthetic cohorts have "
+                              "one)") from None
+  summary = ingest_summary.summarize(manifest, quarantine, len(headers) + sum(
+      1 for q in quarantine if q["stage"] == "scan"), scan_s, read.vitals.late)
+  summary["tables"] = ingest_summary.tables_summary(problems, quarantine, linked.id_counts,
+                                                    case_only, fold)
+  summary["seconds"] = round(time.perf_counter() - t0, 3)
+  with open(run_paths.ingest_summary, "w") as f:
+    json.dump(summary, f, indent=2)
+  return Ingested(manifest, table_arrays, quarantine, summary)
+
+
+def _scan(dicom_root: str, workers: int, budgets: dicom.Budgets) -> tuple[list, list]:
+  """The headers of dicom/'s files and the quarantine entries of those rejected (none without
+  a dicom/ folder; one that is not a folder is refused)."""
+  if os.path.lexists(dicom_root) and not os.path.isdir(dicom_root):
+    raise errors.InputError(f"{dicom_root} is not a directory; the cohort's DICOM files go in a "
+                            "dicom/ folder (any subfolders)")
+  if not os.path.isdir(dicom_root):
+    return [], []
+  return scan_dicom(dicom_root, workers, budgets)
+
+
+@dataclasses.dataclass
+class _Tables:
+  """The three tables as read (labels None when there is no labels.csv)."""
+  labels: tables.Labels | None
+  labs: tables.Labs
+  vitals: tables.Vitals
+
+
+def _read_tables(root: str, data, budgets: dicom.Budgets, problems: tables.Problems,
+                 fold: bool) -> _Tables:
+  """labels.csv, labs.csv and vitals.csv, each empty when absent."""
 
   def table(name):
     """The table's path, None when absent; anything but a regular file (a FIFO that would block
@@ -207,96 +262,106 @@ def run(config, workdir: str, root: str) -> Ingested:
       raise errors.InputError(f"{path}: {e.reason}; give a regular CSV file") from None
     return path
 
-  fold = bool(data.ids_case_insensitive)
   ranges = tables.value_ranges(data.value_ranges)
-  # DICOM PatientIDs are joined like the tables' ids: stripped, NFC, casefolded if configured.
-  dicom_ids = tables.normalize_ids([h.patient_id for _, h in headers], fold)
-  problems.known_ids.update(p.casefold() for p in dicom_ids)
-  labels_in = None
+  labels = None
   if table("labels.csv"):
-    labels_in = tables.read_labels(table("labels.csv"), problems, tuple(data.classes), fold)
+    labels = tables.read_labels(table("labels.csv"), problems, tuple(data.classes), fold)
   analytes = list(data.analytes)
-  labs_in = tables.Labs(analytes, np.array([], object), np.zeros((0, len(analytes)), np.float32))
+  labs = tables.Labs(analytes, np.array([], object), np.zeros((0, len(analytes)), np.float32))
   if table("labs.csv"):
-    labs_in = tables.read_labs(table("labs.csv"), analytes, dict(data.rename), problems, ranges,
-                               fold)
-  analytes = labs_in.analytes
+    labs = tables.read_labs(table("labs.csv"), analytes, dict(data.rename), problems, ranges,
+                            fold)
   channels = list(data.vitals_channels)
-  vitals_in = tables.Vitals(np.array([], object),
-                            np.zeros((0, data.vitals_steps, len(channels)), np.float32), 0)
+  vitals = tables.Vitals(np.array([], object),
+                         np.zeros((0, data.vitals_steps, len(channels)), np.float32), 0)
   if table("vitals.csv"):
-    vitals_in = tables.read_vitals(table("vitals.csv"), channels, data.vitals_steps,
-                                   data.vitals_hours_per_step, problems, ranges, fold)
-  vitals_late = vitals_in.late
+    vitals = tables.read_vitals(table("vitals.csv"), channels, data.vitals_steps,
+                                data.vitals_hours_per_step, problems, ranges, fold)
+  return _Tables(labels, labs, vitals)
 
-  problems.redact()
-  files_by_patient: dict[str, list[tuple[str, int]]] = collections.defaultdict(list)
-  for (rel, header), pid in zip(headers, dicom_ids):
-    if pid:
-      files_by_patient[pid].append((os.path.join("dicom", rel), header.frames))
-    else:
-      quarantine.append({"path": os.path.join("dicom", rel), "stage": "link",
-                         "reason": "its PatientID is blank"})
-  labs_ids = labs_in.ids[~np.all(np.isnan(labs_in.values), axis=1)]
-  vitals_ids = vitals_in.ids[~np.all(np.isnan(vitals_in.values), axis=(1, 2))]
+
+@dataclasses.dataclass
+class _Linked:
+  """The patients the manifest holds (raw ids, sorted), their classes, and the id counts."""
+  patients: list[str]
+  class_names: list[str]
+  labels: np.ndarray     # class index per patient; -1 without labels.csv
+  id_counts: dict
+
+
+def _link(read: _Tables, files_by_patient: dict, classes, problems: tables.Problems,
+          quarantine: list, run_paths: paths.RunPaths) -> _Linked:
+  """Patients with data and a label (every patient with data when there is no labels.csv); a
+  label without data, and data without a label, are reported."""
+  labs_ids = read.labs.ids[~np.all(np.isnan(read.labs.values), axis=1)]
+  vitals_ids = read.vitals.ids[~np.all(np.isnan(read.vitals.values), axis=(1, 2))]
   with_data = set(files_by_patient) | set(labs_ids) | set(vitals_ids)
   id_counts = {"labels": 0, "labs": len(labs_ids), "vitals": len(vitals_ids),
                "dicom": len(files_by_patient)}
-
-  if labels_in is not None:
-    label_of = dict(zip(labels_in.ids.tolist(), labels_in.classes.tolist()))
-    no_data = np.array([p not in with_data for p in labels_in.ids], bool)
-    problems.extend([tables.Problem("labels.csv", int(line), "label for a patient with no data "
-                                    "(no image, lab or vitals row); the patient is left out")
-                     for line in labels_in.lines[no_data]])
-    unlabeled = with_data - set(label_of)
-    for pid in sorted(unlabeled):
-      for path, _ in files_by_patient.get(pid, []):
-        quarantine.append({"path": path, "stage": "link",
-                           "reason": "its PatientID has no row in labels.csv"})
-    if unlabeled:
-      # Not an error in a table: the patients' rows are simply not used. Counted, never named.
-      quarantine.append({"path": "labels.csv", "line": 0, "stage": "link",
-                         "reason": f"{len(unlabeled)} patients with data have no label; their "
-                                   "images and table rows are left out"})
-    patients = sorted(with_data & set(label_of))
-    # Unknown classes were set aside by read_labels when config.data.classes names them.
-    class_names = list(data.classes) or sorted(set(label_of[p] for p in patients))
-    class_index = {c: i for i, c in enumerate(class_names)}
-    labels = np.array([class_index[label_of[p]] for p in patients], np.int32)
-    id_counts.update(labels=len(label_of), labels_without_data=int(no_data.sum()),
-                     data_without_label=len(unlabeled),
-                     labs_without_label=len(set(labs_ids) - set(label_of)),
-                     vitals_without_label=len(set(vitals_ids) - set(label_of)),
-                     dicom_without_label=len(set(files_by_patient) - set(label_of)))
-    if not patients and with_data:
-      logging.warning("ingest: labels.csv links no patient with data; see %s",
-                      run_paths.quarantine)
-  else:
+  if read.labels is None:
     patients = sorted(with_data)
-    class_names = []
-    labels = np.full(len(patients), -1, np.int32)
-  # Ids that differ only by letter case may be different patients: kept apart, but counted.
-  spellings = (set(labels_in.ids if labels_in is not None else ()) | set(labs_in.ids)
-               | set(vitals_in.ids) | set(files_by_patient))
+    return _Linked(patients, [], np.full(len(patients), -1, np.int32), id_counts)
+  label_of = dict(zip(read.labels.ids.tolist(), read.labels.classes.tolist()))
+  no_data = np.array([p not in with_data for p in read.labels.ids], bool)
+  problems.extend([tables.Problem("labels.csv", int(line), "label for a patient with no data "
+                                  "(no image, lab or vitals row); the patient is left out")
+                   for line in read.labels.lines[no_data]])
+  unlabeled = with_data - set(label_of)
+  for pid in sorted(unlabeled):
+    for path, _ in files_by_patient.get(pid, []):
+      quarantine.append({"path": path, "stage": "link",
+                         "reason": "its PatientID has no row in labels.csv"})
+  if unlabeled:
+    # Not an error in a table: the patients' rows are simply not used. Counted, never named.
+    quarantine.append({"path": "labels.csv", "line": 0, "stage": "link",
+                       "reason": f"{len(unlabeled)} patients with data have no label; their "
+                                 "images and table rows are left out"})
+  patients = sorted(with_data & set(label_of))
+  # Unknown classes were set aside by read_labels when config.data.classes names them.
+  class_names = list(classes) or sorted(set(label_of[p] for p in patients))
+  class_index = {c: i for i, c in enumerate(class_names)}
+  labels = np.array([class_index[label_of[p]] for p in patients], np.int32)
+  id_counts.update(labels=len(label_of), labels_without_data=int(no_data.sum()),
+                   data_without_label=len(unlabeled),
+                   labs_without_label=len(set(labs_ids) - set(label_of)),
+                   vitals_without_label=len(set(vitals_ids) - set(label_of)),
+                   dicom_without_label=len(set(files_by_patient) - set(label_of)))
+  if not patients and with_data:
+    logging.warning("ingest: labels.csv links no patient with data; see %s",
+                    run_paths.quarantine)
+  return _Linked(patients, class_names, labels, id_counts)
+
+
+def _count_case_only(read: _Tables, files_by_patient: dict) -> int:
+  """Ids that differ only by letter case may be different patients: kept apart, but counted
+  (and a warning says how to join them)."""
+  spellings = (set(read.labels.ids if read.labels is not None else ()) | set(read.labs.ids)
+               | set(read.vitals.ids) | set(files_by_patient))
   case_only = sum(1 for k in collections.Counter(p.casefold() for p in spellings).values()
                   if k > 1)
   if case_only:
     logging.warning("ingest: %d patient ids differ from another only by letter case; they are "
                     "kept apart (set config.data.ids_case_insensitive=True if they are the same "
                     "patients)", case_only)
+  return case_only
 
+
+def _assemble(linked: _Linked, read: _Tables, files_by_patient: dict, data, salt: bytes,
+              seed: int) -> tuple[manifest_lib.Manifest, dict[str, np.ndarray]]:
+  """The manifest (pseudonymous ids, labels, modalities, image files, cost, split) and the
+  tables' arrays in its row order, with their training-split normalisers."""
+  patients = linked.patients
   record_ids = np.array([pseudonym(p, salt) for p in patients], dtype=object).astype(str)
   if len(set(record_ids)) != len(record_ids):
     raise RuntimeError("ingest: two PatientIDs hash to the same record id; use a longer id")
-  n, steps = len(patients), data.vitals_steps
+  n, analytes, channels = len(patients), read.labs.analytes, list(data.vitals_channels)
   row_of = {p: i for i, p in enumerate(patients)}
   labs = np.full((n, len(analytes)), np.nan, np.float32)
-  rows = np.array([row_of.get(p, -1) for p in labs_in.ids], np.int64)
-  labs[rows[rows >= 0]] = labs_in.values[rows >= 0]
-  vitals = np.full((n, steps, len(channels)), np.nan, np.float32)
-  rows = np.array([row_of.get(p, -1) for p in vitals_in.ids], np.int64)
-  vitals[rows[rows >= 0]] = vitals_in.values[rows >= 0]
+  rows = np.array([row_of.get(p, -1) for p in read.labs.ids], np.int64)
+  labs[rows[rows >= 0]] = read.labs.values[rows >= 0]
+  vitals = np.full((n, data.vitals_steps, len(channels)), np.nan, np.float32)
+  rows = np.array([row_of.get(p, -1) for p in read.vitals.ids], np.int64)
+  vitals[rows[rows >= 0]] = read.vitals.values[rows >= 0]
   image_files, num_images = [], np.zeros(n, np.int32)
   for i, pid in enumerate(patients):
     files = sorted(files_by_patient.get(pid, []))
@@ -304,38 +369,18 @@ def run(config, workdir: str, root: str) -> Ingested:
     num_images[i] = sum(frames for _, frames in files)
   mask = np.stack([num_images > 0, ~np.all(np.isnan(labs), axis=1),
                    ~np.all(np.isnan(vitals), axis=(1, 2))], axis=1)
-  split = stratified_split(labels, record_ids, tuple(data.split), config.seed)
+  split = stratified_split(linked.labels, record_ids, tuple(data.split), seed)
   manifest = manifest_lib.Manifest(
-      record_ids=record_ids, labels=labels, modality_mask=mask, num_images=num_images,
+      record_ids=record_ids, labels=linked.labels, modality_mask=mask, num_images=num_images,
       cost=manifest_lib.expected_cost(mask, num_images), split=split, image_files=image_files,
-      class_names=class_names)
-
+      class_names=linked.class_names)
   train = manifest.indices("train")
   labs_mean, labs_std = _normalizer(labs, train)
   vitals_mean, vitals_std = _normalizer(vitals, train)
-  table_arrays = dict(record_ids=record_ids, labs=labs, analytes=np.array(analytes),
-                      labs_mean=labs_mean, labs_std=labs_std, vitals=vitals,
-                      channels=np.array(channels), vitals_mean=vitals_mean, vitals_std=vitals_std)
-  quarantine.extend(p.as_dict() for p in problems.items)
-
-  manifest.save(run_paths.manifest)
-  np.savez(run_paths.tables, **table_arrays)
-  _write_jsonl(run_paths.quarantine, quarantine)
-  oracle = os.path.join(root, "oracle.npz")
-  if os.path.exists(oracle):
-    try:
-      _write_ceiling(oracle, run_paths.ceiling, manifest, patients, salt, fold)
-    except (OSError, ValueError, KeyError, IndexError, zipfile.BadZipFile) as e:
-      raise errors.InputError(f"{oracle}: not the synthetic generator's posterior file "
-                              f"({type(e).__name__}); delete it (only synthetic cohorts have "
-                              "one)") from None
-  summary = summarize(manifest, quarantine, len(headers) + sum(
-      1 for q in quarantine if q["stage"] == "scan"), scan_s, vitals_late)
-  summary["tables"] = _tables_summary(problems, quarantine, id_counts, case_only, fold)
-  summary["seconds"] = round(time.perf_counter() - t0, 3)
-  with open(run_paths.ingest_summary, "w") as f:
-    json.dump(summary, f, indent=2)
-  return Ingested(manifest, table_arrays, quarantine, summary)
+  return manifest, dict(record_ids=record_ids, labs=labs, analytes=np.array(analytes),
+                        labs_mean=labs_mean, labs_std=labs_std, vitals=vitals,
+                        channels=np.array(channels), vitals_mean=vitals_mean,
+                        vitals_std=vitals_std)
 
 
 def _write_ceiling(oracle_path, path, manifest, patients, salt, fold_case=False):
@@ -359,130 +404,3 @@ def _write_jsonl(path, rows):
   os.replace(tmp, path)
 
 
-def summarize(manifest, quarantine, files_seen: int, scan_s: float, vitals_late: int) -> dict:
-  """Counts for the ingest report: patients, modality groups, missingness, classes, quarantine."""
-  mask = manifest.modality_mask
-  groups = collections.Counter(manifest_lib.group_name(m) for m in mask)
-  n = max(len(manifest), 1)
-  reasons = collections.Counter(_reason_key(q) for q in quarantine)
-  return {
-      "patients": len(manifest),
-      "splits": {s: int(np.sum(manifest.split == s)) for s in manifest_lib.SPLITS},
-      "groups": {g: groups.get(g, 0) for g in manifest_lib.group_names()},
-      "missing": {"images": round(float(np.mean(~mask[:, 0])) if len(manifest) else 0, 4),
-                  "labs": round(float(np.mean(~mask[:, 1])) if len(manifest) else 0, 4),
-                  "vitals": round(float(np.mean(~mask[:, 2])) if len(manifest) else 0, 4)},
-      "images": int(manifest.num_images.sum()),
-      "images_per_patient_with_images": round(
-          float(manifest.num_images[mask[:, 0]].mean()) if mask[:, 0].any() else 0.0, 3),
-      "classes": {c: int(np.sum(manifest.labels == i))
-                  for i, c in enumerate(manifest.class_names)},
-      "dicom_files": files_seen,
-      "scan_files_per_s": round(files_seen / scan_s, 1) if scan_s > 0 else None,
-      "quarantined": len(quarantine),
-      "quarantine_reasons": dict(reasons.most_common()),
-      "vitals_rows_past_last_step": vitals_late,
-      "records_per_group_fraction": {g: round(c / n, 4) for g, c in groups.items()},
-  }
-
-
-def format_summary(summary: dict) -> str:
-  """The ingest summary as a plain-text table for the terminal and logs."""
-  lines = [f"patients {summary['patients']}  (train {summary['splits']['train']}, "
-           f"val {summary['splits']['val']}, test {summary['splits']['test']})",
-           f"DICOM files {summary['dicom_files']}, images {summary['images']}, "
-           f"quarantined {summary['quarantined']}",
-           "modality group   patients",
-           *[f"  {g:<14} {c:>8}" for g, c in summary["groups"].items()],
-           "missing          fraction",
-           *[f"  {m:<14} {v:>8.3f}" for m, v in summary["missing"].items()]]
-  if summary["classes"]:
-    lines.append(_class_line(summary["classes"]))
-  lines += _table_lines(summary.get("tables", {}))
-  if summary["quarantine_reasons"]:
-    lines.append("quarantine reasons")
-    lines += [f"  {k:>5}  {r}" for r, k in summary["quarantine_reasons"].items()]
-  return "\n".join(lines)
-
-
-def _reason_key(entry: dict) -> str:
-  """A quarantine reason without its particulars (line numbers, values), to count by kind."""
-  if entry.get("set_aside") == "values":
-    return "values set to missing"
-  head = re.sub(r"\([^)]*\)", "", entry["reason"].split(":")[0].split(";")[0])
-  head = re.sub(r"\d+", "N", re.sub(r"'[^']*'", "'...'", head))
-  return " ".join(head.split())[:60]
-
-
-def _class_line(classes: dict[str, int], spelled_out: int = 8) -> str:
-  """All classes with counts and shares when few; else the three largest and three smallest."""
-  ranked = sorted(classes.items(), key=lambda kv: (-kv[1], kv[0]))
-  total = max(sum(classes.values()), 1)
-
-  def show(items):
-    return ", ".join(f"{c} {k} ({100 * k / total:.1f}%)" for c, k in items)
-
-  if len(ranked) <= spelled_out:
-    return f"classes {len(ranked)}: {show(ranked)}"
-  return (f"classes {len(ranked)}: largest {show(ranked[:3])}; smallest "
-          f"{show(ranked[-3:][::-1])}")
-
-
-def _tables_summary(problems, quarantine, id_counts: dict, case_only: int, fold: bool) -> dict:
-  """summary['tables']: per file its format and row counts, values set aside, id linkage."""
-  out: dict = {}
-  set_aside = collections.Counter(q["path"] for q in quarantine
-                                  if q.get("stage") == "tables" and q.get("set_aside") == "row")
-  values: dict[str, dict[str, int]] = {k: {} for k in ("out_of_range", "not_a_number",
-                                                       "non_finite")}
-  for name, info in problems.files.items():
-    entry = {k: v for k, v in info.items() if k != "values"}
-    entry["rows_quarantined"] = set_aside.get(name, 0)
-    entry["values_set_missing"] = {kind: dict(cols) for kind, cols in
-                                   info.get("values", {}).items()}
-    for kind, cols in info.get("values", {}).items():
-      for col, k in cols.items():
-        values[kind][col] = values[kind].get(col, 0) + k
-    out[name] = entry
-  for kind, cols in values.items():
-    out[f"values_{kind}"] = cols
-  out["ids_case_only_mismatch"] = case_only
-  out["ids_case_insensitive"] = fold
-  out["ids"] = id_counts
-  return out
-
-
-def _table_lines(tables_summary: dict) -> list[str]:
-  """format_summary's lines about the tables: only what is not the default or not zero."""
-  lines = []
-  for name, info in tables_summary.items():
-    if not name.endswith(".csv"):
-      continue
-    notes = []
-    if info.get("encoding") not in ("utf-8", None):
-      notes.append(f"read as {info['encoding']} (not UTF-8)")
-    if info.get("delimiter", ",") != ",":
-      notes.append(f"delimiter {info['delimiter']!r}")
-    if info.get("decimal_commas"):
-      notes.append(f"{info['decimal_commas']} decimal commas read")
-    if info.get("rows_quarantined"):
-      notes.append(f"{info['rows_quarantined']} of {info.get('rows', 0)} rows set aside")
-    if info.get("rows_past_last_step"):
-      notes.append(f"{info['rows_past_last_step']} rows past the last step")
-    if notes:
-      lines.append(f"{name}: " + ", ".join(notes))
-  kinds = [("out_of_range", "out of range"), ("not_a_number", "not a number"),
-           ("non_finite", "not finite")]
-  parts = [f"{text} " + ", ".join(f"{c} {k}" for c, k in tables_summary[f"values_{kind}"].items())
-           for kind, text in kinds if tables_summary.get(f"values_{kind}")]
-  if parts:
-    lines.append("values set to missing: " + "; ".join(parts))
-  if tables_summary.get("ids_case_only_mismatch"):
-    lines.append(f"ids differing only by letter case: {tables_summary['ids_case_only_mismatch']} "
-                 "(kept apart; set config.data.ids_case_insensitive=True if they are the same "
-                 "patients)")
-  ids = tables_summary.get("ids", {})
-  if ids.get("labels_without_data") or ids.get("data_without_label"):
-    lines.append(f"labels without data {ids.get('labels_without_data', 0)}, patients with data "
-                 f"but no label {ids.get('data_without_label', 0)}")
-  return lines

@@ -19,6 +19,7 @@ from medjax import paths
 from medjax import progress
 from medjax.data import cache as cache_lib
 from medjax.data.dicom import decoder as decoder_lib
+from medjax.data import ingest_summary
 from medjax.data import ingested as ingested_lib
 from medjax.data import manifest as manifest_lib
 from medjax.data import partition
@@ -81,7 +82,7 @@ def ingested(config, workdir: str, root: str) -> ingested_lib.Ingested:
   # Imported where an ingest runs: pandas and the readers (medjax/data/ingested.py).
   from medjax.data import ingest  # pylint: disable=import-outside-toplevel
   result = ingest.run(config, workdir, root)
-  logging.info("ingest summary\n%s", ingest.format_summary(result.summary))
+  logging.info("ingest summary\n%s", ingest_summary.format_summary(result.summary))
   return result
 
 
@@ -148,8 +149,7 @@ def run_ingest(config, workdir: str) -> dict:
   }
   with open(run.ingest_report, "w") as f:
     json.dump(report, f, indent=2, default=_jsonable)
-  from medjax.data import ingest  # pylint: disable=import-outside-toplevel  (as in `ingested`)
-  print(ingest.format_summary(prepared.ingested.summary))
+  print(ingest_summary.format_summary(prepared.ingested.summary))
   print(f"placement over {len(hosts)} host(s): max/mean cost "
         f"{stats['cost_max_over_mean']:.4f}; epoch 0: {len(plan.partitions)} "
         f"partitions, {plan.num_steps} steps, padding {report['plan']['padding_fraction']:.2%}")

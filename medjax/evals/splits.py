@@ -39,7 +39,7 @@ def predict(predict_fn, state, reader: loader.BatchReader, placement, rows: np.n
   flat = steps.reshape(len(steps), -1)
   probs = {}
   for s, _, batch in loader.prefetched(reader, steps, sharding=sharding,
-                                      global_batch=global_batch):
+                                       global_batch=global_batch):
     out = np.asarray(jax.device_get(predict_fn(state, batch)))
     for r, p in zip(flat[s], out):
       if r >= 0:

@@ -28,6 +28,7 @@ from medjax.checkpoint import retention
 from medjax.runtime import inject
 from medjax.fault import layout
 from medjax.fault import policy as policy_lib
+from medjax.fault import run_state
 from medjax.fault import protocol
 from medjax.fault import report
 
@@ -95,7 +96,7 @@ class Coordinator:
     numbers = [int(n[4:-5]) for n in names if n.startswith("gen-") and n[4:-5].isdigit()]
     return max(numbers, default=0)
 
-  def _apply(self, effects: policy_lib.Effects) -> dict | None:
+  def _apply(self, effects: run_state.Effects) -> dict | None:
     """Carries out the policy's effects (the caller holds the lock); returns the reply."""
     if effects.spec is not None:
       os.makedirs(self.run.generations, exist_ok=True)
@@ -129,8 +130,8 @@ class Coordinator:
       self.store.commit(record, committed_at=time.time())
       best = lineage_lib.best_step(record) if self.config.ckpt.keep_best else None
       removed = retention.prune(self.run.checkpoints, self.store.committed_steps(),
-                                  self.config.ckpt.max_to_keep,
-                                  also_keep=() if best is None else (best,))
+                                self.config.ckpt.max_to_keep,
+                                also_keep=() if best is None else (best,))
       self.events.write("commit", generation=msg.get("generation"), step=record.global_step,
                         epoch=record.epoch, partition=record.partition, offset=record.offset,
                         write_s=msg.get("write_s"), pruned=removed)
@@ -174,7 +175,7 @@ class Coordinator:
         if self._train_rows is None and p.training:
           self._read_train_rows()
         self._over.wait(_TICK_S)   # the last worker's exit ends the wait at once
-      if p.state.status == policy_lib.Status.DONE:
+      if p.state.status == run_state.Status.DONE:
         try:
           rows = self._train_rows if self._train_rows is not False else None
           report.write_summary(self.run, p.state, self.store, rows)
@@ -189,7 +190,7 @@ class Coordinator:
         time.sleep(_TICK_S)
     finally:
       server.stop(grace=1.0)
-    if p.state.status == policy_lib.Status.FAILED:
+    if p.state.status == run_state.Status.FAILED:
       logging.error("%s", p.state.error)
       return 2
     return 0

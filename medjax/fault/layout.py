@@ -78,7 +78,7 @@ def resolve(fault_config, environ=None) -> Layout:
 
 
 # Platforms where a spare standby can build the next generation while the current one trains
-# (`agent.warm_key`): a CPU host, and a GPU shared with the running worker; a TPU chip opens in
+# (`standbys.warm_key`): a CPU host, and a GPU shared with the running worker; a TPU chip opens in
 # one process at a time.
 PREPARE_AHEAD_ON = ("cpu", "gpu")
 

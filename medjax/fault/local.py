@@ -6,7 +6,7 @@ coordinator if it dies (same port, so agents and workers find it again), and ret
 coordinator says the run is over. A coordinator that keeps dying without the run committing a
 step in between (a crash loop) is restarted fault.max_coordinator_restarts times, then the
 launcher stops everything with the coordinator's last error. Every child dies with its parent
-(`agent.popen`), so a launcher that stops, however it stops, leaves no process behind.
+(`spawn.popen`), so a launcher that stops, however it stops, leaves no process behind.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from medjax.fault import agent as agent_lib
 from medjax.fault import forking
 from medjax.fault import layout as layout_lib
 from medjax.fault import protocol
+from medjax.fault import spawn
 
 
 class RunFailed(RuntimeError):
@@ -37,28 +38,28 @@ class RunFailed(RuntimeError):
 def start_coordinator(run_paths: paths.RunPaths, port: int) -> subprocess.Popen:
   # The launcher has ingested the data: the coordinator does not load it again (on 2 cores its
   # start shares the CPU with the spare standby's import, which the first step waits for).
-  return agent_lib.popen(["--role=coordinator", f"--workdir={run_paths.workdir}",
-                          f"--port={port}", "--ingested"],
-                         log=run_paths.process_log("coordinator"))
+  return spawn.popen(["--role=coordinator", f"--workdir={run_paths.workdir}",
+                      f"--port={port}", "--ingested"],
+                     log=run_paths.process_log("coordinator"))
 
 
 def start_agent(run_paths: paths.RunPaths, port: int, host: str, *, fork: bool = False):
-  """`host`'s agent: a new `launch.py --role=agent` process, or with `fork`, where this process
+  """`host`'s agent: a new `medjax --role=agent` process, or with `fork`, where this process
   is still single-threaded, a fork of it (`fork_agent`)."""
   if fork and forking.single_threaded():
     agent = fork_agent(run_paths, port, host)
     logging.info("local: agent %s forked from the launcher (pid %d)", host, agent.pid)
     return agent
-  return agent_lib.popen(["--role=agent", f"--workdir={run_paths.workdir}",
-                          f"--coordinator=127.0.0.1:{port}", f"--host_name={host}"],
-                         log=run_paths.process_log(f"agent-{host}"))
+  return spawn.popen(["--role=agent", f"--workdir={run_paths.workdir}",
+                      f"--coordinator=127.0.0.1:{port}", f"--host_name={host}"],
+                     log=run_paths.process_log(f"agent-{host}"))
 
 
 def fork_agent(run_paths: paths.RunPaths, port: int, host: str) -> forking.Forked:
   """`host`'s agent as a fork of this (single-threaded) launcher: it starts its standby workers
   ~0.4 s sooner than a new process that has to start Python and import the flags, the config
   and the agent first (on 2 cores, where the standby's import is the longest part of a run's
-  start). It is the agent `launch.py --role=agent` runs, in its own session, logging to its
+  start). It is the agent `medjax --role=agent` runs, in its own session, logging to its
   own file, and it dies with the launcher; `ps -o comm` names it medjax-agent."""
   log = run_paths.process_log(f"agent-{host}")
   parent = os.getpid()
@@ -204,7 +205,7 @@ def _last_error(log_path: str) -> str:
   except OSError:
     return "no log"
   for line in reversed(lines):
-    if line.startswith("error: "):   # launch.py's own one-line error
+    if line.startswith("error: "):   # the command's own one-line error
       return line[len("error: "):][:300]
     if re.match(r"^[\w.]+(Error|Exception|Interrupt|Exit)\b", line):
       return line[:300]

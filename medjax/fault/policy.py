@@ -21,143 +21,21 @@ events.jsonl, the lineage store); tests/test_coordinator_policy.py drives it wit
 from __future__ import annotations
 
 import dataclasses
-import enum
 from typing import Callable
 
-# A worker's exit codes (besides 0, success, and -N, killed by signal N); `medjax.fault.worker`
-# exits with them and the policy reads them, so they live here, where no jax is imported.
-# EXIT_INPUT (bad input or damaged state, medjax.errors) is not a failure that a restart cures:
-# the coordinator stops the run with the worker's error line.
-EXIT_ERROR, EXIT_INPUT, EXIT_STOPPED, EXIT_PREEMPTED, EXIT_OOM = 1, 2, 10, 11, 12
+from medjax.fault import run_state
 
-EXIT_KINDS = {-9: "crash", -15: "sigterm", -19: "hang", -6: "crash", EXIT_ERROR: "error",
-              EXIT_INPUT: "input", EXIT_PREEMPTED: "preemption", EXIT_OOM: "oom",
-              EXIT_STOPPED: "stopped", 0: "exit"}
-
-
-class Status(enum.Enum):
-  """The coordinator's state; the values are what the Status RPC and the lineage store carry."""
-  WAITING = "waiting"        # no generation runs; start one once enough hosts are alive
-  RUNNING = "running"        # a generation trains; watch for exits, hangs and lost hosts
-  STOPPING = "stopping"      # a failure stops the generation; wait until its workers are gone
-  BACKOFF = "backoff"        # wait before the next generation (longer after each failure)
-  RECOVERING = "recovering"  # restarted mid-generation: do the agents still run it?
-  DONE = "done"
-  FAILED = "failed"
-
-
-@dataclasses.dataclass
-class Failure:
-  """One failure, as the summary and events.jsonl report it."""
-  kind: str                   # an EXIT_KINDS value, 'hang' or 'host_lost'
-  worker: int | str           # a process id, or a host name for a lost host
-  host: str | None
-  generation: int
-  step: int                   # the worker's last reported step, else the last committed one
-  committed_step: int
-  detected_s: float           # from the fault (its marker, else the last heartbeat) to detection
-  t_detect: float
-  fault: str | None = None    # the fault marker it was matched to
-  recovered_s: float | None = None  # from detection to the next generation's first step
-  observed: str | None = None  # the symptom, when a lost host turned out to be the cause
-  reason: str = ""            # the worker's one-line error, when it left one
-
-
-@dataclasses.dataclass
-class Worker:
-  """A worker process of the current generation, from its heartbeats and its agent's reports."""
-  process_id: int
-  exit_code: int | None = None
-  phase: str | None = None
-  step: int | None = None
-  epoch: int | None = None
-  partition: int | None = None
-  counter: int = -1
-  last_seen: float | None = None
-  last_progress: float | None = None
-  gap_s: float | None = None   # its longest recent gap between finished steps while training
-  gaps: int = 0                # how many gaps that is over
-  gap_steps: int = 0           # how many finished steps those gaps spanned (the warm-up)
-  beat_s: float = 0.0          # its heartbeat interval
-  beat_gap_s: float | None = None  # its longest recent gap between heartbeats while training
-
-
-@dataclasses.dataclass
-class Agent:
-  """A host's agent, from its registration and heartbeats."""
-  host: str
-  last_seen: float
-  agent_id: str | None = None
-  address: str = "127.0.0.1"
-  free_port: int | None = None
-  generation: int = -1
-  workers: list[dict] = dataclasses.field(default_factory=list)
-
-  def running(self) -> bool:
-    return any(w.get("running") for w in self.workers)
-
-
-_PERSISTED = ("status", "generation", "history", "failures", "gen_stats", "strikes",
-              "commits_at_failure", "spec")
-
-
-@dataclasses.dataclass
-class State:
-  """The coordinator's state. `to_json` holds what survives a restart; the rest (agents, workers,
-  timers) is rebuilt from the agents' and workers' next reports."""
-  status: Status = Status.WAITING
-  generation: int = 0
-  history: list[list[str]] = dataclasses.field(default_factory=list)  # each generation's hosts
-  failures: list[Failure] = dataclasses.field(default_factory=list)
-  gen_stats: dict[str, dict] = dataclasses.field(default_factory=dict)  # by str(generation)
-  strikes: int = 0                # failures in a row without a new committed step
-  commits_at_failure: int = -1    # the last committed step at the latest failure
-  spec: dict | None = None        # the current generation's spec
-  last_commit: int = 0            # the newest committed step (from the lineage store)
-  error: str = ""
-  agents: dict[str, Agent] = dataclasses.field(default_factory=dict)
-  workers: dict[int, Worker] = dataclasses.field(default_factory=dict)
-  dismissed: set[str] = dataclasses.field(default_factory=set)  # agents told the run is over
-  stop_started: float = 0.0
-  stop_deadline: float = 0.0
-  backoff_until: float = 0.0
-  waiting_since: float = 0.0
-  recover_until: float = 0.0
-
-  def to_json(self) -> dict:
-    out = {name: getattr(self, name) for name in _PERSISTED}
-    out["status"] = self.status.value
-    out["failures"] = [dataclasses.asdict(f) for f in self.failures]
-    return out
-
-  @classmethod
-  def from_json(cls, saved: dict) -> "State":
-    fields = {f.name for f in dataclasses.fields(Failure)}
-    return cls(status=Status(saved.get("status", "waiting")),
-               generation=saved.get("generation", 0), history=saved.get("history", []),
-               failures=[Failure(**{k: v for k, v in f.items() if k in fields})
-                         for f in saved.get("failures", [])],
-               gen_stats=saved.get("gen_stats", {}), strikes=saved.get("strikes", 0),
-               commits_at_failure=saved.get("commits_at_failure", -1), spec=saved.get("spec"))
-
-
-@dataclasses.dataclass
-class Effects:
-  """What the shell does after a policy call, in this order: write `spec` (the new generation's),
-  write `events` (name, fields), persist the state if `persist`; then answer with `reply`."""
-  events: list[tuple[str, dict]] = dataclasses.field(default_factory=list)
-  persist: bool = False
-  spec: dict | None = None
-  reply: dict | None = None
+Status = run_state.Status
 
 
 class Policy:
-  """The coordinator's decisions over a `State`.
+  """The coordinator's decisions over a `run_state.State`.
 
   Args:
     fault_config: config.fault.
     now: the time the coordinator (re)started.
-    saved: the state persisted by an earlier coordinator of this run (`State.to_json`), if any.
+    saved: the state persisted by an earlier coordinator of this run (`run_state.State.to_json`),
+      if any.
     last_commit: the newest committed step in the lineage store.
     fault_times: returns the faults that fired so far ({name, time, process or host}, oldest
       first; `medjax.runtime.inject.fired`), so that detection is timed from the fault itself.
@@ -168,7 +46,7 @@ class Policy:
     self.f = fault_config
     self.fault_times = fault_times
     self.restored = bool(saved)
-    self.state = State.from_json(saved) if saved else State()
+    self.state = run_state.State.from_json(saved) if saved else run_state.State()
     self.state.last_commit = last_commit
     self.state.waiting_since = now
     if self.restored:
@@ -176,7 +54,7 @@ class Policy:
       running = self.state.status in (Status.RUNNING, Status.STOPPING)
       self.state.status = Status.RECOVERING if running else Status.WAITING
       self.state.recover_until = now + self.f.host_timeout_s * 2
-    self._out = Effects()
+    self._out = run_state.Effects()
 
   @property
   def finished(self) -> bool:
@@ -197,26 +75,27 @@ class Policy:
   def _persist(self) -> None:
     self._out.persist = True
 
-  def _take(self, reply: dict | None = None) -> Effects:
-    out, self._out = self._out, Effects()
+  def _take(self, reply: dict | None = None) -> run_state.Effects:
+    out, self._out = self._out, run_state.Effects()
     out.reply = reply
     return out
 
   # -- incoming events -----------------------------------------------------------------------
 
-  def register_agent(self, msg: dict, now: float) -> Effects:
+  def register_agent(self, msg: dict, now: float) -> run_state.Effects:
     s = self.state
     new = msg["host"] not in s.agents
-    s.agents[msg["host"]] = Agent(host=msg["host"], last_seen=now, agent_id=msg.get("agent_id"),
-                                  address=msg.get("address", "127.0.0.1"),
-                                  free_port=msg.get("free_port"),
-                                  generation=msg.get("generation", -1),
-                                  workers=msg.get("workers", []))
+    s.agents[msg["host"]] = run_state.Agent(host=msg["host"], last_seen=now,
+                                            agent_id=msg.get("agent_id"),
+                                            address=msg.get("address", "127.0.0.1"),
+                                            free_port=msg.get("free_port"),
+                                            generation=msg.get("generation", -1),
+                                            workers=msg.get("workers", []))
     if new:
       self._emit("agent_registered", host=msg["host"], generation=msg.get("generation", -1))
     return self._take({"ok": True})
 
-  def agent_heartbeat(self, msg: dict, now: float) -> Effects:
+  def agent_heartbeat(self, msg: dict, now: float) -> run_state.Effects:
     """Notes the agent's report; the reply says what its host should run."""
     s, host = self.state, msg["host"]
     agent = s.agents.get(host)
@@ -237,7 +116,7 @@ class Policy:
       return self._take({"action": "stop", "generation": s.generation})
     return self._take({"action": "idle"})
 
-  def report_exit(self, msg: dict, now: float) -> Effects:
+  def report_exit(self, msg: dict, now: float) -> run_state.Effects:
     """A worker exited (its agent saw it at once): a failure, or one more worker done."""
     s = self.state
     pid, gen, code = msg["process_id"], msg["generation"], msg["exit_code"]
@@ -245,7 +124,7 @@ class Policy:
                host=msg.get("host"), reason=msg.get("reason", ""))
     if gen != s.generation:
       return self._take({"ok": True})
-    worker = s.workers.setdefault(pid, Worker(pid))
+    worker = s.workers.setdefault(pid, run_state.Worker(pid))
     worker.exit_code = code
     if s.status == Status.RUNNING:
       if code == 0:
@@ -256,19 +135,20 @@ class Policy:
           self._finish()
       else:
         reason = msg.get("reason", "")
-        self._fail(EXIT_KINDS.get(code, f"exit {code}"), pid, msg.get("host"), now, reason)
-        if code == EXIT_INPUT:
+        self._fail(run_state.EXIT_KINDS.get(code, f"exit {code}"), pid, msg.get("host"), now,
+                   reason)
+        if code == run_state.EXIT_INPUT:
           # Bad input or damaged state: the next generation would fail the same way.
           self._give_up(reason or f"worker {pid} refused its input", error=reason)
     return self._take({"ok": True})
 
-  def worker_heartbeat(self, msg: dict, now: float) -> Effects:
+  def worker_heartbeat(self, msg: dict, now: float) -> run_state.Effects:
     """Notes a worker's progress; the reply asks it to stop when its generation is over."""
     s = self.state
     gen, pid = msg["generation"], msg["process_id"]
     if gen != s.generation or s.status not in (Status.RUNNING, Status.RECOVERING):
       return self._take({"stop": True})
-    w = s.workers.setdefault(pid, Worker(pid, last_progress=now))
+    w = s.workers.setdefault(pid, run_state.Worker(pid, last_progress=now))
     if msg["counter"] != w.counter or msg["phase"] != w.phase:
       w.last_progress = now
     w.last_seen, w.phase, w.step, w.counter = now, msg["phase"], msg["step"], msg["counter"]
@@ -291,12 +171,12 @@ class Policy:
         stats["training_s"] = now - stats.get("first_step", now)
     return self._take({"stop": False})
 
-  def committed(self, step: int) -> Effects:
+  def committed(self, step: int) -> run_state.Effects:
     """A step's lineage record is in the store: progress, for the back-off and the crash loop."""
     self.state.last_commit = max(self.state.last_commit, step)
     return self._take()
 
-  def tick(self, now: float) -> Effects:
+  def tick(self, now: float) -> run_state.Effects:
     """One pass of the control loop: the decisions that time alone can trigger."""
     step = {Status.RECOVERING: self._recover, Status.WAITING: self._start_generation,
             Status.BACKOFF: self._wait_backoff, Status.RUNNING: self._watch,
@@ -344,7 +224,7 @@ class Policy:
             "checkpointing": f.timeout_compile_s,
             "training": f.timeout_training_s}.get(phase, f.timeout_start_s)
 
-  def hang_limits(self, w: Worker) -> tuple[float, float]:
+  def hang_limits(self, w: run_state.Worker) -> tuple[float, float]:
     """(silent, stuck) timeouts of a worker: no heartbeat at all, or heartbeats without progress.
 
     Outside training, or before `fault.hang_warmup_steps` finished steps were seen in this
@@ -414,10 +294,11 @@ class Policy:
     s = self.state
     w = s.workers.get(worker) if isinstance(worker, int) else None
     fault_time, fault_name = self._fault_time(worker, w, now)
-    failure = Failure(kind=kind, worker=worker, host=host, generation=s.generation,
-                      step=w.step if w is not None and w.step is not None else s.last_commit,
-                      committed_step=s.last_commit, detected_s=round(now - fault_time, 3),
-                      t_detect=now, fault=fault_name, reason=reason)
+    failure = run_state.Failure(
+        kind=kind, worker=worker, host=host, generation=s.generation,
+        step=w.step if w is not None and w.step is not None else s.last_commit,
+        committed_step=s.last_commit, detected_s=round(now - fault_time, 3), t_detect=now,
+        fault=fault_name, reason=reason)
     s.failures.append(failure)
     self._emit("failure", kind=kind, worker=worker, host=host, generation=s.generation,
                step=failure.step, committed_step=s.last_commit, detected_s=failure.detected_s,
@@ -429,7 +310,7 @@ class Policy:
     s.stop_started, s.stop_deadline = now, now + self.f.stop_grace_s * 3
     self._persist()
 
-  def _fault_time(self, worker: int | str, w: Worker | None,
+  def _fault_time(self, worker: int | str, w: run_state.Worker | None,
                   now: float) -> tuple[float, str | None]:
     """When the fault happened: its marker's time (injected or recorded from outside), else the
     worker's last heartbeat, else now."""

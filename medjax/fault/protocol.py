@@ -58,7 +58,8 @@ def load_token(token_file: str = "") -> str:
 
 def create_token_file(path: str) -> str:
   """A new random token in an owner-only file (reused if it exists)."""
-  return secretfile.read_or_create(path, lambda: secrets.token_urlsafe(32).encode()).decode().strip()
+  token = secretfile.read_or_create(path, lambda: secrets.token_urlsafe(32).encode())
+  return token.decode().strip()
 
 
 def is_loopback(host: str) -> bool:

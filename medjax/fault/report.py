@@ -1,7 +1,8 @@
 """The end of a supervised run: summary.json's fault_tolerance block and the loss curve's marks.
 
-README.md, "What the summary numbers mean", says what each key means. The coordinator calls
-`write_summary` once every worker exited 0, with its policy's state and the lineage store.
+docs/fault-tolerance.md, "What the summary numbers mean", says what each key means. The
+coordinator calls `write_summary` once every worker exited 0, with its policy's state and the
+lineage store.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from medjax import lineage as lineage_lib
 from medjax import paths
 from medjax.data import manifest as manifest_lib
 from medjax.runtime import ledger
-from medjax.fault import policy as policy_lib
+from medjax.fault import run_state
 
 _FAILURE_KEYS = ("kind", "worker", "step", "detected_s", "recovered_s", "generation", "host")
 # A recovery's phases in the order they happen (medjax.runtime.phases names the worker's).
@@ -24,7 +25,7 @@ WORKER_PHASES = ("handover", "process_start", "distributed_init", "data_setup", 
                  "model_build", "compile", "restore", "first_step")
 
 
-def recovery(events: list[dict], failure: policy_lib.Failure) -> dict | None:
+def recovery(events: list[dict], failure: run_state.Failure) -> dict | None:
   """How a failure's recovery went, from events.jsonl: the path (warm_standby, standby,
   relaunch) and seconds per phase, from detection to the next generation's first step.
 
@@ -92,7 +93,7 @@ def train_rows(run: paths.RunPaths) -> np.ndarray:
   return manifest_lib.Manifest.load(run.manifest).indices("train")
 
 
-def fault_tolerance(run: paths.RunPaths, state: policy_lib.State,
+def fault_tolerance(run: paths.RunPaths, state: run_state.State,
                     store: lineage_lib.LineageStore, train: np.ndarray | None = None) -> dict:
   """The summary's fault_tolerance block: failures, restarts, waste, checkpoint overhead, and the
   ledger's exactly-once check of the committed steps (over `train`, the training split's rows,
@@ -135,7 +136,7 @@ def fault_tolerance(run: paths.RunPaths, state: policy_lib.State,
   }
 
 
-def plot_marks(run: paths.RunPaths, state: policy_lib.State) -> list[dict]:
+def plot_marks(run: paths.RunPaths, state: run_state.State) -> list[dict]:
   """Failures (at the step each one hit) and recoveries (at the first step after), for the plot."""
   marks = [{"kind": "failure", "step": f.step, "time": f.t_detect} for f in state.failures]
   marks += [{"kind": "recovered", "step": e["step"], "time": e.get("time")}
@@ -143,7 +144,7 @@ def plot_marks(run: paths.RunPaths, state: policy_lib.State) -> list[dict]:
   return marks
 
 
-def write_summary(run: paths.RunPaths, state: policy_lib.State,
+def write_summary(run: paths.RunPaths, state: run_state.State,
                   store: lineage_lib.LineageStore, train: np.ndarray | None = None) -> dict:
   """Adds the fault_tolerance block to summary.json and redraws the loss curve with the marks
   (the chief worker drew every plot already; without failures there is nothing to mark)."""

@@ -31,12 +31,12 @@ from medjax.fault import forking
 from medjax.runtime import inject
 from medjax.fault import layout as layout_lib
 from medjax.runtime import phases as phases_lib
-from medjax.fault import policy
+from medjax.fault import run_state
 from medjax.fault import protocol
 
 
-# What a standby brought to its assignment (`wait_for_assignment` -> `run`): launch.py passes
-# only the generation, process id, host and coordinator on.
+# What a standby brought to its assignment (`wait_for_assignment` -> `run`): the command line
+# passes only the generation, process id, host and coordinator on.
 _handover: dict = {}
 
 
@@ -44,11 +44,11 @@ def wait_for_assignment(workdir: str) -> dict | None:
   """A standby worker: imports the trainer, then waits for lines from its agent on stdin.
 
   A line {"prepare": {...}} (the agent sends it once its generation trains, when the next
-  generation can be prepared for: `agent.warm_key`) makes it a warm standby: it builds the data,
+  generation can be prepared for: `standbys.warm_key`) makes it a warm standby: it builds the data,
   model, state and compiled step of that generation now (`loop.prepare(standby=True)`), so that
   a restart only restores and trains. With "distributed": {address, num_processes, process_id}
   it first joins jax.distributed there, as one of a group that will be the generation's
-  processes (`agent.Agent._prepare_group`). The assignment line {generation, process_id, host_name,
+  processes (`standbys.Standbys`). The assignment line {generation, process_id, host_name,
   coordinator, assigned_at, path} ends the wait and is returned; None when stdin closes first.
   From then on stdout and stderr go to the generation's log, like a worker started for it.
 
@@ -150,7 +150,7 @@ def _read_lines(lines: queue.Queue, stream) -> None:
 
 
 def _restore_priority(nice: int) -> None:
-  """A standby started at low priority (`agent.popen`) trains at its agent's: every thread's
+  """A standby started at low priority (`spawn.popen`) trains at its agent's: every thread's
   scheduling policy and nice value are set back (threads inherit their creator's, and XLA's
   were created at low priority)."""
   try:
@@ -195,7 +195,7 @@ def _prepare(workdir: str, expected: dict, distributed: dict | None = None) -> N
                         "leaving", distributed["process_id"])
       sys.stdout.flush()
       sys.stderr.flush()
-      os._exit(policy.EXIT_ERROR)  # pylint: disable=protected-access
+      os._exit(run_state.EXIT_ERROR)  # pylint: disable=protected-access
     logging.exception("standby: preparing ahead failed; the assigned generation prepares itself")
     return
   _handover.update(prepared=prepared, prepared_phases=phases, prepared_at=time.time())
@@ -244,7 +244,7 @@ def _leave_error(run_paths: paths.RunPaths, generation: int, process_id: int,
 
 
 def _leave_when_stuck(process_id: int, asked_to_stop: threading.Event,
-                     finished: threading.Event, grace_s: float) -> None:
+                      finished: threading.Event, grace_s: float) -> None:
   """Exits the process when the coordinator asked it to stop and the training thread has not
   stopped at a step boundary within `grace_s`: it is stuck (a hang, a collective whose peer is
   gone), and waiting for the agent's SIGTERM and SIGKILL would only delay the next generation.
@@ -257,26 +257,22 @@ def _leave_when_stuck(process_id: int, asked_to_stop: threading.Event,
                   "leaving", process_id, grace_s)
   sys.stdout.flush()
   sys.stderr.flush()
-  os._exit(policy.EXIT_STOPPED)  # pylint: disable=protected-access
+  os._exit(run_state.EXIT_STOPPED)  # pylint: disable=protected-access
 
 
 def run(workdir: str, generation: int, process_id: int, host: str, coordinator: str, *,
         make_trial=None) -> NoReturn:
   """Trains as process `process_id` of `generation`, then ends the process with its exit code
-  (policy.EXIT_*; 0 when training finished). `make_trial`: see `loop.train_and_evaluate`."""
+  (run_state.EXIT_*; 0 when training finished). `make_trial`: see `loop.train_and_evaluate`."""
   from medjax.train import loop  # pylint: disable=import-outside-toplevel
   handover = dict(_handover)
-  assigned_at = handover.get("assigned_at")
-  if assigned_at is None and os.environ.get(phases_lib.ASSIGNED_AT_ENV):
-    assigned_at = float(os.environ[phases_lib.ASSIGNED_AT_ENV])
-  phases = phases_lib.Phases(handover.get("path", "relaunch"), assigned_at)
-  phases.since_assigned("handover" if "path" in handover else "process_start")
+  phases = _phases(handover)
   config = paths.load_config(workdir)
   run_paths = paths.RunPaths(workdir, config)
   with open(run_paths.generation_spec(generation)) as f:
     spec = json.load(f)
-  token = protocol.load_token(run_paths.token)
-  client = protocol.Client(coordinator, token, tls_ca=config.fault.tls_ca)
+  client = protocol.Client(coordinator, protocol.load_token(run_paths.token),
+                           tls_ca=config.fault.tls_ca)
   asked_to_stop, finished = threading.Event(), threading.Event()
   ctx = context.Remote(phases_lib.Reporting(client, phases, on_stop=asked_to_stop.set),
                        generation=generation, process_id=process_id)
@@ -286,26 +282,19 @@ def run(workdir: str, generation: int, process_id: int, host: str, coordinator: 
   wph = spec["workers_per_host"]
   topology = loop.Topology(hosts=tuple(spec["hosts"]), host=host,
                            local_index=layout_lib.local_index(process_id, wph), local_count=wph)
-  # The jax.distributed job this process is to join (None: one process needs none), and the
-  # one a group standby joined ahead (`_prepare`): JAX joins once per process.
+  # The jax.distributed job this process is to join (None: one process needs none).
   wanted = ({"address": spec["jax_address"], "num_processes": spec["num_processes"],
              "process_id": process_id} if spec["num_processes"] > 1 else None)
-  joined = handover.get("distributed")
-  prepared = handover.get("prepared")
-  if prepared is not None and not (joined == wanted
-                                   and prepared.serves(topology, spec["host_history"])):
-    logging.warning("worker %d: the standby was prepared for hosts %s, history %s; generation %d "
-                    "has %s, %s: preparing again", process_id, list(prepared.topology.hosts),
-                    prepared.host_history, generation, spec["hosts"], spec["host_history"])
-    if prepared.ckpt is not None:
-      prepared.ckpt.close()
-    prepared = None
+  prepared = _usable_preparation(handover, wanted, topology, spec, generation, process_id)
   if prepared is None:
     if phases.path == "warm_standby":
       phases.path = "standby"
     _configure_jax(run_paths)
   logging.info("worker %d: generation %d by %s", process_id, generation, phases.path)
-  try:
+
+  def train() -> None:
+    nonlocal prepared
+    joined = handover.get("distributed")
     if joined is not None and joined != wanted:
       # The agent hands a group over only to the generation it joined for (`agent._group_for`).
       raise RuntimeError(f"this standby joined jax.distributed as {joined}; generation "
@@ -321,26 +310,8 @@ def run(workdir: str, generation: int, process_id: int, host: str, coordinator: 
       with phases.phase("data_takeover"):
         prepared.take_over(ctx)
     loop.run_prepared(prepared, ctx, phases=phases, make_trial=make_trial)
-  except loop.Stopped as e:
-    logging.info("worker %d: %s", process_id, e)
-    code = policy.EXIT_STOPPED
-  except loop.Preempted as e:
-    logging.info("worker %d: %s", process_id, e)
-    code = policy.EXIT_PREEMPTED
-  except (inject.InjectedOutOfMemory, MemoryError) as e:
-    logging.error("worker %d: out of memory: %s", process_id, e)
-    code = policy.EXIT_OOM
-    _leave_error(run_paths, generation, process_id, f"out of memory: {e}")
-  except errors.InputError as e:
-    logging.exception("worker %d: %s", process_id, e)
-    code = policy.EXIT_INPUT
-    _leave_error(run_paths, generation, process_id, str(e))
-  except Exception as e:  # pylint: disable=broad-except
-    logging.exception("worker %d: training failed", process_id)
-    code = policy.EXIT_ERROR
-    _leave_error(run_paths, generation, process_id, f"{type(e).__name__}: {e}")
-  else:
-    code = 0
+
+  code = _exit_code(train, run_paths, generation, process_id)
   finished.set()
   asked_to_stop.set()
   ctx.close()
@@ -350,3 +321,56 @@ def run(workdir: str, generation: int, process_id: int, host: str, coordinator: 
   # Everything is written and closed: the end of the run (the agent's report, the coordinator's
   # summary) does not wait for Python's teardown.
   lifeline.leave(code)
+
+
+def _phases(handover: dict) -> phases_lib.Phases:
+  """This worker's start-up phases, timed from when its agent assigned the generation."""
+  assigned_at = handover.get("assigned_at")
+  if assigned_at is None and os.environ.get(phases_lib.ASSIGNED_AT_ENV):
+    assigned_at = float(os.environ[phases_lib.ASSIGNED_AT_ENV])
+  phases = phases_lib.Phases(handover.get("path", "relaunch"), assigned_at)
+  phases.since_assigned("handover" if "path" in handover else "process_start")
+  return phases
+
+
+def _usable_preparation(handover: dict, wanted, topology, spec: dict, generation: int,
+                        process_id: int):
+  """What a standby prepared ahead, if it is what this generation needs (the same
+  jax.distributed job, hosts and history); else None (closed), and it prepares again."""
+  prepared = handover.get("prepared")
+  if prepared is None or (handover.get("distributed") == wanted
+                          and prepared.serves(topology, spec["host_history"])):
+    return prepared
+  logging.warning("worker %d: the standby was prepared for hosts %s, history %s; generation %d "
+                  "has %s, %s: preparing again", process_id, list(prepared.topology.hosts),
+                  prepared.host_history, generation, spec["hosts"], spec["host_history"])
+  if prepared.ckpt is not None:
+    prepared.ckpt.close()
+  return None
+
+
+def _exit_code(train, run_paths: paths.RunPaths, generation: int, process_id: int) -> int:
+  """Runs `train()`; the worker's exit code for how it ended (run_state.EXIT_*), with the one line
+  the agent reports left in the worker's error file."""
+  from medjax.train import loop  # pylint: disable=import-outside-toplevel
+  try:
+    train()
+  except loop.Stopped as e:
+    logging.info("worker %d: %s", process_id, e)
+    return run_state.EXIT_STOPPED
+  except loop.Preempted as e:
+    logging.info("worker %d: %s", process_id, e)
+    return run_state.EXIT_PREEMPTED
+  except (inject.InjectedOutOfMemory, MemoryError) as e:
+    logging.error("worker %d: out of memory: %s", process_id, e)
+    _leave_error(run_paths, generation, process_id, f"out of memory: {e}")
+    return run_state.EXIT_OOM
+  except errors.InputError as e:
+    logging.exception("worker %d: %s", process_id, e)
+    _leave_error(run_paths, generation, process_id, str(e))
+    return run_state.EXIT_INPUT
+  except Exception as e:  # pylint: disable=broad-except
+    logging.exception("worker %d: training failed", process_id)
+    _leave_error(run_paths, generation, process_id, f"{type(e).__name__}: {e}")
+    return run_state.EXIT_ERROR
+  return 0

@@ -71,7 +71,7 @@ class Local:
     self.store.commit(lineage, committed_at=time.time())
     best = lineage_lib.best_step(lineage) if self.keep_best else None
     retention.prune(self.checkpoints, self.store.committed_steps(), self.max_to_keep,
-                      also_keep=() if best is None else (best,))
+                    also_keep=() if best is None else (best,))
 
   def flush(self, timeout_s: float = 0.0) -> bool:
     return True

@@ -6,8 +6,9 @@ Kinds: kill (SIGKILL itself), sigstop (SIGSTOP itself: a hang with no heartbeats
 training thread blocks forever while heartbeats go on: a live hang), oom (raises an out-of-memory
 error), sigterm (SIGTERM itself: a preemption), host (SIGKILL its host's agent and every worker
 of the host: a lost machine; supervised runs only). WHEN is step=N (after global step N),
-partition=N (when partition N of an epoch starts) or epoch=N (when epoch N starts). Each fault fires once per run: a marker in
-<workdir>/faults/ keeps a restarted generation from firing it again, and records when it fired.
+partition=N (when partition N of an epoch starts) or epoch=N (when epoch N starts). Each fault
+fires once per run: a marker in <workdir>/faults/ keeps a restarted generation from firing it
+again, and records when it fired.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
-"""Sweeps: Optuna studies whose trials are ordinary medjax runs (README.md, "Sweeps").
+"""Sweeps: Optuna studies whose trials are ordinary medjax runs (docs/sweeps.md).
 
   spec      the sweep config: base config, overrides, search space; each trial's flags
   shared    the one ingest every trial shares
   studies   the study: storage (SQLite or an RDB URL), sampler, pruner, dead trials
-  runner    `launch.py --config configs/sweep.py`: the trials as launch.py children
-  process   a launch.py child: started, stopped, its failure in one line
+  runner    `medjax --config configs/sweep.py`: the trials as medjax children
+  process   a medjax child: started, stopped, its failure in one line
   trial     the trainer's side: `trial.reporter(config)` reports each epoch, relays pruning
   report    trials.csv, trials.md and the PNGs
 

@@ -1,6 +1,6 @@
-"""Every path in a sweep directory (README.md, "Sweeps"), joined here only.
+"""Every path in a sweep directory (docs/sweeps.md), joined here only.
 
-  <sweep>/config.json         the sweep config (launch.py writes it)
+  <sweep>/config.json         the sweep config (the command writes it)
   <sweep>/sweep.json          what a resumed sweep must match (base, overrides, space, study)
   <sweep>/study.db            the Optuna study (SQLite), unless config.study.storage names one
   <sweep>/data/               the one ingest every trial shares: cohort/, ingest/, cache/, secrets/

@@ -1,7 +1,7 @@
 """The sweep's lines: `say` plain on stdout and in the sweep's log file, `detail` in the file only.
 
 (Through `logging`, the root logger's absl handler would also print them on stderr with its
-prefix; the file handlers are the ones launch.py adds.)
+prefix; the file handlers are the ones medjax.cli adds.)
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""launch.py as a child of the sweep: started, waited for, stopped, and its failure in one line.
+"""A trial's medjax process, a child of the sweep: started, waited for, stopped, and its
+failure in one line.
 
 A child dies with the sweep process (Linux PR_SET_PDEATHSIG, `medjax.lifeline`), so a sweep
 killed with SIGKILL leaves no trial training behind; the child's own children (coordinator,
@@ -16,7 +17,6 @@ import sys
 import time
 
 from medjax import lifeline
-from medjax.sweep import spec
 
 # A trial runs this medjax (`lifeline.child_env` points the child at it).
 COMMAND = (sys.executable, "-m", "medjax")
@@ -30,7 +30,7 @@ class Outcome:
 
 
 def run(args: list[str], log_path: str, *, timeout_s: float = 0.0, on_start=None) -> Outcome:
-  """Runs `launch.py args` (stdout and stderr appended to `log_path`) to its end.
+  """Runs `medjax args` (stdout and stderr appended to `log_path`) to its end.
 
   Must be called from the main thread: the kernel's parent-death signal follows the thread that
   started the child. `on_start(pid)` is called once the child runs.
@@ -70,7 +70,7 @@ def stop(proc: subprocess.Popen) -> None:
 
 
 def describe_exit(returncode: int, log_path: str) -> str:
-  """Why launch.py ended: its one-line error, or the signal that killed it."""
+  """Why the trial's process ended: its one-line error, or the signal that killed it."""
   if returncode < 0:
     name = signal.Signals(-returncode).name if -returncode in signal.valid_signals() else (
         f"signal {-returncode}")
@@ -82,7 +82,7 @@ def describe_exit(returncode: int, log_path: str) -> str:
 
 
 def error_line(log_path: str) -> str | None:
-  """The last `error: ...` line launch.py printed, without the prefix."""
+  """The last `error: ...` line the trial's process printed, without the prefix."""
   try:
     with open(log_path, "rb") as f:
       f.seek(0, os.SEEK_END)

@@ -1,11 +1,11 @@
-"""`python launch.py --config configs/sweep.py`: an Optuna study whose trials are medjax runs.
+"""`medjax --config configs/sweep.py`: an Optuna study whose trials are medjax runs.
 
   run(config, workdir)
     -> check the sweep config and its base (spec.load)
     -> ingest once (shared.prepare)
     -> open the study (studies.open_study); fail and queue again the trials of dead sweep
        processes on this machine
-    -> study.optimize(objective): each trial a `launch.py` child in trials/trial-NNNN, with the
+    -> study.optimize(objective): each trial a `medjax` child in trials/trial-NNNN, with the
        sampled fields as --config.<field>=<value>; its summary.json decides the trial's state
     -> the report (trials.csv, trials.md, PNGs) after every trial and at the end
 
@@ -121,7 +121,7 @@ class _Runner:
       shared.link_ingest(where, trial_dir)
       args = [f"--config={sweep.base_file}", f"--workdir={trial_dir}",
               *spec.trial_flags(sweep, values, trial_wiring)]
-      log.detail(f"sweep: trial {trial.number}: launch.py " + " ".join(
+      log.detail(f"sweep: trial {trial.number}: medjax " + " ".join(
           a for a in args if not a.startswith("--config.trial.storage")))
       try:
         outcome = process.run(args, os.path.join(trial_dir, "launcher.log"),

@@ -110,7 +110,7 @@ class Sweep:
 
   Attributes:
     config: the sweep config (ConfigDict).
-    base_file: the base config as `launch.py --config` takes it (absolute path[:variant]).
+    base_file: the base config as `medjax --config` takes it (absolute path[:variant]).
     base: the base run config with the overrides applied (never modified).
     overrides: dotted field -> value, fixed for every trial.
     params: the searched fields.
@@ -219,7 +219,7 @@ def eval_splits(base) -> tuple:
 
 
 def trial_config(sweep: Sweep, values: dict, wiring: dict):
-  """The run config a trial's launch.py will build from `trial_flags` (for checking it here)."""
+  """The run config a trial's process will build from `trial_flags` (for checking it here)."""
   config = copy.deepcopy(sweep.base)
   for field, value in {**values, **wiring}.items():
     problems = _set(config, field, value, field)
@@ -257,7 +257,7 @@ def flatten(section, prefix: str = "") -> dict:
 
 
 def load_config_file(spec: str):
-  """`path.py[:variant]` -> (the absolute spec launch.py takes, get_config(variant))."""
+  """`path.py[:variant]` -> (the absolute spec --config takes, get_config(variant))."""
   path, _, variant = spec.partition(":")
   # configs/x.py from anywhere: beside the `configs` package (the checkout, or where installed).
   beside = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(configs.__file__))), path)

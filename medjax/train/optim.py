@@ -10,7 +10,8 @@ def schedule(optim_config, total_updates: int) -> optax.Schedule:
   warmup = max(1, int(optim_config.warmup_fraction * total_updates))
   return optax.warmup_cosine_decay_schedule(
       init_value=0.0, peak_value=optim_config.lr, warmup_steps=warmup,
-      decay_steps=max(total_updates, warmup + 1), end_value=optim_config.lr * optim_config.end_lr_fraction)
+      decay_steps=max(total_updates, warmup + 1),
+      end_value=optim_config.lr * optim_config.end_lr_fraction)
 
 
 def make(optim_config, total_steps: int) -> tuple[optax.GradientTransformation, optax.Schedule]:

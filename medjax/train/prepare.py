@@ -194,7 +194,7 @@ def _open_while_pruned(run: paths.RunPaths, config, packer: packing.StatePacker,
   for attempt in range(attempts):
     try:
       return checkpointer.Checkpointer(run.checkpoints, async_save=config.ckpt.async_save,
-                                         packer=packer)
+                                       packer=packer)
     except FileNotFoundError as e:
       if attempt == attempts - 1:
         raise
@@ -217,20 +217,20 @@ def _warm_restore(run: paths.RunPaths, ckpt: checkpointer.Checkpointer, abstract
 def check_shapes(config, prepared, mesh) -> None:
   """Fails before training when the config and the data disagree, naming both values."""
   if config.data.batch_size % mesh.size:
-    raise reporting.TrainingError(f"config.data.batch_size={config.data.batch_size} does not split over "
-                        f"{mesh.size} devices; make it a multiple")
+    raise reporting.TrainingError(f"config.data.batch_size={config.data.batch_size} does not "
+                                  f"split over {mesh.size} devices; make it a multiple")
   m = config.model
   data_classes = len(prepared.manifest.class_names)
   if data_classes < 2:
-    raise reporting.TrainingError(f"the manifest has {data_classes} classes; training needs labels.csv with "
-                        "at least two classes")
+    raise reporting.TrainingError(f"the manifest has {data_classes} classes; training needs "
+                                  "labels.csv with at least two classes")
   for name, wanted, actual in (
       ("config.model.num_classes", m.num_classes, data_classes),
       ("config.model.num_analytes", m.num_analytes, prepared.shapes.num_analytes),
       ("config.model.vitals_channels", m.vitals_channels, prepared.shapes.vitals_channels)):
     if wanted and wanted != actual:
-      raise reporting.TrainingError(f"{name}={wanted} but the ingested data has {actual}; set it to "
-                          f"{actual} (or 0 to take it from the data)")
+      raise reporting.TrainingError(f"{name}={wanted} but the ingested data has {actual}; set it "
+                                    f"to {actual} (or 0 to take it from the data)")
 
 
 def class_weights(config, manifest) -> np.ndarray:

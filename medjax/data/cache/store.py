@@ -1,8 +1,7 @@
 """The node-local decoded-record cache, in TensorStore (zarr) on the host's local disk.
 
 Records are decoded from shared storage once (`records.decode`) and written into two arrays with
-one chunk per record: `images` (float16 [capacity, M, S, S]) and `tab` (float32, the image mask,
-labs, vitals and their masks packed). `index.json` maps record id -> (slot, fingerprint, crc32).
+one chunk per record, named by an index (`medjax.data.cache.disk`: the directory's layout).
 A record without image files is not copied: it is all in the ingest's tables, which every process
 holds in memory, so its entry has slot `TABLES` (-1) and a read builds it from the tables (a
 table-only cohort of 20,000 patients is "cached" in well under a second, with no per-record
@@ -14,11 +13,11 @@ dropped. On read, each record's bytes are checked against its crc32; a damaged o
 is decoded again from shared storage, and only that record.
 
 A host's first process writes its cache; its other processes open it read-only. The cache is
-thread-safe: the background recacher (`medjax.data.cache.recache`) and the training reader share it, and
-a record wanted by both is decoded once (the second waits for the first). A read-only process
-that misses a record the writer has promised (`expect`) waits for the writer instead of decoding it
-again. Counters (`COUNTERS`) are cumulative over the cache's life on this node, per process, and
-kept in `counters.<process>.json` beside the cache.
+thread-safe: the background recacher (`medjax.data.cache.recache`) and the training reader share
+it, and a record wanted by both is decoded once (the second waits for the first). A read-only
+process that misses a record the writer has promised (`expect`) waits for the writer instead of
+decoding it again. Counters (`COUNTERS`) are cumulative over the cache's life on this node, per
+process, and kept in `counters.<process>.json` beside the cache.
 """
 
 from __future__ import annotations
@@ -27,48 +26,24 @@ import hashlib
 import json
 import logging
 import os
-import shutil
 import threading
 import time
-import zlib
 
 import numpy as np
-import tensorstore as ts
 
-from medjax.data.dicom import decoder as decoder_lib
 from medjax.data import records
+from medjax.data.cache import disk as disk_lib
+from medjax.data.dicom import decoder as decoder_lib
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = disk_lib.FORMAT_VERSION
+TABLES = disk_lib.TABLES
+write_json = disk_lib.write_json
 # Per process, cumulative. pfs_reads: records read from shared storage (one record = its files);
 # moved_reads: those of records moved to this host by a membership change; recache_s: seconds
 # decoding those; wait_s: seconds reads waited for another thread or the writer process.
 COUNTERS = ("hits", "misses", "damaged", "pfs_reads", "pfs_files", "pfs_bytes", "records_written",
             "decode_s", "dropped_stale", "moved_reads", "records_moved_in", "recache_s", "wait_s")
-_COMPRESSOR = {"id": "blosc", "cname": "lz4", "clevel": 1, "shuffle": 2}
 _PERSIST_S = 1.0   # how often a fill rewrites index.json and the counters
-TABLES = -1        # the slot of a record without images: built from the tables, not stored
-
-
-def _read_json(path: str, kind: type):
-  """A cache metadata file's value, or None when it is absent or damaged (with a warning): a
-  cache is rebuilt from the cohort, never trusted when its own records of itself are garbled."""
-  if not os.path.exists(path):
-    return None
-  try:
-    with open(path, "rb") as f:
-      value = json.loads(f.read())
-  except (OSError, ValueError) as e:
-    logging.warning("cache: %s is damaged (%s); rebuilding from the cohort", path,
-                    type(e).__name__)
-    return None
-  return value if isinstance(value, kind) else None
-
-
-def write_json(path: str, value) -> None:
-  """Writes `value` as JSON so that readers see the old file or the new one, never half of one."""
-  with open(path + ".tmp", "w") as f:
-    json.dump(value, f)
-  os.replace(path + ".tmp", path)
 
 
 def fingerprint(manifest, row: int, tables: dict[str, np.ndarray]) -> str:
@@ -108,8 +83,6 @@ class Cache:
     self.wait_limit_s = wait_limit_s
     self.rejected: dict[str, dict] = {}
     self._row_of = {rid: i for i, rid in enumerate(manifest.record_ids)}
-    self._shapes = shapes.record_shapes()
-    self._tab_sizes = [int(np.prod(self._shapes[k])) for k in records.KEYS if k != "images"]
     n = len(manifest)
     self._no_cache_N = np.zeros(n, bool)   # read from shared storage every time (redirect)
     self._moved_N = np.zeros(n, bool)      # moved here by the latest membership change
@@ -117,16 +90,11 @@ class Cache:
     self._cond = threading.Condition()
     self._inflight: set[int] = set()
     self._reserved: set[int] = set()      # slots being written outside the lock
-    self._index_io = threading.Lock()     # orders index.json writes (snapshots taken locked)
-    self._index_version = self._index_written = 0
     self._persisted_at, self._dirty = 0.0, False
     self._held: dict[str, np.ndarray] | None = None   # hold_in_memory
     self._held_slot_N = np.zeros(0, np.int64)
-    self._index_mtime = None
-    # Decoded chunks stay in memory (TensorStore's cache pool), revalidated against the file.
-    self._memory = {"context": {"cache_pool": {"total_bytes_limit": int(memory_mb) << 20}},
-                    "recheck_cached_data": True}
-    os.makedirs(path, exist_ok=True)
+    self.disk = disk_lib.Disk(path, shapes, read_only=read_only, memory_mb=memory_mb,
+                              lock=self._cond)
     self._counters_path = os.path.join(path, f"counters.{process}.json")
     self.counters = {**dict.fromkeys(COUNTERS, 0), "run": run}
     if os.path.exists(self._counters_path):
@@ -134,7 +102,12 @@ class Cache:
         saved = json.load(f)
       if saved.get("run", "") == run:
         self.counters.update(saved)
-    self._open()
+    self._validate()
+
+  @property
+  def index(self) -> dict[str, list]:
+    """record id -> [slot, fingerprint, crc32] (`disk.Disk`)."""
+    return self.disk.index
 
   def hold_in_memory(self, rows, budget_mb: float) -> int:
     """Keeps the cached ones of `rows` in memory too, if they fit in `budget_mb`.
@@ -145,7 +118,7 @@ class Cache:
     """
     rows = np.asarray([r for r in rows if self.manifest.record_ids[r] in self.index], np.int64)
     per_record = sum(int(np.prod(s)) * (1 if k.endswith("mask") else 4)
-                     for k, s in self._shapes.items())
+                     for k, s in self.disk.record_shapes.items())
     if not len(rows) or len(rows) * per_record > budget_mb * 2**20:
       if len(rows):
         logging.info("cache %s: %d records need %.0f MB, over config.data.cache_memory_mb=%s; "
@@ -182,8 +155,8 @@ class Cache:
     and counters the writer saved since it opened, so it neither re-reads nor re-checks them
     (each record's bytes are still checked against its crc32 on read)."""
     with self._cond:
-      self._follow_writer()
-      self.read_only = False
+      self.disk.follow_writer()
+      self.read_only = self.disk.read_only = False
       self._expect_N[:] = False
       if os.path.exists(self._counters_path):
         with open(self._counters_path) as f:
@@ -195,71 +168,13 @@ class Cache:
     """Writes this process's counters beside the cache; returns a copy."""
     if self._dirty:
       self._dirty = False
-      self._save_index()   # the counters count records that the index must name
+      self.disk.save_index()   # the counters count records that the index must name
     with self._cond:
       counters = dict(self.counters)
-    write_json(self._counters_path, counters)
+    disk_lib.write_json(self._counters_path, counters)
     return counters
 
   # -- opening and validation ------------------------------------------------------------------
-
-  def _spec(self) -> dict:
-    return {"version": FORMAT_VERSION, **self.shapes.as_dict()}
-
-  def _open(self) -> None:
-    spec_path = os.path.join(self.path, "spec.json")
-    spec = _read_json(spec_path, dict)
-    if spec != self._spec():
-      if spec is not None:
-        logging.warning("cache %s: built for %s, config wants %s; rebuilding it", self.path, spec,
-                        self._spec())
-      if self.read_only:
-        raise RuntimeError(f"cache {self.path} does not match the config and this process may not "
-                           "rebuild it; start the host's cache writer first")
-      for name in ("images", "tab", "index.json"):
-        target = os.path.join(self.path, name)
-        if os.path.isdir(target):
-          shutil.rmtree(target)
-        elif os.path.exists(target):
-          os.remove(target)
-      with open(spec_path, "w") as f:
-        json.dump(self._spec(), f)
-    index_path = os.path.join(self.path, "index.json")
-    self.index: dict[str, list] = _read_json(index_path, dict) or {}
-    if not all(isinstance(e, list) and len(e) == 3 and isinstance(e[0], int)
-               for e in self.index.values()):
-      logging.warning("cache %s: index.json holds malformed entries; starting an empty index "
-                      "(records are decoded again)", self.path)
-      self.index = {}
-    if os.path.exists(index_path):
-      self._index_mtime = os.stat(index_path).st_mtime_ns
-    capacity = max([s for s, _, _ in self.index.values()], default=-1) + 1
-    capacity = max(capacity, 64)
-    s, m = self.shapes.image_size, self.shapes.max_images
-    self._images = self._array("images", ts.float16, [capacity, m, s, s])
-    self._tab = self._array("tab", ts.float32, [capacity, sum(self._tab_sizes)])
-    self._validate()
-
-  def _array(self, name: str, dtype, shape: list[int]):
-    """Opens the array as it is on disk (it may have grown), or creates it with `shape`."""
-    kvstore = {"driver": "file", "path": os.path.join(self.path, name)}
-    if os.path.exists(os.path.join(self.path, name, ".zarray")):
-      try:
-        array = ts.open({"driver": "zarr", "kvstore": kvstore, **self._memory}, open=True,
-                        dtype=dtype).result()
-      except ValueError as e:   # damaged metadata: a cache can always be built again
-        logging.warning("cache %s: the %r array cannot be opened (%s); building it again",
-                        self.path, name, " ".join(str(e).split())[:200])
-        array = None
-      if array is not None and list(array.shape[1:]) == list(shape[1:]):
-        return array
-    if self.read_only:
-      raise RuntimeError(f"cache {self.path}: no usable {name!r} array and this process may not "
-                         "create it; the host's first process fills the cache")
-    return ts.open({"driver": "zarr", "kvstore": kvstore, "metadata": {"compressor": _COMPRESSOR},
-                    **self._memory},
-                   create=True, delete_existing=True, dtype=dtype, shape=shape,
-                   chunk_layout=ts.ChunkLayout(read_chunk_shape=[1, *shape[1:]])).result()
 
   def _validate(self) -> None:
     """Drops entries whose record left the manifest or whose inputs changed."""
@@ -267,71 +182,15 @@ class Cache:
     for rid, (slot, fp, _) in self.index.items():
       row = self._row_of.get(rid)
       if (row is None or fp != fingerprint(self.manifest, row, self.tables)
-          or slot >= self._images.shape[0]):
+          or slot >= self.disk.capacity):
         stale.append(rid)
     for rid in stale:
-      del self.index[rid]
+      del self.disk.index[rid]
     self.counters["dropped_stale"] += len(stale)
     if stale:
       logging.info("cache %s: %d entries no longer match the manifest; they will be decoded again",
                    self.path, len(stale))
-      self._save_index()
-
-  def _save_index(self) -> None:
-    """Writes index.json from a snapshot taken under the lock; a newer snapshot written by
-    another thread meanwhile is never overwritten by an older one."""
-    if self.read_only:
-      return
-    with self._cond:
-      self._index_version += 1
-      version, snapshot = self._index_version, dict(self.index)
-    with self._index_io:
-      if version <= self._index_written:
-        return
-      path = os.path.join(self.path, "index.json")
-      write_json(path, snapshot)
-      self._index_written = version
-      self._index_mtime = os.stat(path).st_mtime_ns
-
-  def _follow_writer(self) -> None:
-    """Read-only: picks up what the writer process added since (index and grown arrays)."""
-    index_path = os.path.join(self.path, "index.json")
-    try:
-      mtime = os.stat(index_path).st_mtime_ns
-    except FileNotFoundError:
-      return
-    if mtime == self._index_mtime:
-      return
-    with open(index_path) as f:
-      index = json.load(f)
-    self._index_mtime = mtime
-    capacity = max([slot for slot, _, _ in index.values()], default=-1) + 1
-    if capacity > self._images.shape[0]:
-      self._images = self._array("images", ts.float16, list(self._images.shape))
-      self._tab = self._array("tab", ts.float32, list(self._tab.shape))
-    self.index = {rid: e for rid, e in index.items() if e[0] < self._images.shape[0]}
-
-  # -- packing ---------------------------------------------------------------------------------
-
-  def _pack(self, rec: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    tab = np.concatenate([rec[k].astype(np.float32).ravel() for k in records.KEYS
-                          if k != "images"])
-    return rec["images"].astype(np.float16), tab
-
-  def _unpack(self, images: np.ndarray, tab: np.ndarray) -> dict[str, np.ndarray]:
-    """One record's arrays from its packed form, or a batch's (leading batch axis on both)."""
-    lead = tab.shape[:-1]
-    out = {"images": images.astype(np.float32)}
-    offset = 0
-    for k, size in zip([k for k in records.KEYS if k != "images"], self._tab_sizes):
-      value = tab[..., offset:offset + size].reshape(*lead, *self._shapes[k])
-      out[k] = value > 0.5 if k.endswith("mask") else value
-      offset += size
-    return out
-
-  @staticmethod
-  def _crc(images: np.ndarray, tab: np.ndarray) -> int:
-    return zlib.crc32(tab.tobytes(), zlib.crc32(images.tobytes()))
+      self.disk.save_index()
 
   # -- writing ---------------------------------------------------------------------------------
 
@@ -378,21 +237,6 @@ class Cache:
               f.write(json.dumps(entry) + "\n")
     return rec
 
-  def _reserve_slots(self, n: int) -> list[int]:
-    """Slots no entry uses and no other writer has reserved, growing the arrays (lock held)."""
-    used = {slot for slot, _, _ in self.index.values()} | self._reserved
-    free = [s for s in range(self._images.shape[0]) if s not in used][:n]
-    if len(free) < n:
-      capacity = self._images.shape[0]
-      new_capacity = max(int(capacity * 1.5), capacity + n - len(free))
-      self._images = self._images.resize(
-          exclusive_max=[new_capacity, *self._images.shape[1:]], expand_only=True).result()
-      self._tab = self._tab.resize(
-          exclusive_max=[new_capacity, *self._tab.shape[1:]], expand_only=True).result()
-      free += list(range(capacity, capacity + n - len(free)))
-    self._reserved.update(free)
-    return free
-
   def _write(self, rows: list[int], recs: list[dict[str, np.ndarray]]) -> None:
     """Stores decoded records. Called without the lock: readers and the other decoding thread go
     on while the chunks are written; only the slot reservation and the index update take it."""
@@ -405,24 +249,19 @@ class Cache:
       self._persist()
       return
     rows, recs = [r for r, _ in keep], [rec for _, rec in keep]
-    packed = [self._pack(r) for r in recs]
+    packed = [self.disk.pack(r) for r in recs]
     images = np.stack([p[0] for p in packed])
     tab = np.stack([p[1] for p in packed])
     with self._cond:
-      slots = self._reserve_slots(len(rows))
-      images_array, tab_array = self._images, self._tab
+      slots = self.disk.reserve_slots(len(rows), self._reserved)
+      self._reserved.update(slots)
     try:
-      # One transaction: both arrays' chunks are committed together before the index names them.
-      with ts.Transaction() as txn:
-        writes = [images_array.with_transaction(txn)[slots].write(images),
-                  tab_array.with_transaction(txn)[slots].write(tab)]
-        for w in writes:
-          w.result()
+      self.disk.write_slots(slots, images, tab)
       with self._cond:
         for row, slot, (im, tb) in zip(rows, slots, packed):
           rid = self.manifest.record_ids[row]
-          self.index[rid] = [slot, fingerprint(self.manifest, row, self.tables),
-                             self._crc(im, tb)]
+          self.disk.index[rid] = [slot, fingerprint(self.manifest, row, self.tables),
+                                  self.disk.crc(im, tb)]
         self.counters["records_written"] += len(rows)
     finally:
       with self._cond:
@@ -436,7 +275,7 @@ class Cache:
     entries = {self.manifest.record_ids[r]: [TABLES, fingerprint(self.manifest, r, self.tables), 0]
                for r in rows}
     with self._cond:
-      self.index.update(entries)
+      self.disk.index.update(entries)
       self.counters["records_written"] += len(entries)
     self._persist()
 
@@ -449,7 +288,7 @@ class Cache:
       self._dirty = True
       return
     self._persisted_at, self._dirty = now, False
-    self._save_index()
+    self.disk.save_index()
     self.save_counters()
 
   def flush(self) -> None:
@@ -507,14 +346,6 @@ class Cache:
 
   # -- reading ---------------------------------------------------------------------------------
 
-  def _read_slots(self, slots: list[int]) -> tuple[np.ndarray, np.ndarray] | None:
-    try:
-      images = self._images.oindex[np.asarray(slots)].read().result()
-      tab = self._tab.oindex[np.asarray(slots)].read().result()
-    except Exception:  # pylint: disable=broad-except  (a damaged chunk: isolate it below)
-      return None
-    return images, tab
-
   def read(self, rows) -> dict[str, np.ndarray]:
     """A batch for manifest rows (-1 = padding, all-missing), decoding any miss or damage.
 
@@ -546,7 +377,7 @@ class Cache:
     while todo:
       with self._cond:
         if self.read_only:
-          self._follow_writer()
+          self.disk.follow_writer()
         missing = self._read_hits(todo, out, damaged)
         fresh = [r for _, r in missing if r not in counted]
         self.counters["misses"] += len(fresh)
@@ -598,26 +429,26 @@ class Cache:
     if not hits:
       return missing
     slots = [self.index[ids[r]][0] for _, r in hits]
-    together = self._read_slots(slots)
+    together = self.disk.read_slots(slots)
     if together is None:   # Some chunk is unreadable: read one by one to find which.
-      alone = [self._read_slots([slot]) for slot in slots]
+      alone = [self.disk.read_slots([slot]) for slot in slots]
       together = [None if a is None else (a[0][0], a[1][0]) for a in alone]
     else:
       together = list(zip(*together))
     good = []
     for j, (i, r) in enumerate(hits):
       one = together[j]
-      if one is None or self._crc(*one) != self.index[ids[r]][2]:
+      if one is None or self.disk.crc(*one) != self.index[ids[r]][2]:
         self.counters["damaged"] += 1
-        del self.index[ids[r]]
+        del self.disk.index[ids[r]]
         damaged.add(r)
         missing.append((i, r))
       else:
         good.append(j)
     self.counters["hits"] += len(good)
     if good:
-      batch = self._unpack(np.stack([together[j][0] for j in good]),
-                           np.stack([together[j][1] for j in good]))
+      batch = self.disk.unpack(np.stack([together[j][0] for j in good]),
+                               np.stack([together[j][1] for j in good]))
       at = [hits[j][0] for j in good]
       for k, v in batch.items():
         out[k][at] = v

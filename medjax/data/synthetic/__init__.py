@@ -8,7 +8,10 @@
 
 # The generator's API, loaded on first use: configs/default.py and the config check import
 # `config`, and a launcher that only checks a config must not pay for numpy and pydicom.
-_API = ("DISEASES", "IMAGES", "LABS", "VITALS", "VITALS_CHANNELS", "Cohort", "Model", "build_model", "canonical_image", "generate", "get_config", "log_posterior", "manifest_without_pixels", "posterior", "random_manifest", "sample_cohort", "write_cohort")
+_API = ("DISEASES", "IMAGES", "LABS", "VITALS", "VITALS_CHANNELS", "Cohort", "Model",
+        "build_model", "canonical_image", "generate", "get_config", "log_posterior",
+        "manifest_without_pixels", "posterior", "random_manifest", "sample_cohort",
+        "write_cohort")
 
 
 def __getattr__(name: str):

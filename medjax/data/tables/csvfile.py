@@ -1,4 +1,5 @@
-"""A CSV file read strictly: one physical line is one record (`load` -> header, rows, set-aside lines).
+"""A CSV file read strictly: one physical line is one record (`load` -> header, rows, set-aside
+lines).
 
 The first pass works on bytes and physical lines: it settles the encoding (UTF-8 with or without
 BOM, UTF-16 with BOM, else cp1252), the line endings (LF, CRLF, CR), the delimiter (`,` `;` tab
@@ -79,7 +80,7 @@ def _decode(path: str, raw: bytes) -> tuple[str, dict, set[int]]:
       text = raw.decode("utf-16")
     except UnicodeDecodeError:
       raise refuse(path, "the file starts with a UTF-16 byte order mark but is not valid "
-                    "UTF-16; save it as CSV (UTF-8)") from None
+                   "UTF-16; save it as CSV (UTF-8)") from None
     info.update(encoding="utf-16", bom=True)
     return _line_ends(text, info), info, set()
   if raw.startswith(b"\xef\xbb\xbf"):
@@ -133,7 +134,7 @@ def _split_lines(path: str, raw: bytes) -> Lines:
   source = os.path.basename(path)
   if not raw:
     raise refuse(path, "the file is empty; a table needs a header line naming its columns (or "
-                  "remove the file: every table is optional)")
+                 "remove the file: every table is optional)")
   text, info, undecodable = _decode(path, raw)
   lines = text.split("\n")
   if lines and lines[-1] == "":
@@ -141,11 +142,11 @@ def _split_lines(path: str, raw: bytes) -> Lines:
   h = next((i for i, line in enumerate(lines) if line.strip(" \t")), None)
   if h is None:
     raise refuse(path, "the file holds only blank lines; a table needs a header line naming "
-                  "its columns (or remove the file: every table is optional)")
+                 "its columns (or remove the file: every table is optional)")
   header_text = lines[h]
   if any(ord(ch) < 32 and ch != "\t" for ch in header_text):
     raise refuse(path, "not a text table (control or NUL bytes; binary data, or UTF-16 "
-                  "without a byte order mark?); export it as CSV (UTF-8)")
+                 "without a byte order mark?); export it as CSV (UTF-8)")
   counts = {d: _outside_quotes(header_text).count(d) for d in DELIMITERS}
   delimiter = max(DELIMITERS, key=lambda d: counts[d])   # ties: the earlier in DELIMITERS
   if counts[delimiter] == 0:
@@ -156,7 +157,7 @@ def _split_lines(path: str, raw: bytes) -> Lines:
                              skipinitialspace=True))
   except csv.Error:
     raise refuse(path, f"line {h + 1} (the header) has malformed quoting; fix the header "
-                  "line") from None
+                 "line") from None
   header = [unicodedata.normalize("NFC", name.strip()) for name in header]
 
   body = lines[h + 1:]
@@ -221,7 +222,7 @@ def find_column(lines: Lines, names: Sequence[str], what: str) -> int:
       return lower.index(name)
   # The header is not echoed: a file without one would show its first row (patient ids).
   raise refuse(lines.path, f"line {lines.header_line} is not a header with a {what} column "
-                f"(one of {list(names)}; {len(lines.header)} columns found); add a header line "
+               f"(one of {list(names)}; {len(lines.header)} columns found); add a header line "
                 "naming the columns")
 
 
@@ -233,7 +234,7 @@ def _check_header(lines: Lines) -> None:
     key = name.casefold()
     if key in seen:
       raise refuse(lines.path, f"column {name!r} appears twice in the header (columns "
-                    f"{seen[key] + 1} and {j + 1}, names compared ignoring case); remove or "
+                   f"{seen[key] + 1} and {j + 1}, names compared ignoring case); remove or "
                     "rename one")
     seen[key] = j
 
@@ -282,7 +283,7 @@ def _parse(lines: Lines, text_columns: Sequence[int]) -> Frame:
   problems = [Problem(lines.source, i + lines.first_line, reason) for i, reason in bad.items()]
   lines.info["malformed_lines"] = len(bad)
   return Frame(lines.source, lines.delimiter, list(lines.header), frame,
-                idx.astype(np.int64) + lines.first_line, problems)
+               idx.astype(np.int64) + lines.first_line, problems)
 
 
 def load(path: str, text_columns_of) -> tuple[Lines, Frame]:

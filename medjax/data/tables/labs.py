@@ -20,8 +20,8 @@ class Labs:
   values: np.ndarray
 
 
-def read_labs(path: str, analytes: Sequence[str], rename: dict[str, str], problems: values_lib.Problems,
-              ranges: dict[str, tuple[float, float]] | None = None,
+def read_labs(path: str, analytes: Sequence[str], rename: dict[str, str],
+              problems: values_lib.Problems, ranges: dict[str, tuple[float, float]] | None = None,
               fold_case: bool = False) -> Labs:
   """labs.csv, wide (one column per analyte) or long (`analyte`, `value` columns).
 
@@ -61,15 +61,16 @@ def read_labs(path: str, analytes: Sequence[str], rename: dict[str, str], proble
   index = {a: i for i, a in enumerate(analytes)}
   for j, name in zip(columns, names):
     if name not in index:
-      found.append(csvfile.Problem(source, lines.header_line, f"column {frame.columns[j]!r} not in "
-                           f"config.data.analytes ({len(analytes)} names); add it or map it with "
-                           "config.data.rename; its values are ignored", "column"))
+      found.append(csvfile.Problem(source, lines.header_line, f"column {frame.columns[j]!r} not "
+                                   f"in config.data.analytes ({len(analytes)} names); add it or "
+                                   "map it with config.data.rename; its values are ignored",
+                                   "column"))
   found += _unnamed(frame, lines)
   ids, id_set = values_lib.read_ids(frame, cols["pid"], fold_case, problems)
   empty = ids == ""
   for i in np.flatnonzero(empty):
-    found.append(csvfile.Problem(source, int(frame.lines[i]), f"empty {frame.columns[cols['pid']]!r}; the "
-                         "row is set aside"))
+    found.append(csvfile.Problem(source, int(frame.lines[i]),
+                                 f"empty {frame.columns[cols['pid']]!r}; the row is set aside"))
   kept = np.flatnonzero(~empty)
   kept = values_lib.first_rows(ids, kept, frame.lines, source, found)
   values = np.full((len(kept), len(analytes)), np.nan, np.float32)
@@ -104,8 +105,8 @@ def _unnamed(frame: csvfile.Frame, lines: csvfile.Lines) -> list[csvfile.Problem
     if not name:
       lines.info["unnamed_columns"] = lines.info.get("unnamed_columns", 0) + 1
       if (frame.frame[j].astype(str).str.strip() != "").any():
-        out.append(csvfile.Problem(frame.source, lines.header_line, f"column {j + 1} has no name in the "
-                           "header; its values are ignored", "column"))
+        out.append(csvfile.Problem(frame.source, lines.header_line, f"column {j + 1} has no "
+                                   "name in the header; its values are ignored", "column"))
   return out
 
 
@@ -113,28 +114,29 @@ def _read_labs_long(lines, frame, cols, analytes, rename, problems, ranges, fold
   source, found = frame.source, list(frame.problems)
   ids, id_set = values_lib.read_ids(frame, cols["pid"], fold_case, problems)
   names = values_lib.map_unique(frame.frame[cols["analyte"]].to_numpy(object),
-                      lambda s: rename.get(s.strip(), s.strip()))
+                                lambda s: rename.get(s.strip(), s.strip()))
   if not analytes:
     analytes = sorted(set(names[(ids != "") & (names != "")]))
   index = {a: i for i, a in enumerate(analytes)}
   empty = ids == ""
   for i in np.flatnonzero(empty):
-    found.append(csvfile.Problem(source, int(frame.lines[i]), f"empty {frame.columns[cols['pid']]!r}; the "
-                         "row is set aside"))
+    found.append(csvfile.Problem(source, int(frame.lines[i]),
+                                 f"empty {frame.columns[cols['pid']]!r}; the row is set aside"))
   column = np.array([index.get(n, -1) for n in names], np.int64)
   unknown = ~empty & (column < 0)
   for i in np.flatnonzero(unknown):
-    found.append(csvfile.Problem(source, int(frame.lines[i]), f"analyte {values_lib.shown(names[i], id_set)} not in "
-                         f"config.data.analytes ({len(analytes)} names); add it or map it with "
-                         "config.data.rename; the row is set aside"))
+    found.append(csvfile.Problem(
+        source, int(frame.lines[i]), f"analyte {values_lib.shown(names[i], id_set)} not in "
+        f"config.data.analytes ({len(analytes)} names); add it or map it with "
+        "config.data.rename; the row is set aside"))
   rows = np.flatnonzero(~empty & ~unknown)
   values = np.full(len(rows), np.nan)
   order = np.argsort(column[rows], kind="stable")
   bounds = np.flatnonzero(np.diff(column[rows][order])) + 1
   for sel in np.split(order, bounds) if len(rows) else []:
     name = analytes[column[rows[sel[0]]]]
-    v, probs, counts, _ = values_lib.read_values(frame, cols["value"], name, "analyte", ranges, id_set,
-                                       rows[sel])
+    v, probs, counts, _ = values_lib.read_values(frame, cols["value"], name, "analyte", ranges,
+                                                 id_set, rows[sel])
     values[sel] = v
     found += probs
     values_lib.count_values(lines.info, counts, name)
@@ -145,9 +147,10 @@ def _read_labs_long(lines, frame, cols, analytes, rename, problems, ranges, fold
   dup = pd.Series(keys).duplicated(keep="first").to_numpy()
   first = values_lib.first_lines(keys, frame.lines[rows], np.flatnonzero(dup))
   for i, line in zip(rows[dup], first):
-    found.append(csvfile.Problem(source, int(frame.lines[i]), f"duplicate value for analyte "
-                         f"{values_lib.shown(names[i], id_set)} (line {line} has it for this patient); "
-                         "the row is set aside"))
+    found.append(csvfile.Problem(
+        source, int(frame.lines[i]), f"duplicate value for analyte "
+        f"{values_lib.shown(names[i], id_set)} (line {line} has it for this patient); the row is "
+        "set aside"))
   out = np.full((len(patients), len(analytes)), np.nan, np.float32)
   out[codes[~dup], column[rows[~dup]]] = values[~dup]
   problems.files[source] = lines.info

@@ -61,8 +61,9 @@ class Problems:
     found = sorted(found, key=lambda p: p.line)
     if found and self.on_error == "raise":
       p = found[0]
-      raise csvfile.TableError(f"{p.source}:{p.line}: {p.reason} (set config.data.on_error='quarantine' "
-                       "to set such rows and values aside and go on)")
+      raise csvfile.TableError(f"{p.source}:{p.line}: {p.reason} (set "
+                               "config.data.on_error='quarantine' to set such rows and values "
+                               "aside and go on)")
     self.items.extend(found)
 
 
@@ -146,7 +147,8 @@ def numbers(col: pd.Series, decimal_comma: bool) -> tuple[np.ndarray, np.ndarray
 
 
 def _value_problems(source: str, label: str, name: str, kinds: np.ndarray, lines: np.ndarray,
-                    cells, ids: set[str], bounds=None) -> tuple[list[csvfile.Problem], dict[str, int]]:
+                    cells, ids: set[str],
+                    bounds=None) -> tuple[list[csvfile.Problem], dict[str, int]]:
   """One 'values' problem per kind of bad value in a column, and the counts per kind."""
   out, counts = [], {}
   for kind, key in _VALUE_KINDS.items():
@@ -166,13 +168,14 @@ def _value_problems(source: str, label: str, name: str, kinds: np.ndarray, lines
     more = (f" ({len(rows)} such values in this {label}, first on lines "
             f"{', '.join(str(int(x)) for x in lines[rows[:5]])})" if len(rows) > 1 else "")
     shown_lines = tuple(int(x) for x in lines[rows[:SHOWN_LINES]])
-    out.append(csvfile.Problem(source, int(lines[first]), f"{label} {name!r}: {what}; set to missing{more}",
-                       "values", len(rows), shown_lines))
+    out.append(csvfile.Problem(source, int(lines[first]),
+                               f"{label} {name!r}: {what}; set to missing{more}", "values",
+                               len(rows), shown_lines))
   return out, counts
 
 
 def read_values(frame: csvfile.Frame, column: int, name: str, label: str, ranges, ids: set[str],
-                 rows=None):
+                rows=None):
   """A numeric column's values (NaN where missing or bad) and its problems and counts."""
   col = frame.frame[column] if rows is None else frame.frame[column].iloc[rows]
   lines = frame.lines if rows is None else frame.lines[rows]
@@ -190,7 +193,7 @@ def read_values(frame: csvfile.Frame, column: int, name: str, label: str, ranges
 
 
 def read_ids(frame: csvfile.Frame, column: int, fold_case: bool,
-         problems: Problems) -> tuple[np.ndarray, set[str]]:
+             problems: Problems) -> tuple[np.ndarray, set[str]]:
   """Normalised ids of a column; their spellings join `problems.known_ids` (for `shown`)."""
   ids = normalize_ids(frame.frame[column].to_numpy(object), fold_case)
   problems.known_ids.update(str(x).casefold() for x in pd.unique(ids))
@@ -198,13 +201,13 @@ def read_ids(frame: csvfile.Frame, column: int, fold_case: bool,
 
 
 def first_rows(ids: np.ndarray, kept: np.ndarray, lines: np.ndarray, source: str,
-                found: list) -> np.ndarray:
+               found: list) -> np.ndarray:
   """`kept` without later rows of a patient already kept; each such row is a csvfile.Problem."""
   dup = pd.Series(ids[kept], dtype=object).duplicated(keep="first").to_numpy()
   first = first_lines(ids[kept], lines[kept], np.flatnonzero(dup))
   for i, line in zip(kept[dup], first):
     found.append(csvfile.Problem(source, int(lines[i]), f"duplicate patient row (line {line} has "
-                         "this patient); the row is set aside"))
+                                 "this patient); the row is set aside"))
   return kept[~dup]
 
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 import os
 
-from experiments import bad_inputs_lib as lib
-from experiments.bad_inputs_lib import CLEAR, DEBUG_TRACEBACK, case
+from tests.acceptance import lib
+from tests.acceptance.lib import CLEAR, DEBUG_TRACEBACK, case
 
 FAST_S = 2.0   # a config error is answered this soon after launch
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 import re
 
-from experiments import bad_inputs_lib as lib
-from experiments.bad_inputs_lib import Run
+from tests.acceptance import lib
+from tests.acceptance.lib import Run
 
 CRASH_LOOP = 5                # more coordinator restarts (or generations) than this
 RSS_LIMIT = 4 << 30           # the runner's watchdog kills a run whose process tree holds more
@@ -291,7 +291,7 @@ def markdown(records: list[dict], summary: list[dict], meta: dict) -> str:
          + (f" + {len(meta['uncommitted'])} uncommitted files" if meta.get("uncommitted") else "")
          + f"): {len(records)} cases in {meta['seconds']:.0f} s on {meta['cpus']} CPU cores "
          f"({meta['failed']} not as expected). Each case runs `python launch.py ...` as a "
-         "subprocess; rules in `experiments/bad_inputs.py`.", "",
+         "subprocess; rules in `tests/acceptance/bad_inputs.py`.", "",
          "## Summary", "",
          "| class | " + " | ".join(c for c, _ in SUMMARY_COLUMNS) + " |",
          "|---|" + "---:|" * len(SUMMARY_COLUMNS)]

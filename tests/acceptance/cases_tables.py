@@ -1,6 +1,6 @@
 """Bad-input cases of the clinical tables and of PHI (see bad_inputs.py).
 
-Every case writes the base cohort (`bad_inputs_lib.cohort`: 10 patients with labels, labs,
+Every case writes the base cohort (`lib.cohort`: 10 patients with labels, labs,
 vitals, 2 of them with a DICOM image), breaks one thing, and ingests it with
 `launch.py --config=configs/quickstart.py:tiny --config.mode=ingest` (scan, tables, manifest,
 placement and the decoded cache, so decode-stage problems show).
@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 import random
 
-from experiments import bad_inputs_lib as lib
-from experiments.bad_inputs_lib import (ACCEPTED, CLEAR, IDS, QUARANTINED, Quarantined, case,
+from tests.acceptance import lib
+from tests.acceptance.lib import (ACCEPTED, CLEAR, IDS, QUARANTINED, Quarantined, case,
                                         labels_rows, labs_rows, table, vitals_rows)
 
 LH, LABS_H, VH = lib.LABELS_HEADER, lib.LABS_HEADER, lib.VITALS_HEADER

@@ -1,12 +1,12 @@
 """Issue 11's "Show" table: every class of bad input, tried as a new user would, with its outcome.
 
-  python -m experiments.bad_inputs [--quick] [--only CLASS] [--results DIR] [--keep]
+  python -m tests.acceptance.bad_inputs [--quick] [--only CLASS] [--results DIR] [--keep]
 
-Each case (bad_inputs_config.py, bad_inputs_tables.py (tables and PHI), bad_inputs_dicom.py,
-bad_inputs_state.py (damaged run state and the network), beside this file) writes one malformed,
-hostile or damaged input; this runner runs the real command line (`python launch.py ...`, a
-subprocess with a timeout, an RSS watchdog and, for ingest runs, an address-space limit) and
-bad_inputs_judge.py judges the outcome by these rules:
+(from the repository root). Each case (cases_config.py, cases_tables.py (tables and PHI),
+cases_dicom.py, cases_state.py (damaged run state and the network), beside this file) writes one
+malformed, hostile or damaged input; this runner runs the real command line (`python launch.py
+...`, a subprocess with a timeout, an RSS watchdog and, for ingest runs, an address-space limit)
+and judge.py judges the outcome by these rules:
 
 - clear error: exit 2, stderr's last non-empty line starts with `error: `, no `Traceback`
   anywhere in stdout/stderr (one case passes --debug on purpose and must get the traceback);
@@ -49,13 +49,13 @@ import time
 import psutil
 
 # The case modules register their cases on import.
-from experiments import bad_inputs_config  # pylint: disable=unused-import
-from experiments import bad_inputs_dicom  # pylint: disable=unused-import
-from experiments import bad_inputs_judge as judging
-from experiments import bad_inputs_lib as lib
-from experiments import bad_inputs_state  # pylint: disable=unused-import
-from experiments import bad_inputs_tables  # pylint: disable=unused-import
-from experiments.bad_inputs_lib import Run
+from tests.acceptance import cases_config  # pylint: disable=unused-import
+from tests.acceptance import cases_dicom  # pylint: disable=unused-import
+from tests.acceptance import cases_state  # pylint: disable=unused-import
+from tests.acceptance import cases_tables  # pylint: disable=unused-import
+from tests.acceptance import judge as judging
+from tests.acceptance import lib
+from tests.acceptance.lib import Run
 
 RESULTS = os.path.join(lib.ROOT, "experiments", "results")
 LEFTOVER_GRACE_S = 5.0        # a run's processes must be gone this soon after it exits
@@ -251,7 +251,7 @@ def main(argv=None) -> int:
   seconds = time.monotonic() - t0
   summary = judging.summarise(records)
   failed = sum(not r["ok"] for r in records)
-  meta = {"command": "python -m experiments.bad_inputs" + (" --quick" if args.quick else "")
+  meta = {"command": "python -m tests.acceptance.bad_inputs" + (" --quick" if args.quick else "")
           + (f" --only {args.only}" if args.only else "")
           + (f" --name {args.name}" if args.name else ""),
           "date": time.strftime("%Y-%m-%d %H:%M"), "seconds": round(seconds, 1),

@@ -20,8 +20,8 @@ import time
 
 import psutil
 
-from experiments import bad_inputs_lib as lib
-from experiments.bad_inputs_lib import ACCEPTED, CLEAR, RECOVERED, case
+from tests.acceptance import lib
+from tests.acceptance.lib import ACCEPTED, CLEAR, RECOVERED, case
 
 
 # -- damaged run state --------------------------------------------------------------------------

@@ -2,9 +2,9 @@
 
 A case is a function `fn(ctx) -> Plan` registered with `@case(cls, name, expect)`: it writes
 its malformed input under `ctx.dir`, and says how to run launch.py and what the run must show.
-`experiments/bad_inputs.py` runs the plans, `bad_inputs_judge.py` judges the runs (`Run`, here
-because the cases' own checks read it too); the case modules (`bad_inputs_config.py`,
-`bad_inputs_tables.py`, `bad_inputs_dicom.py`, `bad_inputs_state.py`) only build inputs.
+`tests/acceptance/bad_inputs.py` runs the plans, `judge.py` judges the runs (`Run`, here because
+the cases' own checks read it too); the case modules (`cases_config.py`, `cases_tables.py`,
+`cases_dicom.py`, `cases_state.py`) only build inputs.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import os
 import shlex
 from typing import Callable
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = "--config=configs/quickstart.py:tiny"
 
 # Outcomes. The first five are what a case may expect; the rest are failures of medjax.
@@ -45,7 +45,7 @@ class Quarantined:
   stage: str | None = None
 
 
-# A check gets the finished run (bad_inputs.Run) and returns (ok, detail).
+# A check gets the finished run (lib.Run) and returns (ok, detail).
 Check = Callable[["object"], "tuple[bool, str]"]
 
 

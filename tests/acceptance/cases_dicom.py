@@ -1,6 +1,6 @@
 """Bad-input cases of DICOM files (see bad_inputs.py).
 
-Every case writes the base cohort (`bad_inputs_lib.cohort`: 10 patients with labels, labs,
+Every case writes the base cohort (`lib.cohort`: 10 patients with labels, labs,
 vitals, 2 of them with a DICOM image), breaks one thing, and ingests it with
 `launch.py --config=configs/quickstart.py:tiny --config.mode=ingest` (scan, tables, manifest,
 placement and the decoded cache, so decode-stage problems show).
@@ -14,8 +14,8 @@ import struct
 
 import numpy as np
 
-from experiments import bad_inputs_lib as lib
-from experiments.bad_inputs_lib import ACCEPTED, CLEAR, IDS, QUARANTINED, Quarantined, case
+from tests.acceptance import lib
+from tests.acceptance.lib import ACCEPTED, CLEAR, IDS, QUARANTINED, Quarantined, case
 
 # -- DICOM --------------------------------------------------------------------------------------
 

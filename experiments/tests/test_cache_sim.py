@@ -1,6 +1,5 @@
 """experiments/cache_sim.py at tiny scale: its figures, and its ring shortcut against placement."""
 
-import importlib.util
 import json
 import math
 import os
@@ -8,12 +7,8 @@ import os
 import numpy as np
 import pytest
 
+from experiments import cache_sim
 from medjax.data.cache import placement as placement_lib
-
-_PATH = os.path.join(os.path.dirname(__file__), "..", "experiments", "cache_sim.py")
-_spec = importlib.util.spec_from_file_location("cache_sim", _PATH)
-cache_sim = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(cache_sim)
 
 HOSTS, TRIALS, RECORDS, SEED = 32, 5, 4000, 0
 

@@ -1,4 +1,4 @@
-"""The bad-input battery (experiments/bad_inputs.py) stays runnable: its --quick subset, a few
+"""The bad-input battery (tests/acceptance/bad_inputs.py) stays runnable: its --quick subset, a few
 cases of each class run through the real command line, every one with its expected outcome."""
 
 import json
@@ -6,16 +6,16 @@ import os
 import subprocess
 import sys
 
-from experiments import bad_inputs_judge as judge
-from experiments import bad_inputs_lib as lib
+from tests.acceptance import judge
+from tests.acceptance import lib
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def test_quick_battery_passes(tmp_path):
   env = dict(os.environ)
   env.pop("XLA_FLAGS", None)   # the runs are a user's, not this process's fake devices
-  done = subprocess.run([sys.executable, "-m", "experiments.bad_inputs", "--quick",
+  done = subprocess.run([sys.executable, "-m", "tests.acceptance.bad_inputs", "--quick",
                          f"--results={tmp_path}", f"--scratch={tmp_path / 'scratch'}"],
                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
                         check=False)

@@ -1,0 +1,233 @@
+"""One host's cache directory on its local disk: what the decoded records are stored in.
+
+  spec.json    the shapes the cache was built for (another config rebuilds it)
+  images/      zarr, float16 [slots, M, S, S], one chunk per record
+  tab/         zarr, float32 [slots, everything else packed], one chunk per record
+  index.json   record id -> [slot, fingerprint, crc32]; slot `TABLES` (-1): built from the tables
+
+The cache's writer process writes it; its other processes open it read-only and follow what the
+writer adds (`follow_writer`). `medjax.data.cache.store` decides what goes in and reads it back.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import threading
+import zlib
+
+import numpy as np
+import tensorstore as ts
+
+from medjax.data import records
+
+FORMAT_VERSION = 1
+TABLES = -1        # the slot of a record without images: built from the tables, not stored
+_COMPRESSOR = {"id": "blosc", "cname": "lz4", "clevel": 1, "shuffle": 2}
+
+
+def read_json(path: str, kind: type):
+  """A cache metadata file's value, or None when it is absent or damaged (with a warning): a
+  cache is rebuilt from the cohort, never trusted when its own records of itself are garbled."""
+  if not os.path.exists(path):
+    return None
+  try:
+    with open(path, "rb") as f:
+      value = json.loads(f.read())
+  except (OSError, ValueError) as e:
+    logging.warning("cache: %s is damaged (%s); rebuilding from the cohort", path,
+                    type(e).__name__)
+    return None
+  return value if isinstance(value, kind) else None
+
+
+def write_json(path: str, value) -> None:
+  """Writes `value` as JSON so that readers see the old file or the new one, never half of one."""
+  with open(path + ".tmp", "w") as f:
+    json.dump(value, f)
+  os.replace(path + ".tmp", path)
+
+
+class Disk:
+  """The directory's arrays and index, opened (a mismatching or damaged one rebuilt).
+
+  Args:
+    path: the node-local directory (created if missing).
+    shapes: record shapes (`records.shapes_for`).
+    read_only: never write (a process that is not the host's cache writer).
+    memory_mb: TensorStore's memory for recently read chunks.
+    lock: the caller's lock, held around `index` changes, `reserve_slots` and `follow_writer`;
+      `save_index` takes it itself to snapshot the index.
+  """
+
+  def __init__(self, path: str, shapes: records.Shapes, *, read_only: bool, memory_mb: int,
+               lock: threading.Condition):
+    self.path, self.shapes, self.read_only, self._lock = path, shapes, read_only, lock
+    self._shapes = shapes.record_shapes()
+    self._tab_sizes = [int(np.prod(self._shapes[k])) for k in records.KEYS if k != "images"]
+    self._index_io = threading.Lock()     # orders index.json writes (snapshots taken locked)
+    self._index_version = self._index_written = 0
+    self._index_mtime = None
+    # Decoded chunks stay in memory (TensorStore's cache pool), revalidated against the file.
+    self._memory = {"context": {"cache_pool": {"total_bytes_limit": int(memory_mb) << 20}},
+                    "recheck_cached_data": True}
+    os.makedirs(path, exist_ok=True)
+    self.index: dict[str, list] = {}
+    self._open()
+
+  @property
+  def record_shapes(self) -> dict[str, tuple]:
+    return self._shapes
+
+  @property
+  def capacity(self) -> int:
+    return self.images.shape[0]
+
+  def _spec(self) -> dict:
+    return {"version": FORMAT_VERSION, **self.shapes.as_dict()}
+
+  def _open(self) -> None:
+    spec_path = os.path.join(self.path, "spec.json")
+    spec = read_json(spec_path, dict)
+    if spec != self._spec():
+      if spec is not None:
+        logging.warning("cache %s: built for %s, config wants %s; rebuilding it", self.path, spec,
+                        self._spec())
+      if self.read_only:
+        raise RuntimeError(f"cache {self.path} does not match the config and this process may not "
+                           "rebuild it; start the host's cache writer first")
+      for name in ("images", "tab", "index.json"):
+        target = os.path.join(self.path, name)
+        if os.path.isdir(target):
+          shutil.rmtree(target)
+        elif os.path.exists(target):
+          os.remove(target)
+      with open(spec_path, "w") as f:
+        json.dump(self._spec(), f)
+    index_path = os.path.join(self.path, "index.json")
+    self.index: dict[str, list] = read_json(index_path, dict) or {}
+    if not all(isinstance(e, list) and len(e) == 3 and isinstance(e[0], int)
+               for e in self.index.values()):
+      logging.warning("cache %s: index.json holds malformed entries; starting an empty index "
+                      "(records are decoded again)", self.path)
+      self.index = {}
+    if os.path.exists(index_path):
+      self._index_mtime = os.stat(index_path).st_mtime_ns
+    capacity = max([s for s, _, _ in self.index.values()], default=-1) + 1
+    capacity = max(capacity, 64)
+    s, m = self.shapes.image_size, self.shapes.max_images
+    self.images = self._array("images", ts.float16, [capacity, m, s, s])
+    self.tab = self._array("tab", ts.float32, [capacity, sum(self._tab_sizes)])
+
+  def _array(self, name: str, dtype, shape: list[int]):
+    """Opens the array as it is on disk (it may have grown), or creates it with `shape`."""
+    kvstore = {"driver": "file", "path": os.path.join(self.path, name)}
+    if os.path.exists(os.path.join(self.path, name, ".zarray")):
+      try:
+        array = ts.open({"driver": "zarr", "kvstore": kvstore, **self._memory}, open=True,
+                        dtype=dtype).result()
+      except ValueError as e:   # damaged metadata: a cache can always be built again
+        logging.warning("cache %s: the %r array cannot be opened (%s); building it again",
+                        self.path, name, " ".join(str(e).split())[:200])
+        array = None
+      if array is not None and list(array.shape[1:]) == list(shape[1:]):
+        return array
+    if self.read_only:
+      raise RuntimeError(f"cache {self.path}: no usable {name!r} array and this process may not "
+                         "create it; the host's first process fills the cache")
+    return ts.open({"driver": "zarr", "kvstore": kvstore, "metadata": {"compressor": _COMPRESSOR},
+                    **self._memory},
+                   create=True, delete_existing=True, dtype=dtype, shape=shape,
+                   chunk_layout=ts.ChunkLayout(read_chunk_shape=[1, *shape[1:]])).result()
+
+  def save_index(self) -> None:
+    """Writes index.json from a snapshot taken under the lock; a newer snapshot written by
+    another thread meanwhile is never overwritten by an older one."""
+    if self.read_only:
+      return
+    with self._lock:
+      self._index_version += 1
+      version, snapshot = self._index_version, dict(self.index)
+    with self._index_io:
+      if version <= self._index_written:
+        return
+      path = os.path.join(self.path, "index.json")
+      write_json(path, snapshot)
+      self._index_written = version
+      self._index_mtime = os.stat(path).st_mtime_ns
+
+  def follow_writer(self) -> None:
+    """Read-only: picks up what the writer process added since (index and grown arrays)."""
+    index_path = os.path.join(self.path, "index.json")
+    try:
+      mtime = os.stat(index_path).st_mtime_ns
+    except FileNotFoundError:
+      return
+    if mtime == self._index_mtime:
+      return
+    with open(index_path) as f:
+      index = json.load(f)
+    self._index_mtime = mtime
+    capacity = max([slot for slot, _, _ in index.values()], default=-1) + 1
+    if capacity > self.images.shape[0]:
+      self.images = self._array("images", ts.float16, list(self.images.shape))
+      self.tab = self._array("tab", ts.float32, list(self.tab.shape))
+    self.index = {rid: e for rid, e in index.items() if e[0] < self.images.shape[0]}
+
+  # -- packing ---------------------------------------------------------------------------------
+
+  def pack(self, rec: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    tab = np.concatenate([rec[k].astype(np.float32).ravel() for k in records.KEYS
+                          if k != "images"])
+    return rec["images"].astype(np.float16), tab
+
+  def unpack(self, images: np.ndarray, tab: np.ndarray) -> dict[str, np.ndarray]:
+    """One record's arrays from its packed form, or a batch's (leading batch axis on both)."""
+    lead = tab.shape[:-1]
+    out = {"images": images.astype(np.float32)}
+    offset = 0
+    for k, size in zip([k for k in records.KEYS if k != "images"], self._tab_sizes):
+      value = tab[..., offset:offset + size].reshape(*lead, *self._shapes[k])
+      out[k] = value > 0.5 if k.endswith("mask") else value
+      offset += size
+    return out
+
+  @staticmethod
+  def crc(images: np.ndarray, tab: np.ndarray) -> int:
+    return zlib.crc32(tab.tobytes(), zlib.crc32(images.tobytes()))
+
+  def reserve_slots(self, n: int, reserved: set[int]) -> list[int]:
+    """`n` slots no entry uses and not in `reserved` (another writer's), growing the arrays
+    (lock held)."""
+    used = {slot for slot, _, _ in self.index.values()} | reserved
+    free = [s for s in range(self.images.shape[0]) if s not in used][:n]
+    if len(free) < n:
+      capacity = self.images.shape[0]
+      new_capacity = max(int(capacity * 1.5), capacity + n - len(free))
+      self.images = self.images.resize(
+          exclusive_max=[new_capacity, *self.images.shape[1:]], expand_only=True).result()
+      self.tab = self.tab.resize(
+          exclusive_max=[new_capacity, *self.tab.shape[1:]], expand_only=True).result()
+      free += list(range(capacity, capacity + n - len(free)))
+    return free
+
+  def read_slots(self, slots: list[int]) -> tuple[np.ndarray, np.ndarray] | None:
+    try:
+      images = self.images.oindex[np.asarray(slots)].read().result()
+      tab = self.tab.oindex[np.asarray(slots)].read().result()
+    except Exception:  # pylint: disable=broad-except  (a damaged chunk: isolate it below)
+      return None
+    return images, tab
+
+  def write_slots(self, slots: list[int], images: np.ndarray, tab: np.ndarray) -> None:
+    """Writes packed records into `slots` (reserved), outside the lock: both arrays' chunks in
+    one transaction, committed together before the index names them."""
+    with self._lock:
+      images_array, tab_array = self.images, self.tab
+    with ts.Transaction() as txn:
+      writes = [images_array.with_transaction(txn)[slots].write(images),
+                tab_array.with_transaction(txn)[slots].write(tab)]
+      for w in writes:
+        w.result()

@@ -1,0 +1,139 @@
+"""The ingest's summary (summary.json under ingest/) and the table a user reads after an ingest."""
+
+from __future__ import annotations
+
+import collections
+import re
+
+import numpy as np
+
+from medjax.data import manifest as manifest_lib
+
+
+def summarize(manifest, quarantine, files_seen: int, scan_s: float, vitals_late: int) -> dict:
+  """Counts for the ingest report: patients, modality groups, missingness, classes, quarantine."""
+  mask = manifest.modality_mask
+  groups = collections.Counter(manifest_lib.group_name(m) for m in mask)
+  n = max(len(manifest), 1)
+  reasons = collections.Counter(_reason_key(q) for q in quarantine)
+  return {
+      "patients": len(manifest),
+      "splits": {s: int(np.sum(manifest.split == s)) for s in manifest_lib.SPLITS},
+      "groups": {g: groups.get(g, 0) for g in manifest_lib.group_names()},
+      "missing": {"images": round(float(np.mean(~mask[:, 0])) if len(manifest) else 0, 4),
+                  "labs": round(float(np.mean(~mask[:, 1])) if len(manifest) else 0, 4),
+                  "vitals": round(float(np.mean(~mask[:, 2])) if len(manifest) else 0, 4)},
+      "images": int(manifest.num_images.sum()),
+      "images_per_patient_with_images": round(
+          float(manifest.num_images[mask[:, 0]].mean()) if mask[:, 0].any() else 0.0, 3),
+      "classes": {c: int(np.sum(manifest.labels == i))
+                  for i, c in enumerate(manifest.class_names)},
+      "dicom_files": files_seen,
+      "scan_files_per_s": round(files_seen / scan_s, 1) if scan_s > 0 else None,
+      "quarantined": len(quarantine),
+      "quarantine_reasons": dict(reasons.most_common()),
+      "vitals_rows_past_last_step": vitals_late,
+      "records_per_group_fraction": {g: round(c / n, 4) for g, c in groups.items()},
+  }
+
+
+def format_summary(summary: dict) -> str:
+  """The ingest summary as a plain-text table for the terminal and logs."""
+  lines = [f"patients {summary['patients']}  (train {summary['splits']['train']}, "
+           f"val {summary['splits']['val']}, test {summary['splits']['test']})",
+           f"DICOM files {summary['dicom_files']}, images {summary['images']}, "
+           f"quarantined {summary['quarantined']}",
+           "modality group   patients",
+           *[f"  {g:<14} {c:>8}" for g, c in summary["groups"].items()],
+           "missing          fraction",
+           *[f"  {m:<14} {v:>8.3f}" for m, v in summary["missing"].items()]]
+  if summary["classes"]:
+    lines.append(_class_line(summary["classes"]))
+  lines += _table_lines(summary.get("tables", {}))
+  if summary["quarantine_reasons"]:
+    lines.append("quarantine reasons")
+    lines += [f"  {k:>5}  {r}" for r, k in summary["quarantine_reasons"].items()]
+  return "\n".join(lines)
+
+
+def _reason_key(entry: dict) -> str:
+  """A quarantine reason without its particulars (line numbers, values), to count by kind."""
+  if entry.get("set_aside") == "values":
+    return "values set to missing"
+  head = re.sub(r"\([^)]*\)", "", entry["reason"].split(":")[0].split(";")[0])
+  head = re.sub(r"\d+", "N", re.sub(r"'[^']*'", "'...'", head))
+  return " ".join(head.split())[:60]
+
+
+def _class_line(classes: dict[str, int], spelled_out: int = 8) -> str:
+  """All classes with counts and shares when few; else the three largest and three smallest."""
+  ranked = sorted(classes.items(), key=lambda kv: (-kv[1], kv[0]))
+  total = max(sum(classes.values()), 1)
+
+  def show(items):
+    return ", ".join(f"{c} {k} ({100 * k / total:.1f}%)" for c, k in items)
+
+  if len(ranked) <= spelled_out:
+    return f"classes {len(ranked)}: {show(ranked)}"
+  return (f"classes {len(ranked)}: largest {show(ranked[:3])}; smallest "
+          f"{show(ranked[-3:][::-1])}")
+
+
+def tables_summary(problems, quarantine, id_counts: dict, case_only: int, fold: bool) -> dict:
+  """summary['tables']: per file its format and row counts, values set aside, id linkage."""
+  out: dict = {}
+  set_aside = collections.Counter(q["path"] for q in quarantine
+                                  if q.get("stage") == "tables" and q.get("set_aside") == "row")
+  values: dict[str, dict[str, int]] = {k: {} for k in ("out_of_range", "not_a_number",
+                                                       "non_finite")}
+  for name, info in problems.files.items():
+    entry = {k: v for k, v in info.items() if k != "values"}
+    entry["rows_quarantined"] = set_aside.get(name, 0)
+    entry["values_set_missing"] = {kind: dict(cols) for kind, cols in
+                                   info.get("values", {}).items()}
+    for kind, cols in info.get("values", {}).items():
+      for col, k in cols.items():
+        values[kind][col] = values[kind].get(col, 0) + k
+    out[name] = entry
+  for kind, cols in values.items():
+    out[f"values_{kind}"] = cols
+  out["ids_case_only_mismatch"] = case_only
+  out["ids_case_insensitive"] = fold
+  out["ids"] = id_counts
+  return out
+
+
+def _table_lines(tables_summary: dict) -> list[str]:
+  """format_summary's lines about the tables: only what is not the default or not zero."""
+  lines = []
+  for name, info in tables_summary.items():
+    if not name.endswith(".csv"):
+      continue
+    notes = []
+    if info.get("encoding") not in ("utf-8", None):
+      notes.append(f"read as {info['encoding']} (not UTF-8)")
+    if info.get("delimiter", ",") != ",":
+      notes.append(f"delimiter {info['delimiter']!r}")
+    if info.get("decimal_commas"):
+      notes.append(f"{info['decimal_commas']} decimal commas read")
+    if info.get("rows_quarantined"):
+      notes.append(f"{info['rows_quarantined']} of {info.get('rows', 0)} rows set aside")
+    if info.get("rows_past_last_step"):
+      notes.append(f"{info['rows_past_last_step']} rows past the last step")
+    if notes:
+      lines.append(f"{name}: " + ", ".join(notes))
+  kinds = [("out_of_range", "out of range"), ("not_a_number", "not a number"),
+           ("non_finite", "not finite")]
+  parts = [f"{text} " + ", ".join(f"{c} {k}" for c, k in tables_summary[f"values_{kind}"].items())
+           for kind, text in kinds if tables_summary.get(f"values_{kind}")]
+  if parts:
+    lines.append("values set to missing: " + "; ".join(parts))
+  if tables_summary.get("ids_case_only_mismatch"):
+    lines.append(f"ids differing only by letter case: {tables_summary['ids_case_only_mismatch']} "
+                 "(kept apart; set config.data.ids_case_insensitive=True if they are the same "
+                 "patients)")
+  ids = tables_summary.get("ids", {})
+  if ids.get("labels_without_data") or ids.get("data_without_label"):
+    lines.append(f"labels without data {ids.get('labels_without_data', 0)}, patients with data "
+                 f"but no label {ids.get('data_without_label', 0)}")
+  return lines

@@ -1,0 +1,138 @@
+"""What the coordinator knows of a run: its status, hosts, workers and failures (`State`), what
+survives a coordinator's restart (`State.to_json`), and the worker exit codes it reads.
+
+Plain data, no decisions: `medjax.fault.policy` decides over it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+
+# A worker's exit codes (besides 0, success, and -N, killed by signal N); `medjax.fault.worker`
+# exits with them and the policy reads them, so they live here, where no jax is imported.
+# EXIT_INPUT (bad input or damaged state, medjax.errors) is not a failure that a restart cures:
+# the coordinator stops the run with the worker's error line.
+EXIT_ERROR, EXIT_INPUT, EXIT_STOPPED, EXIT_PREEMPTED, EXIT_OOM = 1, 2, 10, 11, 12
+
+
+EXIT_KINDS = {-9: "crash", -15: "sigterm", -19: "hang", -6: "crash", EXIT_ERROR: "error",
+              EXIT_INPUT: "input", EXIT_PREEMPTED: "preemption", EXIT_OOM: "oom",
+              EXIT_STOPPED: "stopped", 0: "exit"}
+
+
+class Status(enum.Enum):
+  """The coordinator's state; the values are what the Status RPC and the lineage store carry."""
+  WAITING = "waiting"        # no generation runs; start one once enough hosts are alive
+  RUNNING = "running"        # a generation trains; watch for exits, hangs and lost hosts
+  STOPPING = "stopping"      # a failure stops the generation; wait until its workers are gone
+  BACKOFF = "backoff"        # wait before the next generation (longer after each failure)
+  RECOVERING = "recovering"  # restarted mid-generation: do the agents still run it?
+  DONE = "done"
+  FAILED = "failed"
+
+
+@dataclasses.dataclass
+class Failure:
+  """One failure, as the summary and events.jsonl report it."""
+  kind: str                   # an EXIT_KINDS value, 'hang' or 'host_lost'
+  worker: int | str           # a process id, or a host name for a lost host
+  host: str | None
+  generation: int
+  step: int                   # the worker's last reported step, else the last committed one
+  committed_step: int
+  detected_s: float           # from the fault (its marker, else the last heartbeat) to detection
+  t_detect: float
+  fault: str | None = None    # the fault marker it was matched to
+  recovered_s: float | None = None  # from detection to the next generation's first step
+  observed: str | None = None  # the symptom, when a lost host turned out to be the cause
+  reason: str = ""            # the worker's one-line error, when it left one
+
+
+@dataclasses.dataclass
+class Worker:
+  """A worker process of the current generation, from its heartbeats and its agent's reports."""
+  process_id: int
+  exit_code: int | None = None
+  phase: str | None = None
+  step: int | None = None
+  epoch: int | None = None
+  partition: int | None = None
+  counter: int = -1
+  last_seen: float | None = None
+  last_progress: float | None = None
+  gap_s: float | None = None   # its longest recent gap between finished steps while training
+  gaps: int = 0                # how many gaps that is over
+  gap_steps: int = 0           # how many finished steps those gaps spanned (the warm-up)
+  beat_s: float = 0.0          # its heartbeat interval
+  beat_gap_s: float | None = None  # its longest recent gap between heartbeats while training
+
+
+@dataclasses.dataclass
+class Agent:
+  """A host's agent, from its registration and heartbeats."""
+  host: str
+  last_seen: float
+  agent_id: str | None = None
+  address: str = "127.0.0.1"
+  free_port: int | None = None
+  generation: int = -1
+  workers: list[dict] = dataclasses.field(default_factory=list)
+
+  def running(self) -> bool:
+    return any(w.get("running") for w in self.workers)
+
+
+_PERSISTED = ("status", "generation", "history", "failures", "gen_stats", "strikes",
+              "commits_at_failure", "spec")
+
+
+@dataclasses.dataclass
+class State:
+  """The coordinator's state. `to_json` holds what survives a restart; the rest (agents, workers,
+  timers) is rebuilt from the agents' and workers' next reports."""
+  status: Status = Status.WAITING
+  generation: int = 0
+  history: list[list[str]] = dataclasses.field(default_factory=list)  # each generation's hosts
+  failures: list[Failure] = dataclasses.field(default_factory=list)
+  gen_stats: dict[str, dict] = dataclasses.field(default_factory=dict)  # by str(generation)
+  strikes: int = 0                # failures in a row without a new committed step
+  commits_at_failure: int = -1    # the last committed step at the latest failure
+  spec: dict | None = None        # the current generation's spec
+  last_commit: int = 0            # the newest committed step (from the lineage store)
+  error: str = ""
+  agents: dict[str, Agent] = dataclasses.field(default_factory=dict)
+  workers: dict[int, Worker] = dataclasses.field(default_factory=dict)
+  dismissed: set[str] = dataclasses.field(default_factory=set)  # agents told the run is over
+  stop_started: float = 0.0
+  stop_deadline: float = 0.0
+  backoff_until: float = 0.0
+  waiting_since: float = 0.0
+  recover_until: float = 0.0
+
+  def to_json(self) -> dict:
+    out = {name: getattr(self, name) for name in _PERSISTED}
+    out["status"] = self.status.value
+    out["failures"] = [dataclasses.asdict(f) for f in self.failures]
+    return out
+
+  @classmethod
+  def from_json(cls, saved: dict) -> "State":
+    fields = {f.name for f in dataclasses.fields(Failure)}
+    return cls(status=Status(saved.get("status", "waiting")),
+               generation=saved.get("generation", 0), history=saved.get("history", []),
+               failures=[Failure(**{k: v for k, v in f.items() if k in fields})
+                         for f in saved.get("failures", [])],
+               gen_stats=saved.get("gen_stats", {}), strikes=saved.get("strikes", 0),
+               commits_at_failure=saved.get("commits_at_failure", -1), spec=saved.get("spec"))
+
+
+@dataclasses.dataclass
+class Effects:
+  """What the shell does after a policy call, in this order: write `spec` (the new generation's),
+  write `events` (name, fields), persist the state if `persist`; then answer with `reply`."""
+  events: list[tuple[str, dict]] = dataclasses.field(default_factory=list)
+  persist: bool = False
+  spec: dict | None = None
+  reply: dict | None = None
