@@ -231,7 +231,7 @@ def _parse_flags(argv: list[str]) -> list[str]:
   except Exception as e:  # pylint: disable=broad-except  # flags.Error, or the config file's own
     if errors.debug():
       raise
-    errors.print_error(_flag_error(e, _config_arg(argv)))
+    errors.print_error(_unknown_override(e, argv) or _flag_error(e, _config_arg(argv)))
     sys.exit(errors.EXIT_INPUT)
 
 
@@ -242,6 +242,23 @@ def _config_arg(argv: list[str]) -> str:
     if arg == "--config" and i + 1 < len(argv):
       return argv[i + 1]
   return "?"
+
+
+def _unknown_override(e: Exception, argv: list[str]) -> str | None:
+  """One line for an override of a field the config does not have (config_flags raises the
+  missing key as a KeyError or AttributeError, with a suggestion only for a close name)."""
+  cause = e.__cause__ or e
+  key = re.search(r"'([^' ]+)'", str(cause))
+  if not isinstance(cause, (KeyError, AttributeError)) or not key:
+    return None
+  for arg in argv:
+    name = arg[len("--config."):].split("=", 1)[0] if arg.startswith("--config.") else ""
+    if name and key.group(1) in name.split("."):
+      from medjax import config_check  # pylint: disable=import-outside-toplevel  (no jax)
+      hint = config_check.suggest(name, config_check.field_names())
+      return (f"--config.{name}: no such config field; "
+              f"{hint or 'configs/default.py lists every field'}")
+  return None
 
 
 def _flag_error(e: Exception, config_file: str) -> str:
@@ -303,4 +320,6 @@ def _main(argv) -> int:
 
 def run() -> None:
   """The `medjax` command (also `python -m medjax` and `python launch.py`)."""
+  # absl's --help shows the main module's docstring: this module's usage, however it started.
+  sys.modules["__main__"].__doc__ = __doc__
   app.run(_main, flags_parser=_parse_flags)

@@ -59,8 +59,8 @@ def load(workdir: str, *, split: str = "test", bootstrap: int = 200) -> Evaluati
   Trains nothing and writes nothing (records missing from the cache are decoded, not cached).
   """
   # Imported lazily: a notebook that only reads summary.json needs none of this.
-  from medjax.checkpoint import restore
   from medjax import lineage as lineage_lib  # pylint: disable=import-outside-toplevel
+  from medjax.checkpoint import restore
   from medjax.data import host  # pylint: disable=import-outside-toplevel
   from medjax.train import optim  # pylint: disable=import-outside-toplevel
   from medjax.train import state as state_lib  # pylint: disable=import-outside-toplevel

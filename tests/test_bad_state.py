@@ -43,8 +43,8 @@ def test_a_garbled_coordinator_state_starts_fresh_after_the_newest_generation(tm
 
 
 def test_a_damaged_salt_file_stops_ingest_with_one_line(tmp_path):
-  from medjax.data import ingest  # pylint: disable=import-outside-toplevel
   from medjax import errors  # pylint: disable=import-outside-toplevel
+  from medjax.data import ingest  # pylint: disable=import-outside-toplevel
   path = str(tmp_path / "secrets" / "id_salt")
   salt = ingest.load_or_create_salt(path)
   assert len(salt) == 32 and ingest.load_or_create_salt(path) == salt

@@ -10,11 +10,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from medjax import lineage
 from medjax.checkpoint import checkpointer
 from medjax.checkpoint import packing
 from medjax.checkpoint import restore
 from medjax.checkpoint import retention
-from medjax import lineage
 
 
 def _state(value: float):

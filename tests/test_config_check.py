@@ -10,8 +10,8 @@ import ml_collections
 import pytest
 
 from medjax import config_check
-from medjax.config_check import rules as config_rules
 from medjax import errors
+from medjax.config_check import rules as config_rules
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -74,6 +74,8 @@ def test_suggest_for_flag_overrides():
   assert config_check.suggest("DATA.BATCH_SIZE", names) == "did you mean data.batch_size?"
   assert config_check.suggest("model.batch_size", names) == "did you mean data.batch_size?"
   assert config_check.suggest("trian", ["synth", "ingest", "train"]) == "did you mean train?"
+  # A shared section alone is no likeness (it once offered optim.early_stopping_patience).
+  assert config_check.suggest("optim.learning_rate", names) == ""
   assert config_check.suggest("zzz.qqq", names) == ""
 
 
@@ -395,9 +397,12 @@ def test_enum_copies_match_the_modules_that_consume_them():
 
 
 def test_imports_no_jax():
+  # Nor numpy: its thread pool would keep the local launcher, which checks the config first,
+  # from forking its agents (medjax.fault.local); nor the synthetic generator's pydicom.
   code = ("import sys, configs.quickstart as q, medjax.config_check as c; "
           "c.validate(q.get_config()); "
-          "print(sorted(m for m in ('jax', 'flax', 'tensorstore', 'grpc') if m in sys.modules))")
+          "print(sorted(m for m in ('jax', 'flax', 'tensorstore', 'grpc', 'numpy', 'pydicom') "
+          "if m in sys.modules))")
   out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                        check=True)
   assert out.stdout.strip() == "[]"
@@ -414,3 +419,21 @@ def test_launch_refuses_a_bad_config_in_one_line_fast(tmp_path):
       "error: config.data.split=(0.5, 0.2, 0.2): sums to 0.9, not 1; give three fractions "
       "(train, val, test), e.g. (0.7, 0.1, 0.2)"]
   assert seconds < 2, f"{seconds:.2f} s"
+
+
+@pytest.mark.parametrize("override, line", [
+    ("--config.optim.learning_rate=0.1", "error: --config.optim.learning_rate: no such config "
+     "field; configs/default.py lists every field"),
+    ("--config.optim.optim.epochs=3", "error: --config.optim.optim.epochs: no such config field; "
+     "did you mean optim.epochs?"),
+    ("--config.nosuch.x=3", "error: --config.nosuch.x: no such config field; configs/default.py "
+     "lists every field"),
+    ("--config.optim.lrr=0.1", "error: --config.*: no config field 'lrr'; did you mean 'lr'? "
+     "(configs/default.py lists every field)")])
+def test_an_override_of_a_field_the_config_lacks_is_named_not_blamed_on_the_file(
+    tmp_path, override, line):
+  out = subprocess.run([sys.executable, "-m", "medjax", "--config", "configs/quickstart.py",
+                        override, f"--workdir={tmp_path / 'run'}"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=60)
+  assert out.returncode == errors.EXIT_INPUT and out.stderr.splitlines() == [line]
+  assert not (tmp_path / "run").exists()

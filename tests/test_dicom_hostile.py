@@ -18,9 +18,9 @@ import numpy as np
 import psutil
 import pytest
 
-from medjax.data.dicom import decoder
 from medjax.data import dicom
 from medjax.data import ingest
+from medjax.data.dicom import decoder
 from tests import cohorts
 from tests import hostile
 from tests import testdata

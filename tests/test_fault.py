@@ -17,13 +17,13 @@ import numpy as np
 import psutil
 import pytest
 
-from medjax.checkpoint import checkpointer
 from medjax import jsonl
 from medjax import lineage
+from medjax.checkpoint import checkpointer
 from medjax.data import ingest
 from medjax.data.cache import placement
-from medjax.runtime import inject
 from medjax.fault import protocol
+from medjax.runtime import inject
 from tests import runs
 
 pytestmark = pytest.mark.slow

@@ -13,11 +13,11 @@ from hypothesis import given, settings, strategies as st
 import numpy as np
 import pytest
 
+from medjax.data import manifest as manifest_lib
+from medjax.evals import metrics
 from medjax.evals import splits
 from medjax.evals import summary as summary_lib
 from medjax.evals import table as table_lib
-from medjax.data import manifest as manifest_lib
-from medjax.evals import metrics
 
 # p(class 0), p(class 1) for 6 records; labels below. Argmax: 0 1 0 1 0 0 (the 0.5 tie is class 0).
 BINARY_P = np.array([[.9, .1], [.2, .8], [.6, .4], [.3, .7], [.5, .5], [.8, .2]])

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from medjax.data import partition as partition_lib
-from medjax.data.cache import placement as placement_lib
 from medjax.data import synthetic
+from medjax.data.cache import placement as placement_lib
 
 HOSTS = ("host-0", "host-1", "host-2", "host-3")
 

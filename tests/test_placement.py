@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from medjax.data import manifest as manifest_lib
-from medjax.data.cache import placement as placement_lib
 from medjax.data import synthetic
+from medjax.data.cache import placement as placement_lib
 
 PAPER_RECORDS, PAPER_HOSTS = 53_420, 16
 

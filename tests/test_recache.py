@@ -11,10 +11,10 @@ import pytest
 from configs import default as default_config
 from medjax.data import cache as cache_lib
 from medjax.data import ingest
-from medjax.data.cache import placement as placement_lib
 from medjax.data import records
-from medjax.data.cache import recache
 from medjax.data import synthetic
+from medjax.data.cache import placement as placement_lib
+from medjax.data.cache import recache
 
 HOSTS = ["host-0", "host-1", "host-2"]
 SURVIVORS = ["host-0", "host-1"]   # host-2 leaves

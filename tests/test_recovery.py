@@ -18,15 +18,15 @@ import pytest
 
 from configs import default
 from medjax.fault import agent as agent_lib
+from medjax.fault import forking
+from medjax.fault import layout
+from medjax.fault import protocol
+from medjax.fault import report
+from medjax.fault import run_state
 from medjax.fault import spawn
 from medjax.fault import standbys as standbys_lib
 from medjax.runtime import context
-from medjax.fault import forking
-from medjax.fault import layout
 from medjax.runtime import phases as phases_lib
-from medjax.fault import run_state
-from medjax.fault import protocol
-from medjax.fault import report
 from tests import test_coordinator_policy as policy_tests
 
 

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
-from medjax.checkpoint import checkpointer
 from medjax import lineage
+from medjax.checkpoint import checkpointer
 from medjax.checkpoint import snapshots
 from tests import runs
 

@@ -5,8 +5,8 @@ import os
 import pytest
 
 from configs import quickstart
-from medjax.checkpoint import retention
 from medjax import lineage as lineage_lib
+from medjax.checkpoint import retention
 from medjax.train import loop
 from medjax.train import stopping
 

@@ -20,8 +20,8 @@ from medjax import errors
 from medjax.data import ingest
 from medjax.data import ingest_summary
 from medjax.data import synthetic
-from medjax.data.synthetic import tables as synthetic_tables
 from medjax.data import tables
+from medjax.data.synthetic import tables as synthetic_tables
 from tests import testdata
 
 CHANNELS = ("hr", "sbp", "dbp", "rr", "spo2", "temp")

@@ -12,14 +12,14 @@ import ml_collections
 import numpy as np
 import pytest
 
-from medjax.checkpoint import checkpointer
-from medjax.checkpoint import packing
 from medjax import errors
 from medjax import lineage
-from medjax.runtime import context
+from medjax.checkpoint import checkpointer
+from medjax.checkpoint import packing
 from medjax.checkpoint import policy
 from medjax.checkpoint import restore
 from medjax.checkpoint import saver as saver_lib
+from medjax.runtime import context
 from medjax.train import reporting
 
 

@@ -49,8 +49,8 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from medjax.checkpoint import packing
 from medjax import lineage as lineage_lib
+from medjax.checkpoint import packing
 
 SUFFIX = ".snap"
 _MAGIC = b"MEDJAXSNAP1\n"

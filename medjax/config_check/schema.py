@@ -30,18 +30,23 @@ def suggest(name: str, candidates) -> str:
 
 
 def closest(name: str, candidates) -> str | None:
+  """The candidate most like `name` (case-insensitive), or None. A dotted name is compared whole
+  with the candidates whose last part is like its own (a shared section alone makes no match),
+  then by its last part alone."""
+  leaf = lambda n: n.rsplit(".", 1)[-1]
   by_lower = {}
   for c in candidates:
     by_lower.setdefault(str(c).lower(), str(c))
-  hit = difflib.get_close_matches(name.lower(), list(by_lower), n=1, cutoff=0.6)
+  alike = [c for c in by_lower if "." not in name
+           or difflib.SequenceMatcher(None, leaf(name.lower()), leaf(c)).ratio() >= 0.6]
+  hit = difflib.get_close_matches(name.lower(), alike, n=1, cutoff=0.6)
   if hit:
     return by_lower[hit[0]]
   if "." in name:
     by_leaf = {}
     for lower, c in by_lower.items():
-      by_leaf.setdefault(lower.rsplit(".", 1)[-1], c)
-    hit = difflib.get_close_matches(name.rsplit(".", 1)[-1].lower(), list(by_leaf), n=1,
-                                    cutoff=0.8)
+      by_leaf.setdefault(leaf(lower), c)
+    hit = difflib.get_close_matches(leaf(name.lower()), list(by_leaf), n=1, cutoff=0.8)
     if hit:
       return by_leaf[hit[0]]
   return None

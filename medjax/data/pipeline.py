@@ -18,14 +18,14 @@ import numpy as np
 from medjax import paths
 from medjax import progress
 from medjax.data import cache as cache_lib
-from medjax.data.dicom import decoder as decoder_lib
 from medjax.data import ingest_summary
 from medjax.data import ingested as ingested_lib
 from medjax.data import manifest as manifest_lib
 from medjax.data import partition
+from medjax.data import records
 from medjax.data.cache import placement as placement_lib
 from medjax.data.cache import recache
-from medjax.data import records
+from medjax.data.dicom import decoder as decoder_lib
 
 
 @dataclasses.dataclass

@@ -31,10 +31,10 @@ from medjax import lifeline
 from medjax import paths
 from medjax.fault import forking
 from medjax.fault import layout as layout_lib
-from medjax.runtime import phases as phases_lib
 from medjax.fault import protocol
 from medjax.fault import spawn
 from medjax.fault import standbys as standbys_lib
+from medjax.runtime import phases as phases_lib
 
 def main(config, workdir: str, *, host: str, coordinator: str,
          advertise: str = "127.0.0.1") -> int:

@@ -25,12 +25,12 @@ from medjax import errors
 from medjax import lineage as lineage_lib
 from medjax import paths
 from medjax.checkpoint import retention
-from medjax.runtime import inject
 from medjax.fault import layout
 from medjax.fault import policy as policy_lib
-from medjax.fault import run_state
 from medjax.fault import protocol
 from medjax.fault import report
+from medjax.fault import run_state
+from medjax.runtime import inject
 
 _TICK_S = 0.05
 

@@ -16,8 +16,8 @@ from medjax import jsonl
 from medjax import lineage as lineage_lib
 from medjax import paths
 from medjax.data import manifest as manifest_lib
-from medjax.runtime import ledger
 from medjax.fault import run_state
+from medjax.runtime import ledger
 
 _FAILURE_KEYS = ("kind", "worker", "step", "detected_s", "recovered_s", "generation", "host")
 # A recovery's phases in the order they happen (medjax.runtime.phases names the worker's).
@@ -159,9 +159,9 @@ def write_summary(run: paths.RunPaths, state: run_state.State,
   if marks:
     # Imported here: plotting takes seconds to import, which a restarted coordinator should not
     # wait for before it serves the agents again.
+    from medjax import monitor_plots  # pylint: disable=import-outside-toplevel
     from medjax import plots  # pylint: disable=import-outside-toplevel
     from medjax.train import writers  # pylint: disable=import-outside-toplevel
-    from medjax import monitor_plots  # pylint: disable=import-outside-toplevel
     rows = writers.read_metrics(run.workdir)
     if rows:
       figure = plots.loss_curve(rows, marks)

@@ -26,13 +26,13 @@ import jax
 from medjax import errors
 from medjax import lifeline
 from medjax import paths
-from medjax.runtime import context
 from medjax.fault import forking
-from medjax.runtime import inject
 from medjax.fault import layout as layout_lib
-from medjax.runtime import phases as phases_lib
-from medjax.fault import run_state
 from medjax.fault import protocol
+from medjax.fault import run_state
+from medjax.runtime import context
+from medjax.runtime import inject
+from medjax.runtime import phases as phases_lib
 
 
 # What a standby brought to its assignment (`wait_for_assignment` -> `run`): the command line

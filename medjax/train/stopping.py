@@ -21,10 +21,10 @@ import math
 import jax
 import numpy as np
 
-from medjax.evals import splits
 from medjax import lineage as lineage_lib
-from medjax.lineage import best
 from medjax.evals import metrics as metrics_lib
+from medjax.evals import splits
+from medjax.lineage import best
 from medjax.train import step as step_lib
 
 def wanted(config) -> bool:

@@ -12,5 +12,5 @@ from medjax.data.dicom.files import load_image
 from medjax.data.dicom.files import read_header
 from medjax.data.dicom.files import transfer_syntax
 from medjax.data.dicom.limits import Budgets
-from medjax.data.dicom.limits import RejectedFile
 from medjax.data.dicom.limits import check_path
+from medjax.data.dicom.limits import RejectedFile

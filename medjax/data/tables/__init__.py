@@ -21,8 +21,8 @@ from medjax.data.tables.labels import read_labels
 from medjax.data.tables.labs import Labs
 from medjax.data.tables.labs import read_labs
 from medjax.data.tables.values import DEFAULT_VALUE_RANGES
-from medjax.data.tables.values import Problems
 from medjax.data.tables.values import normalize_ids
+from medjax.data.tables.values import Problems
 from medjax.data.tables.values import value_ranges
-from medjax.data.tables.vitals import Vitals
 from medjax.data.tables.vitals import read_vitals
+from medjax.data.tables.vitals import Vitals
