@@ -1,10 +1,14 @@
 """Training: the trainer (`loop.train_and_evaluate`) and what it is made of.
 
-  loop           mesh -> data -> model and optimizer -> state -> step -> restore -> loop -> evals
-  state, step    the sharded training state; the pure, jitted train and predict steps
-  optim          optimizer and learning-rate schedule from config.optim
-  checkpointing  when to save, the commit path, preemption, restore-or-start
-  reporting      metrics and progress at the logging interval (one device sync per interval)
-  metrics        classification metrics (accuracy, macro F1, top-3, rare recall, by subset, CIs)
-  writers        metrics.jsonl and TensorBoard
+  prepare    mesh -> data -> model and optimizer (abstract) -> the compiled step, before restoring
+  loop       restore -> one loop over the planned steps -> the last saves -> evals -> summary
+  state      the device mesh and the training state, created already sharded
+  step       the pure, jitted train and predict steps (explicit shardings, donated state)
+  optim      optimizer and learning-rate schedule from config.optim
+  reporting  training metrics and progress at the logging interval (one device sync per interval)
+  writers    metrics.jsonl and TensorBoard
+  stopping   validation at each epoch end: early stopping, the best checkpoint, a sweep's pruner
+
+Below it: checkpoints (`medjax.checkpoint`), the worker-side hooks (`medjax.runtime`), the
+evaluation (`medjax.evals`), the data (`medjax.data`) and the model (`medjax.model`).
 """

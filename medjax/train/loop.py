@@ -47,6 +47,7 @@ from medjax.train import step as step_lib
 from medjax.train import stopping
 from medjax.train import writers
 
+# The trainer's names for its callers (the worker, the tests), wherever they are defined.
 Topology = host_lib.Topology
 Prepared = prepare_lib.Prepared
 prepare = prepare_lib.prepare

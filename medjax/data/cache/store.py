@@ -174,7 +174,7 @@ class Cache:
     disk_lib.write_json(self._counters_path, counters)
     return counters
 
-  # -- opening and validation ------------------------------------------------------------------
+  # -- validation ------------------------------------------------------------------------------
 
   def _validate(self) -> None:
     """Drops entries whose record left the manifest or whose inputs changed."""
