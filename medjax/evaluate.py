@@ -2,20 +2,7 @@
 
 The evaluation itself (predictions, metrics beside the Bayes ceiling, figures) is `medjax.evals`,
 below the trainer; this module is above it, since loading builds the model and its state as the
-trainer does. What is reported depends on the cohort (conventions in medjax/evals/metrics.py):
-  every task    accuracy, macro F1, rare-class recall (classes under 5% of training records),
-                ECE, per-class F1, confusion, by modality subset, Table IV rows, 95% intervals.
-  2 classes     sensitivity and specificity of the positive class at the argmax decision
-                (p(positive) > 0.5), AUROC and AUPRC (average precision). The positive class is
-                the second class name: the second of config.data.classes when set, else of the
-                sorted label names ('1' of 0/1, 'yes' of no/yes); set config.data.classes to
-                choose it. No top-3 (1.0 by construction with 3 classes or fewer).
-  more classes  top-3 accuracy (above 3 classes) and the one-vs-rest macro AUROC.
-  synthetic     the same metrics of the Bayes-optimal posterior ('ceiling'); other cohorts have
-                no oracle, so summary.json has "ceiling": null and the reason under
-                "not_applicable".
-A metric that does not apply is null in summary.json (strict JSON: no NaN), with its reason in
-the enclosing "not_applicable" mapping; the terminal table shows "n/a (reason)" or leaves it out.
+trainer does. What is reported for which cohort: `medjax.evals.splits`.
 
 In a notebook:
   from medjax import evaluate
