@@ -42,9 +42,11 @@ def get_config(arg=None):
   data.max_images = 4
   data.split = (0.7, 0.1, 0.2)
   data.on_error = "quarantine"   # malformed table rows: 'quarantine' (report, go on) or 'raise'
-  # Plausible (low, high) per lab analyte or vitals channel name; values outside are set to
-  # missing and counted. Entries add to (or, as None, remove) the built-in ranges of hr, sbp,
-  # dbp, rr, spo2 and temp (medjax/data/tables.py DEFAULT_VALUE_RANGES); labs have none built in.
+  # Plausible (low, high) per lab analyte or vitals channel name (matched ignoring case); values
+  # outside are set to missing with a quarantine row. Entries add to (or, as None, remove) the
+  # built-in ranges (medjax/data/tables/values.py): hr, sbp, dbp, rr, spo2, temp, and 43 common
+  # labs in US units (Na, K, Glucose, Creatinine, ...). Any value is also checked to be finite
+  # and within float32's range.
   data.value_ranges = ml_collections.ConfigDict()
   # Merge patient ids that differ only by letter case (tables and DICOM). Off: they are kept as
   # different patients and counted in the ingest summary. On, record ids hash the casefolded id.

@@ -24,6 +24,7 @@ import numpy as np
 import tensorstore as ts
 
 from medjax import errors
+from medjax import schema
 
 _LOG = "log/"
 _STATE = "state/"
@@ -97,32 +98,52 @@ class Lineage:
 
   @classmethod
   def from_dict(cls, d: dict) -> "Lineage":
-    """Parses and validates `to_dict`'s output; extra keys (e.g. `committed_at`) are ignored.
+    """Parses and validates `to_dict`'s output (`RECORD`; no value is coerced); extra keys
+    (e.g. `committed_at`) are ignored.
 
     Raises:
-      LineageError: a field is missing or has a value of the wrong kind.
+      LineageError: a field is missing or has a value of the wrong kind (named in the message).
     """
     if not isinstance(d, dict):
       raise LineageError(f"lineage record is a {type(d).__name__}, not an object")
-    seg = d.get("segment")
-    if not isinstance(seg, dict):
-      raise LineageError(f"lineage field 'segment' is {seg!r}, not an object")
     try:
-      segment = Segment(placement=_field(seg, "placement", str),
-                        hosts=tuple(_field(seg, "hosts", list)),
-                        base=_bitmap_field(seg, "base"))
-      lineage = cls(**{f: _field(d, f, int) for f in ("global_step", "epoch", "partition",
-                                                       "offset", "seed")},
-                    segment=segment, processed=_bitmap_field(d, "processed"),
-                    generation=int(d.get("generation", 0)),
-                    validation=_validation_field(d), stopped=str(d.get("stopped", "")))
-    except (TypeError, ValueError) as e:
-      raise LineageError(str(e)) from e
-    if min(lineage.global_step, lineage.epoch, lineage.partition, lineage.offset) < 0:
-      raise LineageError(f"lineage has a negative position: step {lineage.global_step}, epoch "
-                         f"{lineage.epoch}, partition {lineage.partition}, offset "
-                         f"{lineage.offset}")
-    return lineage
+      schema.check(d, RECORD)
+    except schema.SchemaError as e:
+      raise LineageError(f"lineage {e}") from None
+    seg = d["segment"]
+    return cls(global_step=d["global_step"], epoch=d["epoch"], partition=d["partition"],
+               offset=d["offset"], seed=d["seed"],
+               segment=Segment(placement=seg["placement"], hosts=tuple(seg["hosts"]),
+                               base=seg["base"]),
+               processed=d["processed"], generation=d.get("generation", 0),
+               validation=tuple((e[0], None if e[1] is None else float(e[1]), e[2])
+                                for e in d.get("validation", [])),
+               stopped=d.get("stopped", ""))
+
+
+def _is_bitmap(text: str) -> bool:
+  try:
+    base64.b64decode(text, validate=True)
+  except binascii.Error:
+    return False
+  return True
+
+
+_BITMAP = schema.Satisfies(schema.STR, _is_bitmap, "a packed bitmap (base64)")
+_POSITION = schema.Int(min=0)
+
+# What `Lineage.to_dict` writes. Records of earlier versions may lack generation, validation
+# and stopped (their defaults apply); nothing else may be absent.
+RECORD = schema.Object(
+    {"global_step": _POSITION, "epoch": _POSITION, "partition": _POSITION,
+     "offset": _POSITION, "seed": schema.INT,
+     "segment": schema.Object({"placement": schema.STR, "hosts": schema.List(schema.STR),
+                               "base": _BITMAP}),
+     "processed": _BITMAP},
+    optional={"generation": _POSITION, "stopped": schema.STR,
+              # [epoch, value or null, global step] at each finished epoch.
+              "validation": schema.List(schema.Tuple(
+                  _POSITION, schema.Nullable(schema.Num(finite=False)), _POSITION))})
 
 
 def best(validation) -> tuple | None:
@@ -139,35 +160,6 @@ def best_step(lineage: Lineage | None) -> int | None:
   """The global step of `lineage`'s best validated epoch (its checkpoint: ckpt.keep_best)."""
   entry = best(lineage.validation) if lineage is not None else None
   return None if entry is None else int(entry[2])
-
-
-def _validation_field(d: dict) -> tuple:
-  """The validation history: [[epoch, value or null, step], ...] (absent in older records)."""
-  value = d.get("validation", [])
-  entries = []
-  for e in value if isinstance(value, list) else [value]:
-    if (not isinstance(e, list) or len(e) != 3 or not all(
-        isinstance(x, int) and not isinstance(x, bool) for x in (e[0], e[2]))
-        or not (e[1] is None or isinstance(e[1], (int, float)))):
-      raise LineageError(f"lineage field 'validation' holds {e!r}, not [epoch, value, step]")
-    entries.append((e[0], None if e[1] is None else float(e[1]), e[2]))
-  return tuple(entries)
-
-
-def _field(d: dict, name: str, kind: type):
-  value = d.get(name)
-  if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-    raise LineageError(f"lineage field {name!r} is {value!r}, not a {kind.__name__}")
-  return value
-
-
-def _bitmap_field(d: dict, name: str) -> str:
-  value = _field(d, name, str)
-  try:
-    base64.b64decode(value, validate=True)
-  except binascii.Error as e:
-    raise LineageError(f"lineage field {name!r} is not a packed bitmap ({e})") from e
-  return value
 
 
 class Cursor:
@@ -280,7 +272,19 @@ class LineageStore:
   def put_state(self, name: str, value: dict) -> None:
     self._put(_STATE + name, value)
 
-  def get_state(self, name: str) -> dict | None:
-    return self._get(_STATE + name)
+  def get_state(self, name: str, shape: schema.Check | None = None) -> dict | None:
+    """The state `name` (None if never put); with `shape`, checked against it.
+
+    Raises:
+      LineageError: the state is not JSON, or not an object of `shape`; names the file and
+        the field.
+    """
+    value = self._get(_STATE + name)
+    if value is not None and shape is not None:
+      try:
+        schema.check(value, shape)
+      except schema.SchemaError as e:
+        raise LineageError(f"{self.location}/{_STATE}{name}: {e}; the file is damaged") from None
+    return value
 
 

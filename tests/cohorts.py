@@ -16,6 +16,12 @@ def _copy_with_patient(src_name, dst, patient_id, name="DOE^JOHN"):
   else:
     ds.PatientID = patient_id
   ds.PatientName = name
+  # Another patient's copy is another instance: its own SOPInstanceUID (an instance held under
+  # two PatientIDs is quarantined as a mix-up).
+  uid = pydicom.uid.generate_uid(entropy_srcs=[os.path.basename(dst), str(patient_id)])
+  ds.SOPInstanceUID = uid
+  if "MediaStorageSOPInstanceUID" in ds.file_meta:
+    ds.file_meta.MediaStorageSOPInstanceUID = uid
   os.makedirs(os.path.dirname(dst), exist_ok=True)
   ds.save_as(dst)
 

@@ -2,7 +2,9 @@
 
 Each builder writes one file (or FIFO, socket, link) and returns the reason ingest must give for
 it. `add_to_cohort` puts all of them under a cohort's dicom/hostile/ and returns the quarantine
-entries ingest must produce: {path: (stage, reason)}.
+entries ingest must produce: {path: (stage, reason)}. `inconsistent_headers` writes files whose
+header disagrees with their pixel data ({name: reason}), `consistent_edges` valid files at the
+edges of those rules ({name: decoded shape}).
 """
 
 from __future__ import annotations
@@ -167,8 +169,169 @@ def pixel_data_far_too_long(path: str, patient_id: str = "HOSTILE-1") -> str:
   ds = image_dataset(ramp(16).astype(np.uint8), patient_id, bits_stored=8)
   ds.PixelData = bytes(2 * MB)
   save(ds, path)
-  return ("native pixel data is 2097152 bytes, over twice the 256 that Rows x Columns x Frames "
-          "x Samples x BitsAllocated/8 give (inconsistent header)")
+  return ("native pixel data is 2097152 bytes but Rows x Columns x NumberOfFrames x "
+          "SamplesPerPixel x BitsAllocated/8 = 16 x 16 x 1 x 1 x 8/8 = 256 (inconsistent header)")
+
+
+_NATIVE = "Rows x Columns x NumberOfFrames x SamplesPerPixel x BitsAllocated/8"
+
+
+def _native(nbytes: int, terms: str, expected: int, names: str = _NATIVE) -> str:
+  pad = f", or {expected + 1} with its pad byte" if expected % 2 else ""
+  return (f"native pixel data is {nbytes} bytes but {names} = {terms} = {expected}{pad} "
+          "(inconsistent header)")
+
+
+def frames(n: int, size: int = 16, dtype=np.uint16) -> np.ndarray:
+  """n different size x size frames."""
+  return np.stack([np.roll(ramp(size), 3 * i, axis=1) for i in range(n)]).astype(dtype)
+
+
+def _with(ds: pydicom.Dataset, **attrs) -> pydicom.Dataset:
+  for keyword, value in attrs.items():
+    setattr(ds, keyword, value)
+  return ds
+
+
+def one_bit(shape: tuple[int, ...], patient_id: str = "HOSTILE-1", **attrs) -> pydicom.Dataset:
+  """A 1-bit image of `shape` ((rows, columns) or (frames, rows, columns)), packed as DICOM packs
+  it: little-endian bit order, frames not padded, one pad byte if the total is odd."""
+  bits = np.add.outer(np.arange(shape[-2]), np.arange(shape[-1])) % 3 == 0
+  ds = image_dataset(ramp(4), patient_id)
+  ds.Rows, ds.Columns = shape[-2:]
+  if len(shape) == 3:
+    ds.NumberOfFrames = shape[0]
+  ds.BitsAllocated, ds.BitsStored, ds.HighBit, ds.PixelRepresentation = 1, 1, 0, 0
+  ds.PixelData = np.packbits(np.broadcast_to(bits, shape).ravel(), bitorder="little").tobytes()
+  ds["PixelData"].VR = "OB"
+  return _with(ds, **attrs)
+
+
+def compressed(pixels: np.ndarray, ts: uid.UID, patient_id: str = "HOSTILE-1", table="basic",
+               fragments_per_frame: int = 1, **attrs) -> pydicom.Dataset:
+  """`pixels` ((rows, columns) or (frames, rows, columns)) compressed in `ts`, with a Basic
+  Offset Table ('basic'), an empty one ('none') or an Extended Offset Table ('extended'); with
+  'none', each frame may be cut into several fragments."""
+  ds = image_dataset(pixels, patient_id)
+  plugin = {uid.JPEGLSLossless: "pyjpegls", uid.JPEG2000Lossless: "pylibjpeg"}.get(ts)
+  ds.compress(ts, **({"encoding_plugin": plugin} if plugin else {}))
+  count = int(ds.get("NumberOfFrames") or 1)
+  encoded = list(encaps.generate_frames(ds.PixelData, number_of_frames=count))
+  if table == "extended":
+    ds.PixelData, ds.ExtendedOffsetTable, ds.ExtendedOffsetTableLengths = (
+        encaps.encapsulate_extended(encoded))
+  else:
+    assert table == "none" or fragments_per_frame == 1, "a cut frame needs an empty table"
+    # Cut at even offsets: a fragment of odd length is padded, which would corrupt the frame.
+    n = fragments_per_frame
+    at = lambda f, i: len(f) if i == n else i * len(f) // n // 2 * 2
+    cut = [f[at(f, i):at(f, i + 1)] for f in encoded for i in range(n)]
+    ds.PixelData = encaps.encapsulate(cut, has_bot=table == "basic")
+  ds["PixelData"].VR = "OB"
+  return _with(ds, **attrs)
+
+
+def inconsistent_headers(directory: str, patient_id: str = "HOSTILE-1") -> dict[str, str]:
+  """Valid images written by pydicom, then a header field changed so that it disagrees with the
+  pixel data (or bytes appended to it), in each case so that the data fits another reading of
+  the header. Writes them into `directory`.
+
+  Returns:
+    {file name: the reason read_header and load_image must reject it with}.
+  """
+  def native(pixels, bits_stored=12, **attrs):
+    return _with(image_dataset(pixels, patient_id, bits_stored), **attrs)
+
+  def rgb(size, **attrs):
+    ds = image_dataset(ramp(4), patient_id)
+    ds.set_pixel_data(np.arange(size * size * 3, dtype=np.uint8).reshape(size, size, 3), "RGB", 8)
+    return _with(ds, **attrs)
+  appended = native(ramp(64))
+  appended.PixelData += b"\x00\x00"
+  ls, rle = uid.JPEGLSLossless, uid.RLELossless
+  cases = {
+      # 16-bit data under BitsAllocated 8: twice the length 8 bits give.
+      "bits_8_over_16.dcm": (native(ramp(32), BitsAllocated=8, BitsStored=8, HighBit=7),
+                             _native(2048, "32 x 32 x 1 x 1 x 8/8", 1024)),
+      # Two frames under NumberOfFrames 1; three 8-bit ones under 2.
+      "frames_1_over_2.dcm": (native(frames(2), NumberOfFrames=1),
+                              _native(1024, "16 x 16 x 1 x 1 x 16/8", 512)),
+      "frames_2_over_3.dcm": (native(frames(3, dtype=np.uint8), 8, NumberOfFrames=2),
+                              _native(768, "16 x 16 x 2 x 1 x 8/8", 512)),
+      # 24 x 32 data under Columns 24.
+      "columns_short.dcm": (native(ramp(32)[:24], Columns=24),
+                            _native(1536, "24 x 24 x 1 x 1 x 16/8", 1152)),
+      # An odd expected length: 6 x 5 8-bit data under Rows 5 (25 bytes, 26 with the pad).
+      "rows_short_odd.dcm": (native(ramp(6)[:, :5].astype(np.uint8), 8, Rows=5),
+                             _native(30, "5 x 5 x 1 x 1 x 8/8", 25)),
+      # Two bytes appended to a valid image (a pad is one byte, and only up to an even length).
+      "appended.dcm": (appended, _native(8194, "64 x 64 x 1 x 1 x 16/8", 8192)),
+      # RGB data under SamplesPerPixel 1.
+      "samples_1_over_3.dcm": (rgb(8, SamplesPerPixel=1, PhotometricInterpretation="MONOCHROME2"),
+                               _native(192, "8 x 8 x 1 x 1 x 8/8", 64)),
+      # Full RGB under YBR_FULL_422, which holds two thirds as many bytes.
+      "rgb_as_ybr_422.dcm": (rgb(4, PhotometricInterpretation="YBR_FULL_422"),
+                             _native(48, "4 x 4 x 1 x 3 x 8/8 x 2/3", 32,
+                                     _NATIVE + " x 2/3 (YBR_FULL_422)")),
+      # 8-bit data under BitsAllocated 1; two 10 x 10 1-bit frames (25 bytes, padded to 26)
+      # under NumberOfFrames 1 (13 bytes, 14 with the pad).
+      "bits_1_over_8.dcm": (native(ramp(16).astype(np.uint8), 8, BitsAllocated=1, BitsStored=1,
+                                   HighBit=0),
+                            _native(256, "ceil(16 x 16 x 1 x 1 x 1/8)", 32)),
+      "bits_1_frames_1_over_2.dcm": (one_bit((2, 10, 10), patient_id, NumberOfFrames=1),
+                                     _native(26, "ceil(10 x 10 x 1 x 1 x 1/8)", 13)),
+      # Encapsulated: offset tables and fragments against NumberOfFrames.
+      "rle_bot_2_frames_1.dcm": (
+          compressed(frames(2), rle, patient_id, NumberOfFrames=1),
+          "Basic Offset Table has 2 entries but NumberOfFrames is 1 (inconsistent header)"),
+      "jpegls_bot_2_frames_3.dcm": (
+          compressed(frames(2), ls, patient_id, NumberOfFrames=3),
+          "Basic Offset Table has 2 entries but NumberOfFrames is 3 (inconsistent header)"),
+      "jpegls_eot_2_frames_3.dcm": (
+          compressed(frames(2), ls, patient_id, "extended", NumberOfFrames=3),
+          "Extended Offset Table has 2 entries but NumberOfFrames is 3 (inconsistent header)"),
+      "jpegls_2_fragments_frames_3.dcm": (
+          compressed(frames(2), ls, patient_id, "none", NumberOfFrames=3),
+          ("encapsulated pixel data has 2 fragments but NumberOfFrames is 3; each frame has at "
+           "least one (inconsistent header)")),
+      "rle_2_fragments_1_frame.dcm": (
+          compressed(ramp(16), rle, patient_id, "none", fragments_per_frame=2),
+          ("RLE Lossless pixel data has more than 1 fragment but NumberOfFrames is 1; RLE has "
+           "exactly one per frame (inconsistent header)")),
+      "rle_3_fragments_2_frames.dcm": (
+          compressed(frames(3), rle, patient_id, "none", NumberOfFrames=2),
+          ("RLE Lossless pixel data has more than 2 fragments but NumberOfFrames is 2; RLE has "
+           "exactly one per frame (inconsistent header)")),
+  }
+  for name, (ds, _) in cases.items():
+    save(ds, os.path.join(directory, name))
+  return {name: reason for name, (_, reason) in cases.items()}
+
+
+def consistent_edges(directory: str, patient_id: str = "HOSTILE-1") -> dict[str, tuple[int, ...]]:
+  """Valid images at the edges of the length and frame rules, written into `directory`.
+
+  Returns:
+    {file name: the shape load_image must decode it to}.
+  """
+  ls, rle = uid.JPEGLSLossless, uid.RLELossless
+  cases = {
+      # 25 bytes of 8-bit data, written with its pad byte (26).
+      "odd_padded.dcm": (image_dataset(ramp(5).astype(np.uint8), patient_id, 8), (5, 5)),
+      "multiframe.dcm": (image_dataset(frames(3), patient_id), (3, 16, 16)),
+      # 1-bit: 100 bits in 13 bytes, padded to 14; three frames, 300 bits in 38 bytes.
+      "bits_1_odd.dcm": (one_bit((10, 10), patient_id), (10, 10)),
+      "bits_1_frames_3.dcm": (one_bit((3, 10, 10), patient_id), (3, 10, 10)),
+      "rle_frames_3.dcm": (compressed(frames(3), rle, patient_id), (3, 16, 16)),
+      "rle_frames_3_no_bot.dcm": (compressed(frames(3), rle, patient_id, "none"), (3, 16, 16)),
+      "jpegls_frames_2_eot.dcm": (compressed(frames(2), ls, patient_id, "extended"), (2, 16, 16)),
+      # A frame may span fragments, except in RLE.
+      "jpegls_3_fragments_1_frame.dcm": (
+          compressed(ramp(16), ls, patient_id, "none", fragments_per_frame=3), (16, 16)),
+  }
+  for name, (ds, _) in cases.items():
+    save(ds, os.path.join(directory, name))
+  return {name: shape for name, (_, shape) in cases.items()}
 
 
 def sparse_huge(path: str, size_mb: int = 2049) -> str:

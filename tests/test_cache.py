@@ -1,7 +1,10 @@
 """The node-local decoded cache: written once, read by batch, validated on reopen, self-healing."""
 
 import glob
+import json
+import logging
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -162,3 +165,136 @@ def test_damaged_cache_metadata_rebuilds_the_cache(tmp_path, ingested, name, gar
   got = again.read(rows)      # decoded again where the cache lost them (float32, not float16)
   for key, value in expected.items():
     np.testing.assert_allclose(got[key], value, atol=1e-3)
+
+
+def _write(path, value) -> None:
+  with open(path, "w") as f:
+    f.write(value if isinstance(value, str) else json.dumps(value))
+
+
+def _filled(tmp_path, ingested_):
+  config, result, root = ingested_
+  cache = _open(tmp_path, config, result, root, run="run-a")
+  rows = np.arange(len(result.manifest))
+  cache.ensure(rows)
+  cache.save_counters()
+  return cache, rows
+
+
+@pytest.mark.parametrize("saved, field", [
+    ([1, 2], ""),                                     # a list: Cache() raised AttributeError
+    ("null", ""),
+    ({"hits": "3", "run": "run-a"}, "hits"),
+    ({"hits": True, "run": "run-a"}, "hits"),
+    ({"hits": -4, "run": "run-a"}, "hits"),
+    ({"decode_s": "NaN", "run": "run-a"}, "decode_s"),
+    ({"hits": 3, "run": 7}, "run"),
+    ({"hits": 3, "run": "run-a", "membership": 1.5}, "membership"),
+    ({"hits": 3, "run": "run-a", "hitz": 3}, "hitz"),
+])
+def test_a_counters_file_of_another_shape_starts_the_counters_at_zero(tmp_path, ingested, caplog,
+                                                                      saved, field):
+  config, result, root = ingested
+  cache, rows = _filled(tmp_path, ingested)
+  path = os.path.join(cache.path, "counters.0.json")
+  _write(path, saved)
+  with caplog.at_level(logging.WARNING):
+    again = _open(tmp_path, config, result, root, run="run-a")
+  assert {k: again.counters[k] for k in cache_lib.COUNTERS} == dict.fromkeys(cache_lib.COUNTERS, 0)
+  assert again.counters["run"] == "run-a"
+  warning = next(r.getMessage() for r in caplog.records if "counters.0.json" in r.getMessage())
+  assert "is damaged" in warning and warning.endswith("its counters start again from zero")
+  assert (f"field {field!r}" if field else "the file is") in warning
+  # The cache itself is whole: every record a hit, and the counters file is right again.
+  again.read(rows)
+  assert again.counters["hits"] == len(rows) and again.counters["pfs_reads"] == 0
+  again.save_counters()
+  with open(path) as f:
+    assert json.load(f)["hits"] == len(rows)
+
+
+@pytest.mark.parametrize("entry, field", [
+    (["0", "fingerprint", 1], "[0]"),          # slot
+    ([True, "fingerprint", 1], "[0]"),
+    ([-7, "fingerprint", 1], "[0]"),
+    ([0.0, "fingerprint", 1], "[0]"),
+    ([0, 5, 1], "[1]"),                         # fingerprint
+    ([0, "", 1], "[1]"),
+    ([0, "fingerprint", "1"], "[2]"),           # crc32
+    ([0, "fingerprint", -1], "[2]"),
+    ([0, "fingerprint", 2**32], "[2]"),
+    ([0, "fingerprint"], ""),
+    ({"slot": 0}, ""),
+])
+def test_an_index_entry_of_another_shape_starts_an_empty_index(tmp_path, ingested, caplog, entry,
+                                                               field):
+  config, result, root = ingested
+  cache, rows = _filled(tmp_path, ingested)
+  expected = cache.read(rows)
+  path = os.path.join(cache.path, "index.json")
+  with open(path) as f:
+    index = json.load(f)
+  victim = sorted(index)[0]
+  index[victim] = entry
+  _write(path, index)
+  with caplog.at_level(logging.WARNING):
+    again = _open(tmp_path, config, result, root, run="run-a")
+  assert again.index == {}
+  warning = next(r.getMessage() for r in caplog.records if "index.json" in r.getMessage())
+  assert f"field {victim + field!r}" in warning and "starting an empty index" in warning
+  got = again.read(rows)    # decoded again, the same records
+  for key, value in expected.items():
+    np.testing.assert_allclose(got[key], value, atol=1e-3)
+  assert len(again.index) == len(rows)
+
+
+def test_an_index_naming_slots_in_arrays_made_anew_decodes_them_again(tmp_path, ingested, caplog):
+  """index.json kept, the arrays gone: its slots name nothing, and one far past the end no
+  longer makes the new arrays that long."""
+  config, result, root = ingested
+  cache, rows = _filled(tmp_path, ingested)
+  path = os.path.join(cache.path, "index.json")
+  with open(path) as f:
+    index = json.load(f)
+  imaged = [rid for rid, e in index.items() if e[0] != cache_lib.TABLES]
+  index[imaged[0]][0] = 10**12
+  _write(path, index)
+  for name in ("images", "tab"):
+    shutil.rmtree(os.path.join(cache.path, name))
+  with caplog.at_level(logging.WARNING):
+    again = _open(tmp_path, config, result, root, run="run-a")
+  assert "arrays were made anew" in caplog.text
+  assert again.disk.capacity == 64
+  assert set(again.index) == {rid for rid, e in index.items() if e[0] == cache_lib.TABLES}
+  before = again.counters["damaged"]
+  again.read(rows)
+  assert again.counters["damaged"] == before and len(again.index) == len(rows)
+
+
+@pytest.mark.parametrize("spec", [[1, 2], "null", {"version": "1"}, {"image_size": 16.0}])
+def test_a_spec_of_another_shape_rebuilds_the_cache(tmp_path, ingested, caplog, spec):
+  config, result, root = ingested
+  cache, rows = _filled(tmp_path, ingested)
+  _write(os.path.join(cache.path, "spec.json"), spec)
+  with caplog.at_level(logging.WARNING):
+    again = _open(tmp_path, config, result, root, run="run-a")
+  assert again.index == {}
+  assert any("rebuilding" in r.getMessage() and cache.path in r.getMessage()
+             for r in caplog.records if r.levelno == logging.WARNING)
+  assert again.ensure(rows) == len(rows)
+  with open(os.path.join(cache.path, "spec.json")) as f:
+    assert json.load(f) == again.disk._spec()  # pylint: disable=protected-access
+
+
+def test_a_reader_keeps_its_index_when_the_writers_is_damaged(tmp_path, ingested, caplog):
+  config, result, root = ingested
+  cache, rows = _filled(tmp_path, ingested)
+  reader = _open(tmp_path, config, result, root, run="run-a", read_only=True, process=1)
+  held = dict(reader.index)
+  path = os.path.join(cache.path, "index.json")
+  _write(path, {"r-x": ["0", "fp", 1]})
+  os.utime(path, ns=(1, 1))   # another mtime: the reader looks at it
+  with caplog.at_level(logging.WARNING):
+    reader.disk.follow_writer()
+  assert reader.index == held and "keeping the entries read before" in caplog.text
+  assert reader.read(rows) is not None and reader.counters["pfs_reads"] == 0

@@ -11,6 +11,7 @@ import ml_collections
 import pytest
 
 from configs import default
+from medjax import schema
 from medjax.fault import policy as policy_lib
 from medjax.fault import run_state
 
@@ -63,6 +64,8 @@ class Run:
     self.events.extend(effects.events)
     if effects.persist:
       self.saved = json.loads(json.dumps(self.state.to_json()))
+      # Every state a policy persists is one a restarted coordinator accepts (run_state.SAVED).
+      assert run_state.State.from_json(self.saved).to_json() == self.saved
     return effects.reply
 
   def named(self, name: str) -> list[dict]:
@@ -524,6 +527,91 @@ def test_state_round_trips_through_json():
   saved = json.loads(json.dumps(run.state.to_json()))
   assert run_state.State.from_json(saved).to_json() == saved
   assert saved["status"] == "stopping" and saved["failures"][0]["worker"] == 1
+
+
+def _saved_after_a_recovery() -> dict:
+  """A persisted state with every field filled: two generations, a crash and its recovery, a
+  lost host, the workers' phase reports."""
+  run = Run(local_hosts=2, workers_per_host=1)
+  run.start(("host-0", "host-1"))
+  run.beat(0, "training", phases={"path": "relaunch", "phases": {"compile": 1.5}})
+  run.exit(1, -9, host="host-1")
+  run.settle(("host-0", "host-1"))
+  run.restart(("host-0", "host-1"))
+  saved = json.loads(json.dumps(run.state.to_json()))
+  assert saved["failures"][0]["recovered_s"] is not None and saved["spec"]["generation"] == 2
+  assert saved["gen_stats"]["1"]["phases"]["0"]["path"] == "relaunch"
+  return saved
+
+
+def _failure(saved: dict) -> dict:
+  return saved["failures"][0]
+
+
+@pytest.mark.parametrize("change, field", [
+    # Each persisted field, each with values of other types and out of its range.
+    (lambda s: s.update(status=7), "status"),
+    (lambda s: s.update(status="exploded"), "status"),
+    (lambda s: s.update(generation="2"), "generation"),
+    (lambda s: s.update(generation=2.0), "generation"),
+    (lambda s: s.update(generation=True), "generation"),
+    (lambda s: s.update(generation=-1), "generation"),
+    (lambda s: s.pop("generation"), "generation"),
+    (lambda s: s.update(history="host-0"), "history"),
+    (lambda s: s.update(history=[["host-0", 1]]), "history[0][1]"),
+    (lambda s: s.update(failures=[1, 2]), "failures[0]"),
+    (lambda s: s.update(failures={"0": {}}), "failures"),
+    (lambda s: _failure(s).update(step="5"), "failures[0].step"),
+    (lambda s: _failure(s).update(worker=[1]), "failures[0].worker"),
+    (lambda s: _failure(s).update(worker=-3), "failures[0].worker"),
+    (lambda s: _failure(s).update(kind=None), "failures[0].kind"),
+    (lambda s: _failure(s).update(host=5), "failures[0].host"),
+    (lambda s: _failure(s).update(detected_s=float("nan")), "failures[0].detected_s"),
+    (lambda s: _failure(s).update(recovered_s="1.5"), "failures[0].recovered_s"),
+    (lambda s: _failure(s).update(reason=None), "failures[0].reason"),
+    (lambda s: _failure(s).pop("t_detect"), "failures[0].t_detect"),
+    (lambda s: s.update(gen_stats=[]), "gen_stats"),
+    (lambda s: s.update(gen_stats={"1": "started"}), "gen_stats.1"),
+    (lambda s: s.update(gen_stats={"one": {}}), "gen_stats"),
+    (lambda s: s["gen_stats"]["1"].update(executed="30"), "gen_stats.1.executed"),
+    (lambda s: s["gen_stats"]["1"].update(started=None), "gen_stats.1.started"),
+    (lambda s: s["gen_stats"]["1"].update(phases=[]), "gen_stats.1.phases"),
+    (lambda s: s.update(strikes=-1), "strikes"),
+    (lambda s: s.update(strikes="1"), "strikes"),
+    (lambda s: s.update(commits_at_failure=None), "commits_at_failure"),
+    (lambda s: s.update(commits_at_failure=-2), "commits_at_failure"),
+    (lambda s: s.update(spec=[]), "spec"),
+    (lambda s: s.update(spec="gen-002.json"), "spec"),
+    (lambda s: s["spec"].update(hosts="host-0"), "spec.hosts"),
+    (lambda s: s["spec"].update(hosts=[]), "spec.hosts"),
+    (lambda s: s["spec"].update(num_processes="2"), "spec.num_processes"),
+    (lambda s: s["spec"].update(num_processes=3), "spec"),        # not hosts x workers_per_host
+    (lambda s: s["spec"].update(workers_per_host=0), "spec.workers_per_host"),
+    (lambda s: s["spec"].update(host_history=[["host-0"], "host-1"]), "spec.host_history[1]"),
+    (lambda s: s["spec"].pop("jax_address"), "spec.jax_address"),
+    (lambda s: s["spec"].update(generation=5), "spec.generation"),  # not the state's
+])
+def test_a_saved_state_of_another_shape_is_refused_naming_the_field(change, field):
+  saved = _saved_after_a_recovery()
+  change(saved)
+  with pytest.raises(schema.SchemaError) as e:
+    run_state.State.from_json(saved)
+  assert e.value.field == field, str(e.value)
+  assert str(e.value).startswith(f"field {field!r} "), str(e.value)
+  with pytest.raises(schema.SchemaError):
+    Run(saved=saved)   # the coordinator then starts from a fresh state (test_bad_state.py)
+
+
+def test_saved_states_of_every_status_are_accepted():
+  saved = _saved_after_a_recovery()
+  for status in Status:
+    restored = Run(saved={**saved, "status": status.value})
+    assert restored.policy.restored and restored.state.generation == 2
+  # An earlier coordinator's failure without the optional fields, and a host as the worker.
+  failure = {k: v for k, v in _failure(saved).items()
+             if k not in ("fault", "recovered_s", "observed", "reason")}
+  state = run_state.State.from_json({**saved, "failures": [{**failure, "worker": "host-1"}]})
+  assert state.failures[0].worker == "host-1" and state.failures[0].reason == ""
 
 
 def _persisted_mid_run() -> tuple[dict, int]:

@@ -16,11 +16,13 @@ import time
 
 import numpy as np
 import psutil
+import pydicom
 import pytest
 
 from medjax.data import dicom
 from medjax.data import ingest
 from medjax.data.dicom import decoder
+from medjax.data.dicom import limits as dicom_limits
 from tests import cohorts
 from tests import hostile
 from tests import testdata
@@ -185,8 +187,117 @@ def test_deflate_bomb_is_refused_with_bounded_memory(tmp_path):
         "(+64 MB for other elements) allows")
   # Within the budget it is a header with far too much native pixel data.
   assert _rejected(dicom.read_header, path).reason == (
-      "native pixel data is 209715200 bytes, over twice the 8192 that Rows x Columns x Frames x "
-      "Samples x BitsAllocated/8 give (inconsistent header)")
+      "native pixel data is 209715200 bytes but Rows x Columns x NumberOfFrames x "
+      "SamplesPerPixel x BitsAllocated/8 = 64 x 64 x 1 x 1 x 16/8 = 8192 (inconsistent header)")
+
+
+# --- Headers that disagree with their pixel data: exact lengths and frame counts. ---
+
+
+@pytest.fixture(scope="module")
+def header_cases(tmp_path_factory):
+  """(directory, {name: reason} of inconsistent files, {name: shape} of valid edge cases)."""
+  d = str(tmp_path_factory.mktemp("headers"))
+  return d, hostile.inconsistent_headers(d), hostile.consistent_edges(d)
+
+
+def test_a_header_that_disagrees_with_its_pixel_data_is_rejected(header_cases):
+  d, bad, _ = header_cases
+  # Every way: the header scan, the in-process loader, and the decoder ingest's cache uses.
+  got = {name: {_rejected(fn, os.path.join(d, name)).reason
+                for fn in (dicom.read_header, dicom.load_image, decoder.Decoder().load_image)}
+         for name in bad}
+  assert got == {name: {reason} for name, reason in bad.items()}
+  assert len(bad) == 16
+
+
+def test_valid_edge_cases_decode_to_their_header_shape(header_cases):
+  d, _, good = header_cases
+  out = {}
+  for name, shape in good.items():
+    path = os.path.join(d, name)
+    header = dicom.read_header(path)
+    out[name] = dicom.load_image(path)
+    assert out[name].shape == shape, name
+    assert header.frames == (shape[0] if len(shape) == 3 else 1), name
+  # The odd lengths carry their pad byte: 25 bytes of 8-bit data, 100 bits of 1-bit data.
+  assert dicom.read_header(os.path.join(d, "odd_padded.dcm")).pixel_bytes == 26
+  assert dicom.read_header(os.path.join(d, "bits_1_odd.dcm")).pixel_bytes == 14
+  # 1-bit frames are packed end to end (300 bits in 38 bytes), not padded one by one.
+  assert dicom.read_header(os.path.join(d, "bits_1_frames_3.dcm")).pixel_bytes == 38
+  bits_HxW = (np.add.outer(np.arange(10), np.arange(10)) % 3 == 0).astype(np.float32)
+  np.testing.assert_array_equal(out["bits_1_odd.dcm"], bits_HxW)
+  np.testing.assert_array_equal(out["bits_1_frames_3.dcm"], np.stack([bits_HxW] * 3))
+  # Each encoding of the same frames decodes to the same array (every frame of hostile.frames
+  # holds the same values, so the percentile window is the same whatever the frame count).
+  native = out["multiframe.dcm"]
+  np.testing.assert_array_equal(out["rle_frames_3.dcm"], native)
+  np.testing.assert_array_equal(out["rle_frames_3_no_bot.dcm"], native)
+  np.testing.assert_array_equal(out["jpegls_frames_2_eot.dcm"], native[:2])
+  np.testing.assert_array_equal(out["jpegls_3_fragments_1_frame.dcm"], native[0])
+
+
+def _never_read(*args, **kwargs):
+  raise AssertionError("read_header loaded deferred pixel data")
+
+
+def test_frame_check_reads_item_headers_only(tmp_path, monkeypatch):
+  """The fragments are counted from their 8-byte headers, seeking over the values, and no
+  further than decides the case, however many items the file holds."""
+  read = []
+  check = dicom_limits.check_frames
+
+  class Counted:
+    def __init__(self, f):
+      self.f, self.seek, self.tell = f, f.seek, f.tell
+
+    def read(self, n=-1):
+      data = self.f.read(n)
+      read.append(len(data))
+      return data
+  monkeypatch.setattr(dicom_limits, "check_frames",
+                      lambda path, f, *args: check(path, Counted(f), *args))
+  monkeypatch.setattr(pydicom.filereader, "read_deferred_data_element", _never_read)
+  rng = np.random.default_rng(0)
+  big = hostile.compressed(rng.integers(0, 4096, (3, 256, 256), dtype=np.uint16),
+                           pydicom.uid.RLELossless)
+  path = hostile.save(big, str(tmp_path / "big.dcm"))
+  assert os.path.getsize(path) > 3 * 256 * 256 * 2  # noise: RLE does not shrink it
+  assert dicom.read_header(path).frames == 3
+  assert read == [8] * 5  # the offset table, three fragments, the sequence delimiter
+  # One RLE frame followed by 100,000 empty items: decided on the second fragment.
+  many = hostile.compressed(hostile.ramp(16), pydicom.uid.RLELossless, table="none")
+  many.PixelData += b"\xfe\xff\x00\xe0\x00\x00\x00\x00" * 100_000
+  path = hostile.save(many, str(tmp_path / "many.dcm"))
+  read.clear()
+  assert _rejected(dicom.read_header, path).reason.startswith(
+      "RLE Lossless pixel data has more than 1 fragment but NumberOfFrames is 1")
+  assert read == [8] * 3
+
+
+def test_ingest_quarantines_inconsistent_headers_beside_the_valid_files(tmp_path):
+  from configs import default  # pylint: disable=import-outside-toplevel
+  root = cohorts.tiny_cohort(str(tmp_path / "cohort"))
+  d = os.path.join(root, "dicom", "headers")
+  bad = hostile.inconsistent_headers(d, "MRN001")
+  good = hostile.consistent_edges(d, "MRN001")
+  config = default.get_config()
+  config.data.update(vitals_steps=6, image_size=16, split=(0.5, 0.0, 0.5))
+  workdir = str(tmp_path / "work")
+  result = ingest.run(config, workdir, root)
+  with open(os.path.join(workdir, "ingest", "quarantine.jsonl")) as f:
+    report = [json.loads(line) for line in f]
+  assert report == result.quarantine
+  assert {q["path"]: (q["stage"], q["reason"]) for q in report
+          if q["path"].startswith("dicom/headers/")} == {
+              f"dicom/headers/{name}": ("scan", reason) for name, reason in bad.items()}
+  # MRN001's record holds every valid file beside them, counted by its frames.
+  m = result.manifest
+  row = next(i for i, files in enumerate(m.image_files) if "dicom/s1/a.dcm" in files)
+  assert sorted(m.image_files[row]) == sorted(
+      ["dicom/s1/a.dcm", "dicom/s1/b.dcm", *(f"dicom/headers/{name}" for name in good)])
+  assert m.num_images[row] == 2 + sum(shape[0] if len(shape) == 3 else 1
+                                      for shape in good.values())
 
 
 # --- Decoders in child processes. ---

@@ -41,14 +41,25 @@ def test_ingest_links_by_patient_id_and_accounts_for_every_file(cohort, tmp_path
   all_files = {os.path.relpath(os.path.join(dp, f), cohort)
                for dp, _, fs in os.walk(os.path.join(cohort, "dicom")) for f in fs}
   referenced = {f for files in m.image_files for f in files}
-  quarantined = {q["path"] for q in result.quarantine if q["path"].startswith("dicom")}
+  quarantined = {q["path"] for q in result.quarantine if q.get("path", "").startswith("dicom")}
   assert referenced | quarantined == all_files and not referenced & quarantined
-  reasons = {q["path"]: q["reason"] for q in result.quarantine}
+  reasons = {q["path"]: q["reason"] for q in result.quarantine if "path" in q}
   assert "PatientID" in reasons["dicom/s3/c.dcm"]
   assert "labels.csv" in reasons["dicom/s4/d.dcm"]
   assert "pixel" in reasons["dicom/s5.dcm"].lower()
   # Table problems: duplicate row, non-numeric value, out-of-order vitals, label without data.
   table_lines = {(q["path"], q["line"]) for q in result.quarantine if q["stage"] == "tables"}
+  # Every patient named anywhere: 6 in the manifest; MRN007 (a label, no data) and MRN999
+  # (images, no label) left out, each once, by pseudonym only.
+  left_out = {q["patient"]: q["reason"] for q in result.quarantine if "patient" in q}
+  assert sorted(left_out.values()) == [
+      "a label but no data (no image, lab or vitals row): labels.csv line 8",
+      "no row in labels.csv; their images and table rows are left out"]
+  assert all(p.startswith("r-") for p in left_out) and not set(left_out) & set(m.record_ids)
+  counts = result.summary["accounting"]
+  assert counts["patients"] == {"named": 8, "in_manifest": 6, "quarantined": 2}
+  assert counts["files"]["tables_read"] == 3 and counts["files"]["in_manifest"] == len(
+      referenced)
   assert {("labs.csv", 5), ("labs.csv", 6), ("vitals.csv", 6), ("labels.csv", 8)} <= table_lines
   tables = result.summary["tables"]
   assert [tables[f]["rows_quarantined"] for f in ("labels.csv", "labs.csv", "vitals.csv")] == [

@@ -19,7 +19,7 @@ PACKAGE = ROOT / "medjax"
 LAYERS = (
     ("base", ("medjax.errors", "medjax.jsonl", "medjax.paths", "medjax.secretfile",
               "medjax.lifeline", "medjax.programs", "medjax.progress", "medjax.runlog",
-              "medjax.plots")),
+              "medjax.plots", "medjax.schema")),
     ("lineage", ("medjax.lineage",)),
     ("data and model", ("medjax.data", "medjax.model")),
     ("checkpoint", ("medjax.checkpoint",)),

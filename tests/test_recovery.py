@@ -81,20 +81,20 @@ SPEC = {"generation": 3, "hosts": ["host-0"], "host_history": [["host-0"]],
 
 
 def test_generations_of_one_cpu_host_get_warm_standbys():
-  assert standbys_lib.warm_key(SPEC, "host-0", "cpu") is not None
-  assert standbys_lib.warm_key({**SPEC, "generation": 9, "jax_address": "x:2"}, "host-0", "cpu") == \
-      standbys_lib.warm_key(SPEC, "host-0", "cpu")   # the same shape, whatever the generation
+  warm_key = standbys_lib.warm_key
+  assert warm_key(SPEC, "host-0", "cpu") is not None
+  assert warm_key({**SPEC, "generation": 9, "jax_address": "x:2"}, "host-0", "cpu") == \
+      warm_key(SPEC, "host-0", "cpu")   # the same shape, whatever the generation
   two = {**SPEC, "workers_per_host": 2, "num_processes": 2}
   # Several processes of one host: a group that joins jax.distributed ahead; not over hosts.
-  assert standbys_lib.warm_key(two, "host-0", "cpu") not in (None, standbys_lib.warm_key(SPEC, "host-0",
-                                                                                   "cpu"))
+  assert warm_key(two, "host-0", "cpu") not in (None, warm_key(SPEC, "host-0", "cpu"))
   over_two = {**SPEC, "hosts": ["host-0", "host-1"], "host_history": [["host-0", "host-1"]],
               "num_processes": 2}
-  assert standbys_lib.warm_key(over_two, "host-0", "cpu") is None
-  assert standbys_lib.warm_key(SPEC, "host-0", "gpu") is not None   # beside the running worker
-  assert standbys_lib.warm_key(SPEC, "host-0", "tpu") is None       # one process per chip
+  assert warm_key(over_two, "host-0", "cpu") is None
+  assert warm_key(SPEC, "host-0", "gpu") is not None   # beside the running worker
+  assert warm_key(SPEC, "host-0", "tpu") is None       # one process per chip
   shrunk = {**SPEC, "host_history": [["host-0", "host-1"], ["host-0"]]}
-  assert standbys_lib.warm_key(shrunk, "host-0", "cpu") != standbys_lib.warm_key(SPEC, "host-0", "cpu")
+  assert warm_key(shrunk, "host-0", "cpu") != warm_key(SPEC, "host-0", "cpu")
 
 
 def test_a_standby_prepares_after_a_failure_by_default():
@@ -252,7 +252,8 @@ def _group_agent(tmp_path, monkeypatch):
   """An agent of 2 workers per host whose standbys and processes are fakes; what it tells them."""
   agent = _agent(tmp_path, workers_per_host=2)
   told = []
-  monkeypatch.setattr(agent.standbys, "tell", lambda s, message, close: told.append((s, message)) or True)
+  monkeypatch.setattr(agent.standbys, "tell",
+                      lambda s, message, close: told.append((s, message)) or True)
   monkeypatch.setattr(spawn, "popen", lambda *a, **k: _Proc())
   return agent, told
 

@@ -3,6 +3,7 @@ rotated, damaged. tests/test_fault.py restores from them after real crashes and 
 
 import dataclasses
 import glob
+import json
 import logging
 import os
 import re
@@ -99,6 +100,60 @@ def test_a_damaged_snapshot_falls_back_to_the_previous_one(tmp_path, caplog, dam
     _, saved, step = snaps.restore(_abstract(_state(0.0)), after_step=-1, placement="p")
   assert step == 4 and saved.global_step == 4
   assert "snapshot 6" in caplog.text and "damaged" in caplog.text
+  assert snapshots.step_files(snaps.directory) == [4]
+
+
+def _rewrite_header(path: str, change) -> None:
+  """Rewrites a snapshot file's JSON header through `change(header)`, its vectors kept."""
+  with open(path, "rb") as f:
+    data = f.read()
+  at = len(snapshots._MAGIC)  # pylint: disable=protected-access
+  size = int.from_bytes(data[at:at + 8], "little")
+  header = json.loads(data[at + 8:at + 8 + size])
+  original = header["layout"]
+  layout = json.loads(original)
+  change(header, layout)
+  if header.get("layout") == original:   # (unless `change` replaced it)
+    header["layout"] = json.dumps(layout)
+  text = json.dumps(header).encode()
+  with open(path, "wb") as f:
+    f.write(data[:at] + len(text).to_bytes(8, "little") + text + data[at + 8 + size:])
+
+
+def _leaf(layout, path="['params']['w']"):
+  return next(e for e in layout["leaves"] if e["path"] == path)
+
+
+@pytest.mark.parametrize("change, problem", [
+    (lambda h, l: h.update(groups={"float32": 15}), "field 'groups'"),
+    (lambda h, l: h["groups"][0].update(size="15"), "field 'groups[0].size'"),
+    (lambda h, l: h["groups"][0].update(size=-1), "field 'groups[0].size'"),
+    (lambda h, l: h["groups"][0].update(dtype="float99"), "field 'groups[0].dtype'"),
+    (lambda h, l: h["groups"][0].update(dtype=32), "field 'groups[0].dtype'"),
+    (lambda h, l: h["groups"][0].pop("name"), "field 'groups[0].name'"),
+    (lambda h, l: h.update(layout={"leaves": []}), "field 'layout'"),
+    (lambda h, l: h.pop("layout"), "field 'layout'"),
+    (lambda h, l: l.update(leaves="all"), "field 'layout.leaves'"),
+    (lambda h, l: _leaf(l).update(shape=[4, "3"]), "field 'layout.leaves[2].shape[1]'"),
+    (lambda h, l: _leaf(l).update(offset=-3), "field 'layout.leaves[2].offset'"),
+    (lambda h, l: _leaf(l).update(group=None), "field 'layout.leaves[2].group'"),
+    (lambda h, l: _leaf(l).update(group="float64"), "field 'layout.leaves[2]'"),  # no such vector
+    (lambda h, l: _leaf(l).update(offset=10**6), "field 'layout.leaves[2]'"),     # past its vector
+    (lambda h, l: h["lineage"].update(global_step="6"), "lineage field 'global_step'"),
+    (lambda h, l: h["lineage"]["segment"].update(hosts=[0]), "lineage field 'segment.hosts[0]'"),
+    (lambda h, l: h.update(lineage=[6]), "lineage record is a list"),
+])
+def test_a_snapshot_header_of_another_shape_falls_back_to_the_previous_one(tmp_path, caplog,
+                                                                          change, problem):
+  snaps = _snapshots(tmp_path)
+  _save(snaps, [4, 6])
+  _rewrite_header(os.path.join(snaps.directory, "step-6.snap"), change)
+  with caplog.at_level(logging.WARNING):
+    state, saved, step = snaps.restore(_abstract(_state(0.0)), after_step=-1, placement="p")
+  assert step == 4 and saved.global_step == 4
+  np.testing.assert_array_equal(np.asarray(state["params"]["w"]), 4.0)
+  warning = next(r.getMessage() for r in caplog.records if "snapshot 6" in r.getMessage())
+  assert f"is damaged ({problem}" in warning, warning
   assert snapshots.step_files(snaps.directory) == [4]
 
 
@@ -227,3 +282,28 @@ def test_a_killed_unsupervised_run_rerun_resumes_from_its_snapshot(tmp_path):
   store = lineage.LineageStore(os.path.join(killed, "lineage"))
   run = snapshots.run_id(store, is_chief=False, barrier=lambda name: None)
   assert not glob.glob(os.path.join(snapshots.run_root("", killed, run), "*", "*", "*"))
+
+
+@pytest.mark.parametrize("saved, problem", [
+    ({"run": 5}, "field 'run' is 5, not a string"),
+    ({"run": "../../etc"}, "field 'run' is '../../etc', not a run id (letters and digits)"),
+    ({"run": ""}, "field 'run' is '', not a run id"),
+    ({"id": "3fa1c0"}, "field 'run' is missing"),
+    (["3fa1c0"], "holds list, not a record"),
+])
+def test_a_run_id_of_another_shape_is_refused_with_what_to_do(tmp_path, saved, problem):
+  store = lineage.LineageStore(str(tmp_path / "lineage"))
+  first = snapshots.run_id(store, is_chief=True, barrier=lambda name: None)
+  assert first.isalnum() and snapshots.run_id(store, is_chief=False,
+                                                  barrier=lambda name: None) == first
+  with open(tmp_path / "lineage" / "state" / "snapshots", "w") as f:
+    json.dump(saved, f)
+  passed = []
+  for chief in (True, False):   # every process refuses it alike, after the barrier
+    with pytest.raises(lineage.LineageError) as e:
+      snapshots.run_id(store, is_chief=chief, barrier=passed.append)
+    assert str(e.value).startswith(f"{tmp_path / 'lineage'}/state/snapshots: "), str(e.value)
+    assert problem in str(e.value) and str(e.value).endswith(
+        "; delete it (this run's host-local snapshots are then not resumed from: training goes "
+        "on from the newest committed checkpoint)")
+  assert passed == ["snapshot run id", "snapshot run id"]

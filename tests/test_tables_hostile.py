@@ -21,6 +21,7 @@ from medjax.data import ingest
 from medjax.data import ingest_summary
 from medjax.data import synthetic
 from medjax.data import tables
+from medjax.data.tables import values as values_lib
 from medjax.data.synthetic import tables as synthetic_tables
 from tests import testdata
 
@@ -99,7 +100,7 @@ def test_delimiters_and_line_endings(tmp_path, delimiter, eol):
 @pytest.mark.parametrize("data,what", [
     (b"", "empty"), (b"\n  \n\n", "only blank lines"), (bytes(range(256)) * 8, "not a text"),
     (b"MRN001-SECRET,flu\nMRN002-SECRET,copd\n", "not a header"),
-    (b"patient_id,diagnosis,Diagnosis\nP1,a,b\n", "'Diagnosis' appears twice"),
+    (b"patient_id,diagnosis,Diagnosis\nP1,a,b\n", "columns 2 and 3 of the header have the same"),
     (b"\xff\xfep\x00\x00\xd8", "not valid UTF-16")])
 def test_unreadable_files_are_refused_in_one_line(tmp_path, data, what):
   path = _write(tmp_path, "labels.csv", data)
@@ -109,6 +110,35 @@ def test_unreadable_files_are_refused_in_one_line(tmp_path, data, what):
   assert isinstance(e.value, tables.TableError) and what in message
   assert path in message and "\n" not in message
   assert "SECRET" not in message  # a header-less file's first row is never echoed
+
+
+@pytest.mark.parametrize("ident", ["MRN0042", "Jane Doe 1961-04-02", "4417 8821"])
+def test_a_header_cell_that_may_identify_a_patient_is_never_echoed(tmp_path, ident):
+  """Rule 7: a header cell is shown in a message only where it cannot identify anyone; an
+  identifier pasted into a header (a shifted row, a stray cell) reaches no message, no table
+  and no analyte name."""
+  root = tmp_path / "cohort"
+  root.mkdir()
+  (root / "labels.csv").write_text("patient_id,diagnosis\nP1,flu\nP2,copd\n")
+  (root / "labs.csv").write_text(f"patient_id,Na,{ident}\nP1,140,1\nP2,141,2\n")
+  (root / "vitals.csv").write_text(f"patient_id,hour,{ident},hr\nP1,0,1,80\n")
+  result = ingest.run(_config(analytes=(), vitals_channels=("hr",)), str(tmp_path / "w"),
+                      str(root))
+  assert result.tables["analytes"].tolist() == ["Na"]
+  everything = json.dumps([result.quarantine, result.summary])
+  assert ident not in everything and "withheld" in everything
+  for labs in (f"patient_id,Na,{ident},{ident}\nP1,1,2,3\n",     # a duplicate name
+               f"patient_id,Na,{ident}\nP1,1,2\n"):                # two columns give Na
+    (root / "labs.csv").write_text(labs)
+    with pytest.raises(errors.InputError) as e:
+      ingest.run(_config(analytes=("Na",), rename={ident: "Na"}, vitals_channels=("hr",)),
+                 str(tmp_path / "w2"), str(root))
+    assert ident not in str(e.value)
+  (root / "labs.csv").unlink()
+  (root / "vitals.csv").write_text(f"patient_id,hour,{ident}\nP1,0,1\n")   # no hr column
+  with pytest.raises(errors.InputError) as e:
+    ingest.run(_config(vitals_channels=("hr",)), str(tmp_path / "w3"), str(root))
+  assert "['hr']" in str(e.value) and ident not in str(e.value)
 
 
 def test_absent_tables_are_optional(tmp_path):
@@ -136,7 +166,9 @@ def test_unbalanced_quote_on_line_17_costs_line_17_only(tmp_path):
 
 
 @pytest.mark.parametrize("bad,reason", [
-    (b"P2\x00,copd", "NUL byte"), (b"P2,copd,extra", "3 fields, the header has 2"),
+    (b"P2\x00,copd", "control character (byte 0x00)"),
+    (b"P2,co\x01pd", "control character (byte 0x01)"), (b"P2\x7f,copd", "(byte 0x7f)"),
+    (b"P2,copd\x1b", "(byte 0x1b)"), (b"P2,copd,extra", "3 fields, the header has 2"),
     (b'P2,"co"pd', "malformed quoting"), (b"P2,copd\xe9", "not valid UTF-8"),
     (b"P2", "1 fields, the header has 2")])
 def test_malformed_line_is_set_aside_with_line_and_reason(tmp_path, bad, reason):
@@ -190,7 +222,10 @@ def test_value_ranges_config():
   config.data.value_ranges.hr = (20, 250)
   config.data.value_ranges.temp = None
   ranges = tables.value_ranges(config.data.value_ranges)
-  assert ranges["K"] == (1, 10) and ranges["hr"] == (20, 250) and "temp" not in ranges
+  # Names are matched ignoring case: the override of 'K' is the default 'k' analyte's.
+  assert ranges["k"] == (1, 10) and ranges["hr"] == (20, 250) and "temp" not in ranges
+  assert values_lib.range_for(ranges, "K") == (1, 10) and values_lib.range_for(ranges, "NA") == (
+      80.0, 220.0)
   with pytest.raises(errors.InputError, match=r"config.data.value_ranges.K=\(10, 1\)"):
     tables.value_ranges({"K": (10, 1)})
 
@@ -204,6 +239,11 @@ def test_synthetic_cohorts_fall_inside_the_default_ranges(num_patients):
     low, high = tables.DEFAULT_VALUE_RANGES[name]
     values = cohort.vitals[..., c]
     assert low <= np.nanmin(values) and np.nanmax(values) <= high, name
+  for a, name in enumerate(cohort.model.lab_names):
+    bounds = values_lib.range_for(tables.DEFAULT_VALUE_RANGES, name)
+    values = cohort.labs[:, a]
+    if bounds is not None and not np.all(np.isnan(values)):
+      assert bounds[0] <= np.nanmin(values) and np.nanmax(values) <= bounds[1], name
 
 
 def test_quickstart_tiny_cohort_has_no_value_set_aside(tmp_path):
@@ -215,7 +255,7 @@ def test_quickstart_tiny_cohort_has_no_value_set_aside(tmp_path):
   with_tables = cohort.modality_mask[:, 1:].any(1)
   assert len(result.manifest) == with_tables.sum()
   assert {q["reason"].split(" (")[0] for q in result.quarantine} <= {
-      "label for a patient with no data"}
+      "label for a patient with no data", "a label but no data"}
   t = result.summary["tables"]
   assert not t["values_out_of_range"] and not t["values_not_a_number"]
   assert not t["values_non_finite"]
@@ -238,7 +278,7 @@ def test_vitals_bad_times_set_their_row_aside(tmp_path):
   reasons = {p.line: p.reason for p in problems.items}
   assert sorted(reasons) == [3, 4, 5, 6]
   assert "negative time" in reasons[3] and "neither hours nor" in reasons[4]
-  assert "timestamp but the file's first time is hours" in reasons[5]
+  assert "timestamp but most of the file's times are hours" in reasons[5]
   assert "2024" not in reasons[5]   # dates are withheld
 
 

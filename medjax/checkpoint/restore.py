@@ -16,6 +16,7 @@ import numpy as np
 
 from medjax import errors
 from medjax import lineage as lineage_lib
+from medjax import schema
 from medjax.checkpoint import checkpointer
 from medjax.checkpoint import retention
 
@@ -137,7 +138,7 @@ def _check_the_store_is_this_runs(ckpt: checkpointer.Checkpointer,
   """No commit and no trace of a start in the store, yet steps on disk: the store is not this
   run's (deleted, or config.ckpt.lineage_store changed). Discarding them as uncommitted would
   delete trained work: refused, unless told to start fresh (then they are set aside)."""
-  if store.committed_steps() or store.get_state("records") is not None:
+  if store.committed_steps() or _records_state(store) is not None:
     return
   on_disk = retention.step_dirs(ckpt.directory)
   if on_disk and if_all_damaged != "start_fresh":
@@ -157,15 +158,32 @@ def _check_the_records(store: lineage_lib.LineageStore, records: str, num_record
   this is the first)."""
   if not records:
     return
-  saved = store.get_state("records")
-  if saved is not None and saved.get("fingerprint") != records:
+  saved = _records_state(store)
+  if saved is not None and saved["fingerprint"] != records:
     raise errors.InputError(
         f"the cohort's records changed since this run's checkpoints were written (ingest "
-        f"fingerprint {saved.get('fingerprint')} in {store.location}, now {records}: re-ingested "
+        f"fingerprint {saved['fingerprint']} in {store.location}, now {records}: re-ingested "
         "with another salt, cohort or table rules); resume with the ingest they were trained "
         "on, or start a new --workdir")
   if saved is None and is_chief:
     store.put_state("records", {"fingerprint": records, "count": num_records})
+
+
+# The store's state "records": the manifest's fingerprint (`records_fingerprint`) and length,
+# as the run's first start stored them.
+RECORDS = schema.Object({"fingerprint": schema.Str(nonempty=True), "count": schema.COUNT})
+
+
+def _records_state(store: lineage_lib.LineageStore) -> dict | None:
+  """The state "records", or None; a damaged one (not JSON, or not `RECORDS`) stops the run with
+  one line: without it, nothing tells whether the checkpoints belong to this ingest."""
+  try:
+    return store.get_state("records", RECORDS)
+  except lineage_lib.LineageError as e:
+    raise lineage_lib.LineageError(
+        f"{e}; restore it from a backup, or delete it if this run's ingest is the one its "
+        "checkpoints were trained on (the next start stores that ingest's fingerprint again)"
+    ) from None
 
 
 def _restore_newest_good(ckpt: checkpointer.Checkpointer, store: lineage_lib.LineageStore,

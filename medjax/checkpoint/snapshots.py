@@ -50,6 +50,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from medjax import lineage as lineage_lib
+from medjax import schema
 from medjax.checkpoint import packing
 
 SUFFIX = ".snap"
@@ -64,12 +65,31 @@ def default_base() -> str:
   return tempfile.gettempdir()
 
 
+# The lineage store's state "snapshots": the run's id (`run_id`), a name in a folder's name.
+RUN_STATE = schema.Object({"run": schema.Satisfies(
+    schema.STR, lambda run: run.isalnum(), "a run id (letters and digits)")})
+
+
 def run_id(store: lineage_lib.LineageStore, *, is_chief: bool, barrier) -> str:
-  """This run's id, kept in its lineage store (the chief makes it on the first start)."""
-  if is_chief and store.get_state("snapshots") is None:
-    store.put_state("snapshots", {"run": uuid.uuid4().hex[:12]})
-  barrier("snapshot run id")
-  return store.get_state("snapshots")["run"]
+  """This run's id, kept in its lineage store (the chief makes it on the first start).
+
+  Raises:
+    LineageError: the stored id is damaged (not JSON, or not `RUN_STATE`).
+  """
+  def read() -> dict | None:
+    try:
+      return store.get_state("snapshots", RUN_STATE)
+    except lineage_lib.LineageError as e:
+      raise lineage_lib.LineageError(
+          f"{e}; delete it (this run's host-local snapshots are then not resumed from: "
+          "training goes on from the newest committed checkpoint)") from None
+
+  try:
+    if is_chief and read() is None:
+      store.put_state("snapshots", {"run": uuid.uuid4().hex[:12]})
+  finally:   # every process reaches the barrier, then reads (and refuses a damaged id) alike
+    barrier("snapshot run id")
+  return read()["run"]
 
 
 def user_root(base: str = "") -> str:
@@ -299,6 +319,7 @@ class Snapshots:
     size = int.from_bytes(data[at:at + 8], "little")
     header = json.loads(data[at + 8:at + 8 + size])
     at += 8 + size
+    _check_header(header)
     arrays = {}
     for g in header["groups"]:
       dtype = np.dtype(g["dtype"])
@@ -324,6 +345,34 @@ class Snapshots:
                          f"{e['dtype']}{e['shape']}, not {target.dtype}{list(target.shape)})")
     leaves = packing.unpack_on_host(arrays, entries, [t for _, t in paths_and_targets])
     return treedef.unflatten(leaves)
+
+
+_DTYPE = schema.Satisfies(schema.STR, lambda name: str(np.dtype(name)) == name,
+                         "a dtype's name")
+# A snapshot file's JSON header (`Snapshots._write`): the lineage (checked by
+# `Lineage.from_dict`), the packing layout as JSON text (`packing.state_layout`; every leaf of a
+# snapshot is packed in a group), each packed vector's name, dtype and length.
+_HEADER = schema.Object({
+    "lineage": schema.ANY, "layout": schema.STR,
+    "groups": schema.List(schema.Object({"name": schema.STR, "dtype": _DTYPE,
+                                         "size": schema.COUNT}))})
+_LAYOUT = schema.Object({"leaves": schema.List(schema.Object({
+    "path": schema.STR, "shape": schema.List(schema.COUNT), "dtype": _DTYPE,
+    "group": schema.STR, "offset": schema.COUNT}))})
+
+
+def _check_header(header) -> None:
+  """A snapshot header of the shape `_write` writes, whose layout's leaves lie inside their
+  packed vectors (ValueError naming what is wrong: the snapshot is damaged)."""
+  schema.check(header, _HEADER)
+  layout = schema.check(json.loads(header["layout"]), _LAYOUT, "layout")
+  groups = {g["name"]: g for g in header["groups"]}
+  for i, leaf in enumerate(layout["leaves"]):
+    group = groups.get(leaf["group"])
+    end = leaf["offset"] + int(np.prod(leaf["shape"], dtype=np.int64))
+    if group is None or group["dtype"] != leaf["dtype"] or end > group["size"]:
+      raise schema.SchemaError(f"layout.leaves[{i}]", f"({leaf['path']}) is not inside a "
+                               "packed vector of its dtype")
 
 
 def _agreed(steps: list[int], width: int) -> int | None:

@@ -363,6 +363,9 @@ class Checker:
         self.add("data.root", "is not a directory; point it at a cohort folder with dicom/, "
                               "labs.csv, vitals.csv, labels.csv (or leave it unset for a "
                               "synthetic cohort)")
+      elif not os.access(root, os.R_OK | os.X_OK):
+        self.add("data.root", "cannot be read (permission denied); give the process read "
+                              "and search permission on the cohort folder")
       elif not any(os.path.exists(os.path.join(root, n)) for n in rules.COHORT_FILES):
         self.add("data.root", "holds none of dicom/, labs.csv, vitals.csv, labels.csv; point it "
                               "at a cohort folder")

@@ -34,6 +34,7 @@ import numpy as np
 from medjax import errors
 from medjax import paths
 from medjax import secretfile
+from medjax.data import accounting
 from medjax.data import dicom
 from medjax.data import ingest_summary
 from medjax.data import manifest as manifest_lib
@@ -42,6 +43,7 @@ from medjax.data import tables
 from medjax.data.ingested import Ingested, load, load_ceiling  # pylint: disable=unused-import
 
 ID_PREFIX = "r-"
+SALT_BYTES = 32
 
 
 def load_or_create_salt(path: str) -> bytes:
@@ -50,15 +52,17 @@ def load_or_create_salt(path: str) -> bytes:
   Reusing it keeps record ids, and so caches and checkpoints' lineage, stable across runs.
   """
   try:
-    salt = secretfile.read_or_create(path, lambda: secrets.token_bytes(32))
+    salt = secretfile.read_or_create(path, lambda: secrets.token_bytes(SALT_BYTES))
   except OSError as e:
     raise errors.InputError(f"{path}: cannot read or create the salt file ({e.strerror}); fix "
                             "its permissions or set config.data.salt_file") from e
-  if len(salt) < 16:
+  # Exactly what `secrets.token_bytes` wrote: any other length (cut short, a newline added by an
+  # editor, another tool's salt) would re-key every record id, the split and the plans.
+  if len(salt) != SALT_BYTES:
     raise errors.InputError(
-        f"{path}: the salt file is damaged ({len(salt)} bytes, expected 32); restore it from a "
-        "backup, or delete it and ingest again (record ids change: start a new --workdir, as "
-        "this run's checkpoints and caches belong to the old ids)")
+        f"{path}: the salt file is damaged ({len(salt)} bytes, expected {SALT_BYTES}); restore "
+        "it from a backup, or delete it and ingest again (record ids change: start a new "
+        "--workdir, as this run's checkpoints and caches belong to the old ids)")
   return salt
 
 
@@ -188,11 +192,15 @@ def run(config, workdir: str, root: str) -> Ingested:
   scan_s = time.perf_counter() - t0
   logging.info("ingest: scanned %d DICOM files in %.1f s (%d rejected)",
                len(headers) + len(quarantine), scan_s, len(quarantine))
+  quarantine += accounting.foreign_files(root, skip=(workdir,))
   fold = bool(data.ids_case_insensitive)
   # DICOM PatientIDs are joined like the tables' ids: stripped, NFC, casefolded if configured.
   dicom_ids = tables.normalize_ids([h.patient_id for _, h in headers], fold)
   problems.known_ids.update(p.casefold() for p in dicom_ids)
+  named = {p for p in dicom_ids if p}
+  headers, dicom_ids = _shared_instances(headers, dicom_ids, quarantine)
   read = _read_tables(root, data, budgets, problems, fold)
+  named |= problems.named
   problems.redact()
   files_by_patient: dict[str, list[tuple[str, int]]] = collections.defaultdict(list)
   for (rel, header), pid in zip(headers, dicom_ids):
@@ -201,12 +209,25 @@ def run(config, workdir: str, root: str) -> Ingested:
     else:
       quarantine.append({"path": os.path.join("dicom", rel), "stage": "link",
                          "reason": "its PatientID is blank"})
-  linked = _link(read, files_by_patient, data.classes, problems, quarantine, run_paths)
+  linked = _link(read, files_by_patient, data.classes, problems, run_paths)
+  if not linked.patients:
+    quarantine.extend(p.as_dict() for p in problems.items)
+    _write_jsonl(run_paths.quarantine, quarantine)
+    raise errors.InputError(f"{root}: ingest kept no patient ({_why_none(read, files_by_patient)}"
+                            f"); every rejected file and row is in {run_paths.quarantine}")
   case_only = _count_case_only(read, files_by_patient)
   manifest, table_arrays = _assemble(linked, read, files_by_patient, data, salt, config.seed)
+  label_of = dict(zip(read.labels.ids.tolist(), read.labels.classes.tolist())) if (
+      read.labels is not None) else {}
+  by_pseudonym = lambda pid: pseudonym(pid, salt)
+  quarantine += accounting.left_out(named, set(linked.patients), problems, files_by_patient,
+                                    read.labels is not None, label_of, by_pseudonym)
   quarantine.extend(p.as_dict() for p in problems.items)
+  counts = accounting.check(root, manifest, quarantine, named, set(linked.patients),
+                            by_pseudonym, skip=(workdir,))
 
   manifest.save(run_paths.manifest)
+  _check_finite(table_arrays)
   np.savez(run_paths.tables, **table_arrays)
   _write_jsonl(run_paths.quarantine, quarantine)
   oracle = os.path.join(root, "oracle.npz")
@@ -221,6 +242,7 @@ def run(config, workdir: str, root: str) -> Ingested:
       1 for q in quarantine if q["stage"] == "scan"), scan_s, read.vitals.late)
   summary["tables"] = ingest_summary.tables_summary(problems, quarantine, linked.id_counts,
                                                     case_only, fold)
+  summary["accounting"] = counts
   summary["seconds"] = round(time.perf_counter() - t0, 3)
   with open(run_paths.ingest_summary, "w") as f:
     json.dump(summary, f, indent=2)
@@ -236,6 +258,40 @@ def _scan(dicom_root: str, workers: int, budgets: dicom.Budgets) -> tuple[list, 
   if not os.path.isdir(dicom_root):
     return [], []
   return scan_dicom(dicom_root, workers, budgets)
+
+
+def _why_none(read: "_Tables", files_by_patient: dict) -> str:
+  """Why no patient could be kept, in a few words."""
+  with_data = bool(files_by_patient) or len(read.labs.ids) or len(read.vitals.ids)
+  if read.labels is not None and not len(read.labels.ids):
+    return "labels.csv has no usable row: a header only, or every row set aside"
+  if read.labels is not None and with_data:
+    return "no patient of labels.csv has an image, lab or vitals row, nor the other way round"
+  return "no image, lab or vitals row was usable"
+
+
+def _shared_instances(headers: list, dicom_ids: np.ndarray, quarantine: list) -> tuple:
+  """The headers (and their ids) without the files whose SOPInstanceUID another patient's file
+  holds too: one instance belongs to one patient, so one of the PatientIDs is wrong, and which
+  cannot be told; all such files are quarantined, each naming another file of the UID. (The
+  same patient's copies of one instance were reduced to one by `scan_dicom`.)"""
+  by_uid: dict[str, list[int]] = collections.defaultdict(list)
+  for i, (_, header) in enumerate(headers):
+    if header.instance and dicom_ids[i]:
+      by_uid[header.instance].append(i)
+  shared = set()
+  for rows in by_uid.values():
+    if len({dicom_ids[i] for i in rows}) > 1:
+      shared.update(rows)
+      for i in rows:
+        other = next(j for j in rows if dicom_ids[j] != dicom_ids[i])
+        quarantine.append({"path": os.path.join("dicom", headers[i][0]), "stage": "link",
+                           "reason": "its SOPInstanceUID is also in "
+                                     f"{os.path.join('dicom', headers[other][0])}, under another "
+                                     "PatientID: one instance belongs to one patient, so one of "
+                                     "the two PatientIDs is wrong"})
+  keep = [i for i in range(len(headers)) if i not in shared]
+  return [headers[i] for i in keep], dicom_ids[keep]
 
 
 @dataclasses.dataclass
@@ -262,21 +318,37 @@ def _read_tables(root: str, data, budgets: dicom.Budgets, problems: tables.Probl
       raise errors.InputError(f"{path}: {e.reason}; give a regular CSV file") from None
     return path
 
+  def read(name, reader, *args):
+    """`reader(path, *args)`, or None without the file. Whatever goes wrong reading a user's
+    file is about that file: one line naming it (the reader's own errors already are), never
+    an internal error; the exception's text stays out of it (it may quote a cell)."""
+    path = table(name)
+    if path is None:
+      return None
+    try:
+      return reader(path, *args)
+    except errors.InputError:
+      raise
+    except Exception as e:  # pylint: disable=broad-except
+      logging.error("ingest: reading %s failed with %s (--debug shows where)", path,
+                    type(e).__name__)
+      if errors.debug():
+        raise
+      raise errors.InputError(f"{path}: could not be read as {name} ({type(e).__name__}); "
+                              "export it again as a CSV table (UTF-8, one header line), or "
+                              "remove it (every table is optional)") from None
+
   ranges = tables.value_ranges(data.value_ranges)
-  labels = None
-  if table("labels.csv"):
-    labels = tables.read_labels(table("labels.csv"), problems, tuple(data.classes), fold)
+  labels = read("labels.csv", tables.read_labels, problems, tuple(data.classes), fold)
   analytes = list(data.analytes)
-  labs = tables.Labs(analytes, np.array([], object), np.zeros((0, len(analytes)), np.float32))
-  if table("labs.csv"):
-    labs = tables.read_labs(table("labs.csv"), analytes, dict(data.rename), problems, ranges,
-                            fold)
+  labs = read("labs.csv", tables.read_labs, analytes, dict(data.rename), problems, ranges,
+              fold) or tables.Labs(analytes, np.array([], object),
+                                   np.zeros((0, len(analytes)), np.float32))
   channels = list(data.vitals_channels)
-  vitals = tables.Vitals(np.array([], object),
-                         np.zeros((0, data.vitals_steps, len(channels)), np.float32), 0)
-  if table("vitals.csv"):
-    vitals = tables.read_vitals(table("vitals.csv"), channels, data.vitals_steps,
-                                data.vitals_hours_per_step, problems, ranges, fold)
+  vitals = read("vitals.csv", tables.read_vitals, channels, data.vitals_steps,
+                data.vitals_hours_per_step, problems, ranges, fold) or tables.Vitals(
+                    np.array([], object),
+                    np.zeros((0, data.vitals_steps, len(channels)), np.float32), 0)
   return _Tables(labels, labs, vitals)
 
 
@@ -290,9 +362,9 @@ class _Linked:
 
 
 def _link(read: _Tables, files_by_patient: dict, classes, problems: tables.Problems,
-          quarantine: list, run_paths: paths.RunPaths) -> _Linked:
+          run_paths: paths.RunPaths) -> _Linked:
   """Patients with data and a label (every patient with data when there is no labels.csv); a
-  label without data, and data without a label, are reported."""
+  label row without data is reported (the patients left out: `accounting.left_out`)."""
   labs_ids = read.labs.ids[~np.all(np.isnan(read.labs.values), axis=1)]
   vitals_ids = read.vitals.ids[~np.all(np.isnan(read.vitals.values), axis=(1, 2))]
   with_data = set(files_by_patient) | set(labs_ids) | set(vitals_ids)
@@ -304,18 +376,10 @@ def _link(read: _Tables, files_by_patient: dict, classes, problems: tables.Probl
   label_of = dict(zip(read.labels.ids.tolist(), read.labels.classes.tolist()))
   no_data = np.array([p not in with_data for p in read.labels.ids], bool)
   problems.extend([tables.Problem("labels.csv", int(line), "label for a patient with no data "
-                                  "(no image, lab or vitals row); the patient is left out")
-                   for line in read.labels.lines[no_data]])
+                                  "(no image, lab or vitals row); the patient is left out",
+                                  patient=pid)
+                   for line, pid in zip(read.labels.lines[no_data], read.labels.ids[no_data])])
   unlabeled = with_data - set(label_of)
-  for pid in sorted(unlabeled):
-    for path, _ in files_by_patient.get(pid, []):
-      quarantine.append({"path": path, "stage": "link",
-                         "reason": "its PatientID has no row in labels.csv"})
-  if unlabeled:
-    # Not an error in a table: the patients' rows are simply not used. Counted, never named.
-    quarantine.append({"path": "labels.csv", "line": 0, "stage": "link",
-                       "reason": f"{len(unlabeled)} patients with data have no label; their "
-                                 "images and table rows are left out"})
   patients = sorted(with_data & set(label_of))
   # Unknown classes were set aside by read_labels when config.data.classes names them.
   class_names = list(classes) or sorted(set(label_of[p] for p in patients))
@@ -377,23 +441,46 @@ def _assemble(linked: _Linked, read: _Tables, files_by_patient: dict, data, salt
   train = manifest.indices("train")
   labs_mean, labs_std = _normalizer(labs, train)
   vitals_mean, vitals_std = _normalizer(vitals, train)
-  return manifest, dict(record_ids=record_ids, labs=labs, analytes=np.array(analytes),
-                        labs_mean=labs_mean, labs_std=labs_std, vitals=vitals,
+  # On disk and in memory, a missing value is a mask's False over a 0, never a NaN.
+  return manifest, dict(record_ids=record_ids, labs=np.nan_to_num(labs, nan=0.0),
+                        labs_mask=~np.isnan(labs), analytes=np.array(analytes),
+                        labs_mean=labs_mean, labs_std=labs_std,
+                        vitals=np.nan_to_num(vitals, nan=0.0), vitals_mask=~np.isnan(vitals),
                         channels=np.array(channels), vitals_mean=vitals_mean,
                         vitals_std=vitals_std)
 
 
+def _check_finite(table_arrays: dict[str, np.ndarray]) -> None:
+  """Every number tables.npz holds is finite: the readers set whatever is not (or is beyond
+  float32, or implausible) to missing, with a quarantine row. Anything else is a bug."""
+  for key, value in table_arrays.items():
+    if value.dtype.kind == "f" and not np.isfinite(value).all():
+      raise RuntimeError(f"ingest: tables.npz's {key!r} holds {int((~np.isfinite(value)).sum())} "
+                         "non-finite values (a bug in medjax: the readers set them to missing)")
+
+
 def _write_ceiling(oracle_path, path, manifest, patients, salt, fold_case=False):
+  """ceiling.npz: the oracle's posterior of the test records, in the manifest's classes; none
+  (with a warning) when the oracle does not cover them, e.g. a class or patient added to the
+  synthetic cohort's tables by hand: a partial ceiling would compare unlike things."""
   with np.load(oracle_path, allow_pickle=False) as f:
     oracle_ids = tables.normalize_ids([str(p) for p in f["patient_id"]], fold_case).tolist()
     posterior = f["posterior"]
     oracle_classes = [str(c) for c in f["class_names"]]
   row = {pid: i for i, pid in enumerate(oracle_ids)}
-  columns = [oracle_classes.index(c) for c in manifest.class_names]
   test = manifest.indices("test")
-  keep = [i for i in test if patients[i] in row]
-  np.savez(path, record_ids=manifest.record_ids[keep],
-           posterior=posterior[[row[patients[i]] for i in keep]][:, columns])
+  unknown = [c for c in manifest.class_names if c not in oracle_classes]
+  missing = sum(1 for i in test if patients[i] not in row)
+  if unknown or missing:
+    logging.warning("ingest: oracle.npz covers %d of the %d classes and %d of the %d test "
+                    "records; no Bayes ceiling for this cohort", len(manifest.class_names) -
+                    len(unknown), len(manifest.class_names), len(test) - missing, len(test))
+    if os.path.exists(path):
+      os.remove(path)
+    return
+  columns = [oracle_classes.index(c) for c in manifest.class_names]
+  np.savez(path, record_ids=manifest.record_ids[test],
+           posterior=posterior[[row[patients[i]] for i in test]][:, columns])
 
 
 def _write_jsonl(path, rows):

@@ -10,6 +10,11 @@ import numpy as np
 from medjax.data import manifest as manifest_lib
 
 
+# The kinds of values set to missing (`tables.values`), as the summary words them.
+_VALUE_KINDS = (("out_of_range", "out of range"), ("not_a_number", "not a number"),
+                ("non_finite", "not finite"), ("beyond_float32", "beyond float32"))
+
+
 def summarize(manifest, quarantine, files_seen: int, scan_s: float, vitals_late: int) -> dict:
   """Counts for the ingest report: patients, modality groups, missingness, classes, quarantine."""
   mask = manifest.modality_mask
@@ -49,11 +54,21 @@ def format_summary(summary: dict) -> str:
            *[f"  {m:<14} {v:>8.3f}" for m, v in summary["missing"].items()]]
   if summary["classes"]:
     lines.append(_class_line(summary["classes"]))
+  if "accounting" in summary:
+    lines.append(_accounting_line(summary["accounting"]))
   lines += _table_lines(summary.get("tables", {}))
   if summary["quarantine_reasons"]:
     lines.append("quarantine reasons")
     lines += [f"  {k:>5}  {r}" for r, k in summary["quarantine_reasons"].items()]
   return "\n".join(lines)
+
+
+def _accounting_line(counts: dict) -> str:
+  """Where every file and patient went (`medjax.data.accounting`)."""
+  f, p = counts["files"], counts["patients"]
+  return (f"accounted for: {f['under_root']} files ({f['in_manifest']} in the manifest, "
+          f"{f['quarantined']} quarantined, {f['tables_read']} tables read), {p['named']} "
+          f"patients ({p['in_manifest']} in the manifest, {p['quarantined']} left out)")
 
 
 def _reason_key(entry: dict) -> str:
@@ -84,8 +99,7 @@ def tables_summary(problems, quarantine, id_counts: dict, case_only: int, fold: 
   out: dict = {}
   set_aside = collections.Counter(q["path"] for q in quarantine
                                   if q.get("stage") == "tables" and q.get("set_aside") == "row")
-  values: dict[str, dict[str, int]] = {k: {} for k in ("out_of_range", "not_a_number",
-                                                       "non_finite")}
+  values: dict[str, dict[str, int]] = {k: {} for k, _ in _VALUE_KINDS}
   for name, info in problems.files.items():
     entry = {k: v for k, v in info.items() if k != "values"}
     entry["rows_quarantined"] = set_aside.get(name, 0)
@@ -122,10 +136,8 @@ def _table_lines(tables_summary: dict) -> list[str]:
       notes.append(f"{info['rows_past_last_step']} rows past the last step")
     if notes:
       lines.append(f"{name}: " + ", ".join(notes))
-  kinds = [("out_of_range", "out of range"), ("not_a_number", "not a number"),
-           ("non_finite", "not finite")]
   parts = [f"{text} " + ", ".join(f"{c} {k}" for c, k in tables_summary[f"values_{kind}"].items())
-           for kind, text in kinds if tables_summary.get(f"values_{kind}")]
+           for kind, text in _VALUE_KINDS if tables_summary.get(f"values_{kind}")]
   if parts:
     lines.append("values set to missing: " + "; ".join(parts))
   if tables_summary.get("ids_case_only_mismatch"):

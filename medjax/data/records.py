@@ -104,12 +104,9 @@ def decode(manifest, row: int, tables: dict[str, np.ndarray], data_root: str, sh
       record["images"][slot] = letterbox(frame, shapes.image_size)
       record["image_mask"][slot] = True
       slot += 1
-  labs = tables["labs"][row]
-  record["labs_mask"] = ~np.isnan(labs)
-  record["labs"] = np.where(record["labs_mask"], labs, 0).astype(np.float32)
-  vitals = tables["vitals"][row]
-  record["vitals_mask"] = ~np.isnan(vitals)
-  record["vitals"] = np.where(record["vitals_mask"], vitals, 0).astype(np.float32)
+  for key in ("labs", "vitals"):   # finite values, 0 where missing, and the masks (tables.npz)
+    record[key + "_mask"] = tables[key + "_mask"][row].copy()
+    record[key] = tables[key][row].astype(np.float32)
   return record, rejected, nbytes
 
 

@@ -74,11 +74,13 @@ class Coordinator:
                                last_commit=committed[-1] if committed else 0,
                                fault_times=lambda: inject.fired(workdir))
     try:
-      self.policy = policy(self.store.get_state("coordinator"))
+      self.policy = policy(self.store.get_state("coordinator", run_state.SAVED))
     except (lineage_lib.LineageError, KeyError, ValueError, TypeError, AttributeError) as e:
-      # Garbled state (a disk that filled up, a bad copy): start over from what is on disk. The
-      # committed checkpoints are in the store; generations go on after the newest spec written;
-      # only the failure history of the summary is lost, and the event says so.
+      # Garbled state, or JSON of another shape (a disk that filled up, a bad copy, a hand
+      # edit): start over from what is on disk, here rather than in a crash later that would
+      # restart into the same state. The committed checkpoints are in the store; generations go
+      # on after the newest spec written; only the failure history of the summary is lost, and
+      # the event says so (naming the field that was wrong).
       self.policy = policy(None)
       self.policy.state.generation = self._newest_generation()
       self.store.put_state("coordinator", self.policy.state.to_json())

@@ -9,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 import enum
 
+from medjax import schema
+
 
 # A worker's exit codes (besides 0, success, and -N, killed by signal N); `medjax.fault.worker`
 # exits with them and the policy reads them, so they live here, where no jax is imported.
@@ -87,6 +89,47 @@ class Agent:
 _PERSISTED = ("status", "generation", "history", "failures", "gen_stats", "strikes",
               "commits_at_failure", "spec")
 
+_HOSTS = schema.List(schema.Str(nonempty=True), min_len=1)
+
+
+def _spec_agrees(spec: dict) -> bool:
+  return spec["num_processes"] == len(spec["hosts"]) * spec["workers_per_host"]
+
+
+# A generation's spec, as the policy writes it (`Policy._start_generation`) to
+# <workdir>/generations/gen-<G>.json and its state, and as agents, standbys and workers read it.
+SPEC = schema.Satisfies(
+    schema.Object({"generation": schema.Int(min=1), "hosts": _HOSTS,
+                   "host_history": schema.List(_HOSTS),
+                   "workers_per_host": schema.Int(min=1), "num_processes": schema.Int(min=1),
+                   "devices_per_worker": schema.Int(min=1),
+                   "jax_address": schema.Str(nonempty=True)}),
+    _spec_agrees, "a spec whose num_processes is len(hosts) * workers_per_host")
+
+_FAILURE = schema.Object(
+    {"kind": schema.Str(nonempty=True), "worker": schema.AnyOf(schema.COUNT, schema.STR),
+     "host": schema.Nullable(schema.STR), "generation": schema.COUNT, "step": schema.COUNT,
+     "committed_step": schema.COUNT, "detected_s": schema.NUM, "t_detect": schema.NUM},
+    optional={"fault": schema.Nullable(schema.STR), "recovered_s": schema.Nullable(schema.NUM),
+              "observed": schema.Nullable(schema.STR), "reason": schema.STR})
+
+# A generation's statistics: what the summary adds up (report.fault_tolerance) and the policy
+# reads back; other keys are the workers' phase reports, carried as they are.
+_GEN_STATS = schema.Object({}, optional={
+    "started": schema.NUM, "first_step": schema.NUM, "first_global_step": schema.COUNT,
+    "hosts": schema.List(schema.STR), "executed": schema.COUNT, "blocked_s": schema.NUM,
+    "writes": schema.COUNT, "write_s": schema.NUM, "last_step": schema.COUNT,
+    "training_s": schema.NUM, "phases": schema.Map(schema.Map(schema.ANY))})
+
+# What `State.to_json` writes (the lineage store's state "coordinator"): every field is there.
+SAVED = schema.Object({
+    "status": schema.OneOf(*(s.value for s in Status)), "generation": schema.COUNT,
+    "history": schema.List(schema.List(schema.STR)), "failures": schema.List(_FAILURE),
+    "gen_stats": schema.Map(_GEN_STATS, key=schema.Satisfies(
+        schema.STR, str.isdigit, "a generation number")),
+    "strikes": schema.COUNT, "commits_at_failure": schema.Int(min=-1),
+    "spec": schema.Nullable(SPEC)})
+
 
 @dataclasses.dataclass
 class State:
@@ -119,13 +162,22 @@ class State:
 
   @classmethod
   def from_json(cls, saved: dict) -> "State":
+    """The state `to_json` saved.
+
+    Raises:
+      schema.SchemaError: `saved` is not what `to_json` writes (`SAVED`); names the field.
+    """
+    schema.check(saved, SAVED)
+    if saved["spec"] is not None and saved["spec"]["generation"] != saved["generation"]:
+      raise schema.SchemaError("spec.generation", f"is {saved['spec']['generation']}, not the "
+                               f"state's generation {saved['generation']}")
     fields = {f.name for f in dataclasses.fields(Failure)}
-    return cls(status=Status(saved.get("status", "waiting")),
-               generation=saved.get("generation", 0), history=saved.get("history", []),
+    return cls(status=Status(saved["status"]), generation=saved["generation"],
+               history=saved["history"],
                failures=[Failure(**{k: v for k, v in f.items() if k in fields})
-                         for f in saved.get("failures", [])],
-               gen_stats=saved.get("gen_stats", {}), strikes=saved.get("strikes", 0),
-               commits_at_failure=saved.get("commits_at_failure", -1), spec=saved.get("spec"))
+                         for f in saved["failures"]],
+               gen_stats=saved["gen_stats"], strikes=saved["strikes"],
+               commits_at_failure=saved["commits_at_failure"], spec=saved["spec"])
 
 
 @dataclasses.dataclass

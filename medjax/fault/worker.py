@@ -26,6 +26,7 @@ import jax
 from medjax import errors
 from medjax import lifeline
 from medjax import paths
+from medjax import schema
 from medjax.fault import forking
 from medjax.fault import layout as layout_lib
 from medjax.fault import protocol
@@ -269,8 +270,7 @@ def run(workdir: str, generation: int, process_id: int, host: str, coordinator: 
   phases = _phases(handover)
   config = paths.load_config(workdir)
   run_paths = paths.RunPaths(workdir, config)
-  with open(run_paths.generation_spec(generation)) as f:
-    spec = json.load(f)
+  spec = _read_spec(run_paths, generation, process_id)
   client = protocol.Client(coordinator, protocol.load_token(run_paths.token),
                            tls_ca=config.fault.tls_ca)
   asked_to_stop, finished = threading.Event(), threading.Event()
@@ -321,6 +321,25 @@ def run(workdir: str, generation: int, process_id: int, host: str, coordinator: 
   # Everything is written and closed: the end of the run (the agent's report, the coordinator's
   # summary) does not wait for Python's teardown.
   lifeline.leave(code)
+
+
+def _read_spec(run_paths: paths.RunPaths, generation: int, process_id: int) -> dict:
+  """The generation's spec (`run_state.SPEC`, for this generation). One that cannot be read or
+  has another shape ends the process with one line, which its agent reports with the exit: the
+  coordinator then starts the next generation, whose spec it writes anew."""
+  path = run_paths.generation_spec(generation)
+  try:
+    with open(path) as f:
+      spec = schema.check(json.load(f), run_state.SPEC)
+    if spec["generation"] != generation:
+      raise schema.SchemaError("generation", f"is {spec['generation']}, not {generation}")
+  except (OSError, ValueError) as e:   # (not JSON, or schema.SchemaError)
+    message = (f"{path}: the generation spec is damaged ({e}); the coordinator writes the next "
+               "generation's anew")
+    logging.error("worker %d: %s", process_id, message)
+    _leave_error(run_paths, generation, process_id, message)
+    lifeline.leave(run_state.EXIT_ERROR)
+  return spec
 
 
 def _phases(handover: dict) -> phases_lib.Phases:

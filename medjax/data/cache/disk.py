@@ -21,6 +21,7 @@ import zlib
 import numpy as np
 import tensorstore as ts
 
+from medjax import schema
 from medjax.data import records
 
 FORMAT_VERSION = 1
@@ -28,19 +29,26 @@ TABLES = -1        # the slot of a record without images: built from the tables,
 _COMPRESSOR = {"id": "blosc", "cname": "lz4", "clevel": 1, "shuffle": 2}
 
 
-def read_json(path: str, kind: type):
-  """A cache metadata file's value, or None when it is absent or damaged (with a warning): a
-  cache is rebuilt from the cohort, never trusted when its own records of itself are garbled."""
+def read_json(path: str, shape: schema.Check, then: str = "rebuilding from the cohort"):
+  """A cache metadata file's value, or None when it is absent, or damaged: not JSON, or JSON of
+  another shape than `shape` (with a warning that says what is wrong and `then`, what is done
+  instead): a cache is rebuilt from the cohort, never trusted when its own records of itself
+  are garbled."""
   if not os.path.exists(path):
     return None
   try:
     with open(path, "rb") as f:
-      value = json.loads(f.read())
-  except (OSError, ValueError) as e:
-    logging.warning("cache: %s is damaged (%s); rebuilding from the cohort", path,
-                    type(e).__name__)
+      return schema.check(json.loads(f.read()), shape)
+  except (OSError, ValueError) as e:   # (schema.SchemaError is a ValueError)
+    why = str(e) if isinstance(e, schema.SchemaError) else type(e).__name__
+    logging.warning("cache: %s is damaged (%s); %s", path, why, then)
     return None
-  return value if isinstance(value, kind) else None
+
+
+# index.json: record id -> [slot (TABLES for a record built from the tables), the fingerprint of
+# what it was decoded from, crc32 of its stored bytes].
+INDEX = schema.Map(schema.Tuple(schema.Int(min=TABLES), schema.Str(nonempty=True),
+                                schema.Int(min=0, max=2**32 - 1)))
 
 
 def write_json(path: str, value) -> None:
@@ -90,7 +98,7 @@ class Disk:
 
   def _open(self) -> None:
     spec_path = os.path.join(self.path, "spec.json")
-    spec = read_json(spec_path, dict)
+    spec = read_json(spec_path, schema.Map(schema.ANY))   # any other content differs: rebuilt
     if spec != self._spec():
       if spec is not None:
         logging.warning("cache %s: built for %s, config wants %s; rebuilding it", self.path, spec,
@@ -107,22 +115,23 @@ class Disk:
       with open(spec_path, "w") as f:
         json.dump(self._spec(), f)
     index_path = os.path.join(self.path, "index.json")
-    self.index: dict[str, list] = read_json(index_path, dict) or {}
-    if not all(isinstance(e, list) and len(e) == 3 and isinstance(e[0], int)
-               for e in self.index.values()):
-      logging.warning("cache %s: index.json holds malformed entries; starting an empty index "
-                      "(records are decoded again)", self.path)
-      self.index = {}
+    self.index: dict[str, list] = read_json(
+        index_path, INDEX, "starting an empty index (records are decoded again)") or {}
     if os.path.exists(index_path):
       self._index_mtime = os.stat(index_path).st_mtime_ns
-    capacity = max([s for s, _, _ in self.index.values()], default=-1) + 1
-    capacity = max(capacity, 64)
     s, m = self.shapes.image_size, self.shapes.max_images
-    self.images = self._array("images", ts.float16, [capacity, m, s, s])
-    self.tab = self._array("tab", ts.float32, [capacity, sum(self._tab_sizes)])
+    self.images, made_images = self._array("images", ts.float16, [64, m, s, s])
+    self.tab, made_tab = self._array("tab", ts.float32, [64, sum(self._tab_sizes)])
+    if (made_images or made_tab) and any(e[0] != TABLES for e in self.index.values()):
+      # New arrays hold no record: the entries that name a slot name nothing (and a slot past
+      # the arrays' end is no reason to make them that large).
+      logging.warning("cache %s: its arrays were made anew; the records index.json names in "
+                      "them are decoded again", self.path)
+      self.index = {rid: e for rid, e in self.index.items() if e[0] == TABLES}
 
   def _array(self, name: str, dtype, shape: list[int]):
-    """Opens the array as it is on disk (it may have grown), or creates it with `shape`."""
+    """(array, made): the array as it is on disk (it may have grown), or one made with
+    `shape`."""
     kvstore = {"driver": "file", "path": os.path.join(self.path, name)}
     if os.path.exists(os.path.join(self.path, name, ".zarray")):
       try:
@@ -133,14 +142,14 @@ class Disk:
                         self.path, name, " ".join(str(e).split())[:200])
         array = None
       if array is not None and list(array.shape[1:]) == list(shape[1:]):
-        return array
+        return array, False
     if self.read_only:
       raise RuntimeError(f"cache {self.path}: no usable {name!r} array and this process may not "
                          "create it; the host's first process fills the cache")
     return ts.open({"driver": "zarr", "kvstore": kvstore, "metadata": {"compressor": _COMPRESSOR},
                     **self._memory},
                    create=True, delete_existing=True, dtype=dtype, shape=shape,
-                   chunk_layout=ts.ChunkLayout(read_chunk_shape=[1, *shape[1:]])).result()
+                   chunk_layout=ts.ChunkLayout(read_chunk_shape=[1, *shape[1:]])).result(), True
 
   def save_index(self) -> None:
     """Writes index.json from a snapshot taken under the lock; a newer snapshot written by
@@ -167,13 +176,15 @@ class Disk:
       return
     if mtime == self._index_mtime:
       return
-    with open(index_path) as f:
-      index = json.load(f)
     self._index_mtime = mtime
+    index = read_json(index_path, INDEX, "keeping the entries read before (the writer "
+                      "rewrites it)")
+    if index is None:
+      return
     capacity = max([slot for slot, _, _ in index.values()], default=-1) + 1
     if capacity > self.images.shape[0]:
-      self.images = self._array("images", ts.float16, list(self.images.shape))
-      self.tab = self._array("tab", ts.float32, list(self.tab.shape))
+      self.images, _ = self._array("images", ts.float16, list(self.images.shape))
+      self.tab, _ = self._array("tab", ts.float32, list(self.tab.shape))
     self.index = {rid: e for rid, e in index.items() if e[0] < self.images.shape[0]}
 
   # -- packing ---------------------------------------------------------------------------------

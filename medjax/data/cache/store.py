@@ -31,6 +31,7 @@ import time
 
 import numpy as np
 
+from medjax import schema
 from medjax.data import records
 from medjax.data.cache import disk as disk_lib
 from medjax.data.dicom import decoder as decoder_lib
@@ -44,13 +45,18 @@ write_json = disk_lib.write_json
 COUNTERS = ("hits", "misses", "damaged", "pfs_reads", "pfs_files", "pfs_bytes", "records_written",
             "decode_s", "dropped_stale", "moved_reads", "records_moved_in", "recache_s", "wait_s")
 _PERSIST_S = 1.0   # how often a fill rewrites index.json and the counters
+# counters.<process>.json: the counters (a file of an earlier version may lack some), the run
+# they belong to, and the membership change whose moved records were counted last.
+COUNTERS_FILE = schema.Object(
+    {}, optional={**dict.fromkeys(COUNTERS, schema.Num(min=0)), "run": schema.STR,
+                  "membership": schema.COUNT}, extra=False)
 
 
 def fingerprint(manifest, row: int, tables: dict[str, np.ndarray]) -> str:
   """Changes whenever what record `row` decodes to could change."""
   h = hashlib.blake2b(manifest.row_fingerprint(row).encode(), digest_size=12)
-  h.update(np.ascontiguousarray(tables["labs"][row]).tobytes())
-  h.update(np.ascontiguousarray(tables["vitals"][row]).tobytes())
+  for key in ("labs", "labs_mask", "vitals", "vitals_mask"):
+    h.update(np.ascontiguousarray(tables[key][row]).tobytes())
   return h.hexdigest()
 
 
@@ -97,12 +103,16 @@ class Cache:
                               lock=self._cond)
     self._counters_path = os.path.join(path, f"counters.{process}.json")
     self.counters = {**dict.fromkeys(COUNTERS, 0), "run": run}
-    if os.path.exists(self._counters_path):
-      with open(self._counters_path) as f:
-        saved = json.load(f)
-      if saved.get("run", "") == run:
-        self.counters.update(saved)
+    saved = self._saved_counters()
+    if saved is not None and saved.get("run", "") == run:
+      self.counters.update(saved)
     self._validate()
+
+  def _saved_counters(self) -> dict | None:
+    """This process's counters as last saved; None when there are none or they are damaged
+    (with a warning): counting starts again from zero."""
+    return disk_lib.read_json(self._counters_path, COUNTERS_FILE,
+                              "its counters start again from zero")
 
   @property
   def index(self) -> dict[str, list]:
@@ -158,11 +168,9 @@ class Cache:
       self.disk.follow_writer()
       self.read_only = self.disk.read_only = False
       self._expect_N[:] = False
-      if os.path.exists(self._counters_path):
-        with open(self._counters_path) as f:
-          saved = json.load(f)
-        if saved.get("run", "") == self.counters.get("run", ""):
-          self.counters.update(saved)
+      saved = self._saved_counters()
+      if saved is not None and saved.get("run", "") == self.counters.get("run", ""):
+        self.counters.update(saved)
 
   def save_counters(self) -> dict:
     """Writes this process's counters beside the cache; returns a copy."""
@@ -205,10 +213,9 @@ class Cache:
     """A batch of records without images, built from the tables (no storage read)."""
     rows = np.asarray(rows, np.int64)
     out = records.empty(self.shapes, len(rows))
-    for key in ("labs", "vitals"):
-      values = self.tables[key][rows]
-      out[key + "_mask"] = ~np.isnan(values)
-      out[key] = np.where(out[key + "_mask"], values, 0).astype(np.float32)
+    for key in ("labs", "vitals"):   # finite values, 0 where missing, and the masks (tables.npz)
+      out[key + "_mask"] = self.tables[key + "_mask"][rows]
+      out[key] = self.tables[key][rows].astype(np.float32)
     return out
 
   def _decode(self, row: int) -> dict[str, np.ndarray]:

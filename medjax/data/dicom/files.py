@@ -10,11 +10,17 @@ bare dataset, it has a SOP Class UID or pixel data); truncated files (any elemen
 length runs past the end of the file, or an undefined-length element, such as encapsulated pixel
 data, whose delimiter is missing); objects without Pixel Data (SR, RT Plan, RT Struct, ECG...);
 malformed image geometry; BitsAllocated not 1, 8, 16, 32 or 64, BitsStored over it, HighBit not
-in [BitsStored - 1, BitsAllocated - 1]; native pixel data shorter than Rows x Columns x Frames x
-Samples x BitsAllocated / 8, or longer than twice that plus 1 MiB; a JPEG, JPEG-LS or JPEG 2000
-first frame whose codestream size is not Rows x Columns (read from its first 8 KB); transfer
-syntaxes no installed plugin decodes; missing or empty PatientID. All of it is decided before
-any pixel data is read, so a small file that claims a huge image is refused without allocating it.
+in [BitsStored - 1, BitsAllocated - 1]; native pixel data whose length is not exactly Rows x
+Columns x NumberOfFrames x SamplesPerPixel x BitsAllocated / 8 (pydicom's expected length: 1-bit
+data packed, YBR_FULL_422 subsampled), or that plus the one pad byte an odd length takes, since
+data of any other length fits some other reading of the header (BitsAllocated 8 over 16-bit data,
+a frame more or less) and would be decoded wrongly; encapsulated pixel data whose Basic or
+Extended Offset Table does not have one entry per frame, with fewer fragments than frames, or
+(RLE Lossless) not exactly one fragment per frame, read from the item headers alone; a JPEG,
+JPEG-LS or JPEG 2000 first frame whose codestream size is not Rows x Columns (read from its first
+8 KB); transfer syntaxes no installed plugin decodes; missing or empty PatientID. All of it is
+decided before any pixel data is read, so a small file that claims a huge image is refused
+without allocating it.
 
 Decoders of compressed data can still crash or allocate without bound on what these checks do
 not see; `medjax.data.dicom.decoder` runs them in child processes, where that costs one file. This
@@ -81,8 +87,6 @@ _PIXEL_DATA = 0x7FE00010
 _FLOAT_PIXEL_DATA = (0x7FE00008, 0x7FE00009)
 _UNDEFINED_LENGTH = 0xFFFFFFFF
 _BITS_ALLOCATED = (1, 8, 16, 32, 64)
-# Native pixel data may carry a pad byte or a stray extra frame; more than this is not an image.
-_NATIVE_SLACK = 1 << 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -232,6 +236,7 @@ def _inspect(path: str, f, size: int, budgets: Budgets):
   dicom_limits.check_budgets(path, rows, columns, frames, samples, bits, budgets)
   dicom_limits.check_codestream(path, f, ds.get_item(_PIXEL_DATA, keep_deferred=True), ts, rows,
                                 columns)
+  dicom_limits.check_frames(path, f, ds, ts, frames, size)
   instance = str(ds.get("SOPInstanceUID") or "").strip()
   return ds, Header(
       patient_id=str(ds.get("PatientID") or ""), modality=str(ds.get("Modality") or ""),
@@ -349,10 +354,25 @@ def _pixel_bytes(path: str, ds, ts: uids.UID, size: int) -> int:
     expected = pixel_utils.get_expected_length(ds, "bytes")
     if length < expected:
       raise RejectedFile(path, f"truncated pixel data: {length} of {expected} bytes")
-    if length > 2 * expected + _NATIVE_SLACK:
-      raise RejectedFile(path, f"native pixel data is {length} bytes, over twice the {expected} "
-                         "that Rows x Columns x Frames x Samples x BitsAllocated/8 give "
-                         "(inconsistent header)")
+    # PS3.5 8.1.1 pads only up to the next even length. Its Note asks readers to tolerate older
+    # writers' excess padding, but surplus bytes are also what a header that undercounts leaves
+    # (a frame, a row, BitsAllocated), and the two can't be told apart.
+    if length not in (expected, expected + expected % 2):
+      raise RejectedFile(path, f"native pixel data is {length} bytes but "
+                         f"{_expected_length(ds, expected)} (inconsistent header)")
   return length
 
 
+def _expected_length(ds, expected: int) -> str:
+  """How the header gives pydicom's expected length `expected`, spelled out for a reason."""
+  rows, columns, bits = int(ds.Rows), int(ds.Columns), int(ds.BitsAllocated)
+  frames = int(ds.get("NumberOfFrames") or 1)
+  samples = int(ds.SamplesPerPixel)
+  terms = f"{rows} x {columns} x {frames} x {samples} x {bits}/8"
+  if bits == 1:
+    terms = f"ceil({terms})"
+  names = "Rows x Columns x NumberOfFrames x SamplesPerPixel x BitsAllocated/8"
+  if ds.PhotometricInterpretation == "YBR_FULL_422":
+    names, terms = f"{names} x 2/3 (YBR_FULL_422)", f"{terms} x 2/3"
+  pad = f", or {expected + 1} with its pad byte" if expected % 2 else ""
+  return f"{names} = {terms} = {expected}{pad}"

@@ -2,9 +2,10 @@
 
 Which paths may be opened at all (regular files; a symlink only to a regular file inside the
 cohort), the size budgets (`Budgets`: file size, pixels, decoded bytes), the inflated size of a
-deflated dataset (inflated a megabyte at a time), and a JPEG, JPEG-LS or JPEG 2000 codestream's
-frame size against Rows x Columns. Each failure is a `RejectedFile` whose reason names the
-numbers and the config field to raise.
+deflated dataset (inflated a megabyte at a time), a JPEG, JPEG-LS or JPEG 2000 codestream's
+frame size against Rows x Columns, and encapsulated pixel data's offset tables and fragment count
+against NumberOfFrames. Each failure is a `RejectedFile` whose reason names the numbers and, for a
+budget, the config field to raise.
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ _SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC} | {0xF7}
 # later is not checked here (the isolated decoder still contains what it does).
 _CODESTREAM_PEEK = 8192
 _ITEM = b"\xfe\xff\x00\xe0"
+_SEQUENCE_DELIMITER = b"\xfe\xff\xdd\xe0"
+_PIXEL_DATA = 0x7FE00010
+_EXTENDED_OFFSET_TABLE = 0x7FE00001
 _KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
           (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
           (stat.S_ISDIR, "a directory"))
@@ -213,6 +217,90 @@ def check_codestream(path: str, f, pixel_data, ts: uids.UID, rows: int, columns:
   if size is not None and size != (rows, columns):
     raise RejectedFile(path, f"{ts.name} codestream is {size[0]} x {size[1]} but Rows x Columns "
                        f"is {rows} x {columns} (inconsistent header); not decoded")
+
+
+def check_frames(path: str, f, ds, ts: uids.UID, frames: int, size: int) -> None:
+  """Rejects encapsulated pixel data whose offset tables or fragments disagree with NumberOfFrames.
+
+  PS3.5 A.4: a Basic Offset Table that is not empty has one entry per frame, as has an Extended
+  Offset Table; every frame has at least one fragment of its own; RLE Lossless (PS3.5 G.2) has
+  exactly one per frame. Decoders trust NumberOfFrames and the data differently (one joins every
+  fragment into one frame, another splits them by the offset table), so a file where they
+  disagree decodes to the wrong frames, or to one frame built from several.
+
+  Only the 8-byte item headers are read, seeking over their values, and at most NumberOfFrames + 1
+  of them, never past `size`; the pixel data element itself is never loaded. Malformed
+  encapsulation (an item tag missing, an item running past the end of the file) is left to the
+  decoder to report.
+
+  Args:
+    f: the open file.
+    ds: the dataset, its Pixel Data still deferred.
+    frames: NumberOfFrames (1 when absent).
+    size: the file's size.
+  """
+  from pydicom import dataelem  # pylint: disable=import-outside-toplevel
+  from pydicom import uid as uids  # pylint: disable=import-outside-toplevel
+  pixel_data = ds.get_item(_PIXEL_DATA, keep_deferred=True)
+  if (not ts.is_encapsulated or not isinstance(pixel_data, dataelem.RawDataElement)
+      or pixel_data.length != _UNDEFINED_LENGTH):
+    return
+  extended = ds.get_item(_EXTENDED_OFFSET_TABLE, keep_deferred=True)
+  if extended is not None:
+    entries = (extended.length if isinstance(extended, dataelem.RawDataElement)
+               else len(extended.value or b"")) // 8
+    if entries and entries != frames:
+      raise RejectedFile(path, f"Extended Offset Table has {_count(entries, 'entry', 'entries')} "
+                         f"but NumberOfFrames is {frames} (inconsistent header)")
+  pos = pixel_data.value_tell
+  item = _item(f, pos, size)
+  if item is None or item[0] != _ITEM:
+    return
+  table = item[1]
+  if table % 4:
+    return
+  if table and table // 4 != frames:
+    raise RejectedFile(path, f"Basic Offset Table has {_count(table // 4, 'entry', 'entries')} "
+                       f"but NumberOfFrames is {frames} (inconsistent header)")
+  rle = ts == uids.RLELossless
+  fragments, pos = 0, pos + 8 + table
+  # Enough to decide: NumberOfFrames fragments, or one more for RLE.
+  while fragments < frames + rle:
+    item = _item(f, pos, size)
+    if item is None or item[0] == _SEQUENCE_DELIMITER:
+      break
+    if item[0] != _ITEM:
+      return
+    fragments, pos = fragments + 1, pos + 8 + item[1]
+  if item is None and fragments < frames:
+    return  # a truncated or malformed sequence: the decoder's to report
+  if fragments < frames:
+    raise RejectedFile(path, f"encapsulated pixel data has {_count(fragments, 'fragment')} but "
+                       f"NumberOfFrames is {frames}; each frame has at least one (inconsistent "
+                       "header)")
+  if rle and fragments > frames:
+    raise RejectedFile(path, f"RLE Lossless pixel data has more than "
+                       f"{_count(frames, 'fragment')} but NumberOfFrames is {frames}; RLE has "
+                       "exactly one per frame (inconsistent header)")
+
+
+def _item(f, pos: int, size: int) -> tuple[bytes, int] | None:
+  """(tag bytes, value length) of the item header at `pos`; None if it or its value runs past
+  `size`."""
+  if pos + 8 > size:
+    return None
+  f.seek(pos)
+  head = f.read(8)
+  if len(head) < 8:
+    return None
+  length = struct.unpack("<I", head[4:])[0]
+  if head[:4] == _ITEM and (length == _UNDEFINED_LENGTH or pos + 8 + length > size):
+    return None
+  return head[:4], length
+
+
+def _count(n: int, one: str, many: str | None = None) -> str:
+  return f"{n} {one if n == 1 else many or one + 's'}"
 
 
 def codestream_size(head: bytes) -> tuple[int, int] | None:

@@ -3,11 +3,11 @@ lines).
 
 The first pass works on bytes and physical lines: it settles the encoding (UTF-8 with or without
 BOM, UTF-16 with BOM, else cp1252), the line endings (LF, CRLF, CR), the delimiter (`,` `;` tab
-`|`, from the header line) and which lines are malformed (a NUL byte, an odd number of quotes, the
-wrong number of fields, bytes that do not decode). A quoted field cannot span lines, so one bad
-line never takes its neighbours with it. The second pass parses the good lines with pandas' C
-reader (lines holding quotes with the csv module, one at a time). `medjax.data.tables` gives the
-columns their meaning (ids, classes, values, times).
+`|`, from the header line) and which lines are malformed (a control byte such as NUL, an odd
+number of quotes, the wrong number of fields, bytes that do not decode). A quoted field cannot
+span lines, so one bad line never takes its neighbours with it. The second pass parses the good
+lines with pandas' C reader (lines holding quotes with the csv module, one at a time).
+`medjax.data.tables` gives the columns their meaning (ids, classes, values, times).
 """
 
 from __future__ import annotations
@@ -41,6 +41,9 @@ class Problem:
   what: str = "row"
   count: int = 1
   lines: tuple[int, ...] = ()
+  # The row's patient id (normalised), where it could be read: in memory only, never written
+  # (ingest links the rejection to that patient's other data and files by it).
+  patient: str = dataclasses.field(default="", compare=False, repr=False)
 
   def as_dict(self) -> dict:
     d = {"path": self.source, "line": self.line, "stage": "tables", "reason": self.reason,
@@ -163,15 +166,17 @@ def _split_lines(path: str, raw: bytes) -> Lines:
   body = lines[h + 1:]
   n = len(body)
   body_bytes = np.frombuffer("".join(line + "\n" for line in body).encode("utf-8"), np.uint8)
-  delims, quotes, nuls, content = _line_metrics(body_bytes, n, delimiter)
+  delims, quotes, controls, content = _line_metrics(body_bytes, n, delimiter)
   bad: dict[int, str] = {}
   for i in sorted(undecodable):
     if i > h:
       bad[i - h - 1] = ("bytes that are not valid UTF-8 (the rest of the file is UTF-8); the row "
                         "is set aside")
   blank = (content == 0) & ~np.isin(np.arange(n), list(bad))
-  for i in np.flatnonzero((nuls > 0) & ~blank):
-    bad.setdefault(int(i), "NUL byte in the line; the row is set aside")
+  for i in np.flatnonzero((controls > 0) & ~blank):
+    byte = next(ord(ch) for ch in body[i] if _is_control(ch))
+    bad.setdefault(int(i), f"control character (byte 0x{byte:02x}) in the line; the row is set "
+                   "aside")
   for i in np.flatnonzero((quotes % 2 == 1) & ~blank):
     bad.setdefault(int(i), "unbalanced quote (an odd number of '\"'; a quoted field cannot span "
                    "lines); the row is set aside")
@@ -186,8 +191,14 @@ def _split_lines(path: str, raw: bytes) -> Lines:
   return Lines(path, source, header, h + 1, delimiter, body, h + 2, blank, bad, quoted, info)
 
 
+def _is_control(ch: str) -> bool:
+  """A control character no table cell holds: C0 but tab, and DEL (line ends are gone)."""
+  return (ord(ch) < 32 and ch != "\t") or ord(ch) == 127
+
+
 def _line_metrics(body_bytes: np.ndarray, n: int, delimiter: str):
-  """Per line: delimiters, quotes, NULs and other characters (bytes) outside whitespace."""
+  """Per line: delimiters, quotes, control characters (C0 but tab, and DEL) and other
+  characters (bytes) outside whitespace."""
   if n == 0:
     return (np.zeros(0, np.int64),) * 4
   data = body_bytes  # every line ends with "\n"
@@ -200,7 +211,8 @@ def _line_metrics(body_bytes: np.ndarray, n: int, delimiter: str):
 
   quote = data == ord('"')
   empty = (data == 32) | (data == 9) | (data == 10) | (data == d)
-  return per_line(data == d), per_line(quote), per_line(data == 0), per_line(~empty)
+  control = ((data < 32) & (data != 9) & (data != 10)) | (data == 127)
+  return per_line(data == d), per_line(quote), per_line(control), per_line(~empty)
 
 
 # -- the second pass: good lines -> a frame of cells ---------------------------------------------
@@ -233,9 +245,9 @@ def _check_header(lines: Lines) -> None:
       continue
     key = name.casefold()
     if key in seen:
-      raise refuse(lines.path, f"column {name!r} appears twice in the header (columns "
-                   f"{seen[key] + 1} and {j + 1}, names compared ignoring case); remove or "
-                    "rename one")
+      # The name is not echoed: a header cell may hold anything, an identifier included.
+      raise refuse(lines.path, f"columns {seen[key] + 1} and {j + 1} of the header have the same "
+                   "name (compared ignoring case); remove or rename one")
     seen[key] = j
 
 
@@ -286,10 +298,26 @@ def _parse(lines: Lines, text_columns: Sequence[int]) -> Frame:
                idx.astype(np.int64) + lines.first_line, problems)
 
 
+def field_of(lines: Lines, line: int, column: int) -> str:
+  """Column `column`'s text in physical line `line` of the body, read leniently (a line set
+  aside as malformed: split at the delimiter, quotes dropped); '' where it has none."""
+  i = line - lines.first_line
+  if not 0 <= i < len(lines.body):
+    return ""
+  fields = lines.body[i].split(lines.delimiter)
+  if column >= len(fields):
+    return ""
+  return "".join(ch for ch in fields[column] if not _is_control(ch)).strip().strip('"').strip()
+
+
 def load(path: str, text_columns_of) -> tuple[Lines, Frame]:
   """Reads `path`; `text_columns_of(lines)` names the columns kept as text (the rest numeric)."""
-  with open(path, "rb") as f:
-    raw = f.read()
+  try:
+    with open(path, "rb") as f:
+      raw = f.read()
+  except OSError as e:
+    raise refuse(path, f"cannot be read ({e.strerror or type(e).__name__}); give the process "
+                 "read permission on it (or remove it: every table is optional)") from None
   lines = _split_lines(path, raw)
   text_columns = text_columns_of(lines)
   _check_header(lines)

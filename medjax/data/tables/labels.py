@@ -39,16 +39,16 @@ def read_labels(path: str, problems: values_lib.Problems, classes: Sequence[str]
     return [cols["pid"], cols["label"]]
 
   lines, frame = csvfile.load(path, text_columns)
-  source, found = frame.source, list(frame.problems)
+  ids, id_set = values_lib.read_ids(frame, lines, cols["pid"], fold_case, problems)
+  source, found = frame.source, list(frame.problems)   # now with their patients
   pid_name, label_name = frame.columns[cols["pid"]], frame.columns[cols["label"]]
-  ids, id_set = values_lib.read_ids(frame, cols["pid"], fold_case, problems)
   names = values_lib.map_unique(frame.frame[cols["label"]].to_numpy(object),
                                 lambda s: unicodedata.normalize("NFC", s.strip()))
   keep = np.ones(len(ids), bool)
   empty = (ids == "") | (names == "")
   for i in np.flatnonzero(empty):
     found.append(csvfile.Problem(source, int(frame.lines[i]), f"empty {pid_name!r} or "
-                                 f"{label_name!r}; the row is set aside"))
+                                 f"{label_name!r}; the row is set aside", patient=ids[i]))
   keep &= ~empty
   if classes:
     unknown = keep & ~np.isin(names, list(classes))
@@ -56,7 +56,7 @@ def read_labels(path: str, problems: values_lib.Problems, classes: Sequence[str]
       found.append(csvfile.Problem(
           source, int(frame.lines[i]), f"class {values_lib.shown(names[i], id_set)} not in "
           f"config.data.classes ({len(classes)} names); add it or fix the row; the row is set "
-          "aside"))
+          "aside", patient=ids[i]))
     keep &= ~unknown
   kept = np.flatnonzero(keep)
   kept = values_lib.first_rows(ids, kept, frame.lines, source, found)

@@ -51,22 +51,26 @@ def read_labs(path: str, analytes: Sequence[str], rename: dict[str, str],
   lines, frame = csvfile.load(path, text_columns)
   if "analyte" in cols:
     return _read_labs_long(lines, frame, cols, analytes, rename, problems, ranges, fold_case)
-  source, found = frame.source, list(frame.problems)
+  ids, id_set = values_lib.read_ids(frame, lines, cols["pid"], fold_case, problems)
+  source, found = frame.source, list(frame.problems)   # now with their patients
   skip = {"date", "time", "timestamp"}
   columns = [j for j, h in enumerate(frame.columns)
              if j != cols["pid"] and h and h.lower() not in skip]
   names = [rename.get(frame.columns[j], frame.columns[j]) for j in columns]
-  _check_renamed(lines.path, [frame.columns[j] for j in columns], names)
-  analytes = list(analytes) or names
+  _check_renamed(lines.path, [frame.columns[j] for j in columns], names, problems.known_ids)
+  if not analytes:
+    # Analytes from the header: a name that may identify a patient (a shifted row, a pasted
+    # id) becomes no analyte, which would carry it into tables.npz and the summary.
+    analytes = [n for n in names if not values_lib.withheld(n, problems.known_ids)]
   index = {a: i for i, a in enumerate(analytes)}
   for j, name in zip(columns, names):
     if name not in index:
-      found.append(csvfile.Problem(source, lines.header_line, f"column {frame.columns[j]!r} not "
+      shown = values_lib.shown(frame.columns[j], problems.known_ids)
+      found.append(csvfile.Problem(source, lines.header_line, f"column {j + 1} ({shown}) not "
                                    f"in config.data.analytes ({len(analytes)} names); add it or "
                                    "map it with config.data.rename; its values are ignored",
                                    "column"))
   found += _unnamed(frame, lines)
-  ids, id_set = values_lib.read_ids(frame, cols["pid"], fold_case, problems)
   empty = ids == ""
   for i in np.flatnonzero(empty):
     found.append(csvfile.Problem(source, int(frame.lines[i]),
@@ -89,12 +93,13 @@ def read_labs(path: str, analytes: Sequence[str], rename: dict[str, str],
   return Labs(list(analytes), ids[kept], values)
 
 
-def _check_renamed(path: str, columns: list[str], names: list[str]) -> None:
+def _check_renamed(path: str, columns: list[str], names: list[str], ids: set[str]) -> None:
   seen = {}
   for column, name in zip(columns, names):
     if name in seen:
-      raise csvfile.refuse(path, f"columns {seen[name]!r} and {column!r} both give analyte "
-                           f"{name!r} (config.data.rename); keep one")
+      raise csvfile.refuse(path, f"columns {values_lib.shown(seen[name], ids)} and "
+                           f"{values_lib.shown(column, ids)} both give analyte "
+                           f"{values_lib.shown(name, ids)} (config.data.rename); keep one")
     seen[name] = column
 
 
@@ -111,8 +116,8 @@ def _unnamed(frame: csvfile.Frame, lines: csvfile.Lines) -> list[csvfile.Problem
 
 
 def _read_labs_long(lines, frame, cols, analytes, rename, problems, ranges, fold_case) -> Labs:
-  source, found = frame.source, list(frame.problems)
-  ids, id_set = values_lib.read_ids(frame, cols["pid"], fold_case, problems)
+  ids, id_set = values_lib.read_ids(frame, lines, cols["pid"], fold_case, problems)
+  source, found = frame.source, list(frame.problems)   # now with their patients
   names = values_lib.map_unique(frame.frame[cols["analyte"]].to_numpy(object),
                                 lambda s: rename.get(s.strip(), s.strip()))
   if not analytes:
@@ -128,7 +133,7 @@ def _read_labs_long(lines, frame, cols, analytes, rename, problems, ranges, fold
     found.append(csvfile.Problem(
         source, int(frame.lines[i]), f"analyte {values_lib.shown(names[i], id_set)} not in "
         f"config.data.analytes ({len(analytes)} names); add it or map it with "
-        "config.data.rename; the row is set aside"))
+        "config.data.rename; the row is set aside", patient=ids[i]))
   rows = np.flatnonzero(~empty & ~unknown)
   values = np.full(len(rows), np.nan)
   order = np.argsort(column[rows], kind="stable")
@@ -150,7 +155,7 @@ def _read_labs_long(lines, frame, cols, analytes, rename, problems, ranges, fold
     found.append(csvfile.Problem(
         source, int(frame.lines[i]), f"duplicate value for analyte "
         f"{values_lib.shown(names[i], id_set)} (line {line} has it for this patient); the row is "
-        "set aside"))
+        "set aside", patient=ids[i]))
   out = np.full((len(patients), len(analytes)), np.nan, np.float32)
   out[codes[~dup], column[rows[~dup]]] = values[~dup]
   problems.files[source] = lines.info

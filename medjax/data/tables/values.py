@@ -23,15 +23,35 @@ TIME_COLUMNS = ("hour", "hours", "time", "timestamp", "charttime")
 # Built-in plausible ranges (inclusive) of the known vitals channels: wide enough for any real
 # patient and for the synthetic generator (which writes SpO2 up to ~103 and heart rates down to
 # ~7), narrow enough to catch unit slips (temperature in Fahrenheit, SpO2 as a fraction).
-DEFAULT_VALUE_RANGES = {"hr": (0.0, 350.0), "sbp": (0.0, 400.0), "dbp": (0.0, 300.0),
-                        "rr": (0.0, 150.0), "spo2": (20.0, 105.0), "temp": (25.0, 45.0)}
+VITALS_RANGES = {"hr": (0.0, 350.0), "sbp": (0.0, 400.0), "dbp": (0.0, 300.0),
+                 "rr": (0.0, 150.0), "spo2": (20.0, 105.0), "temp": (25.0, 45.0)}
+# And of common lab analytes, in conventional US units (the synthetic cohort's 43): what a
+# living patient's sample can hold, extremes included; a value outside is a unit slip, a typo
+# or another analyte. Names are matched ignoring case; config.data.value_ranges overrides any.
+LAB_RANGES = {
+    "na": (80.0, 220.0), "k": (0.5, 15.0), "cl": (40.0, 180.0), "hco3": (0.0, 70.0),
+    "bun": (0.0, 400.0), "creatinine": (0.0, 40.0), "glucose": (0.0, 3000.0), "ca": (1.0, 25.0),
+    "wbc": (0.0, 1500.0), "rbc": (0.0, 15.0), "hemoglobin": (0.0, 30.0),
+    "hematocrit": (0.0, 100.0), "mcv": (30.0, 200.0), "mch": (5.0, 80.0), "mchc": (10.0, 60.0),
+    "rdw": (5.0, 60.0), "platelets": (0.0, 5000.0), "neutrophils_pct": (0.0, 100.0),
+    "alt": (0.0, 30000.0), "ast": (0.0, 50000.0), "alp": (0.0, 10000.0),
+    "total_bilirubin": (0.0, 100.0), "direct_bilirubin": (0.0, 80.0), "albumin": (0.0, 10.0),
+    "total_protein": (0.0, 20.0), "ggt": (0.0, 10000.0), "total_cholesterol": (0.0, 3000.0),
+    "ldl": (0.0, 2000.0), "hdl": (0.0, 500.0), "triglycerides": (0.0, 20000.0),
+    "pt": (0.0, 300.0), "inr": (0.0, 30.0), "aptt": (0.0, 500.0), "fibrinogen": (0.0, 3000.0),
+    "d_dimer": (0.0, 100000.0), "tsh": (0.0, 1000.0), "free_t4": (0.0, 20.0),
+    "free_t3": (0.0, 50.0), "troponin_i": (0.0, 1000.0), "bnp": (0.0, 100000.0),
+    "ck_mb": (0.0, 3000.0), "crp": (0.0, 1000.0), "esr": (0.0, 200.0)}
+DEFAULT_VALUE_RANGES = {**VITALS_RANGES, **LAB_RANGES}
+# Every value is stored as float32: a finite float64 beyond this is not a number the tables hold.
+FLOAT32_MAX = float(np.finfo(np.float32).max)
 # Text read as a missing value but counted, like inf and nan, as a non-finite value.
 MISSING_MARKERS = frozenset({"nan", "-nan", "+nan", "na", "n/a", "#n/a", "null", "none", "<na>"})
 _WITHHELD = "(withheld: it may identify a patient)"
 SHOWN_LINES = 20   # line numbers listed in one values entry of the quarantine report
-OK, NON_FINITE, NOT_A_NUMBER, OUT_OF_RANGE = range(4)
+OK, NON_FINITE, NOT_A_NUMBER, OUT_OF_RANGE, BEYOND_FLOAT32 = range(5)
 _VALUE_KINDS = {NON_FINITE: "non_finite", NOT_A_NUMBER: "not_a_number",
-                OUT_OF_RANGE: "out_of_range"}
+                OUT_OF_RANGE: "out_of_range", BEYOND_FLOAT32: "beyond_float32"}
 
 
 class Problems:
@@ -44,6 +64,9 @@ class Problems:
     self.items: list[csvfile.Problem] = []
     self.files: dict[str, dict] = {}   # file name -> counts and format (ingest summary)
     self.known_ids: set[str] = set()   # casefolded ids seen so far: never shown in a reason
+    # Every patient id a table names in a row, accepted or set aside (normalised as joined):
+    # ingest accounts for each (the manifest, or the quarantine report with the reason).
+    self.named: set[str] = set()
 
   def report(self, source: str, line: int, reason: str) -> None:
     self.extend([csvfile.Problem(source, line, reason)])
@@ -68,11 +91,12 @@ class Problems:
 
 
 def value_ranges(config_ranges=None) -> dict[str, tuple[float, float]]:
-  """`DEFAULT_VALUE_RANGES` updated by config.data.value_ranges (name -> (low, high) or None)."""
+  """`DEFAULT_VALUE_RANGES` updated by config.data.value_ranges (name -> (low, high) or None);
+  keys casefolded (`range_for` looks names up ignoring case)."""
   ranges = dict(DEFAULT_VALUE_RANGES)
   for name, bounds in dict(config_ranges or {}).items():
     if bounds is None:
-      ranges.pop(name, None)
+      ranges.pop(name.casefold(), None)
       continue
     try:
       low, high = (float(b) for b in bounds)
@@ -82,8 +106,13 @@ def value_ranges(config_ranges=None) -> dict[str, tuple[float, float]]:
     if not valid:
       raise errors.InputError(f"config.data.value_ranges.{name}={bounds!r}: give (low, high) with "
                               "low <= high, or None for no check")
-    ranges[name] = (low, high)
+    ranges[name.casefold()] = (low, high)
   return ranges
+
+
+def range_for(ranges: dict[str, tuple[float, float]], name: str):
+  """The plausible (low, high) of analyte or channel `name` (its case ignored), or None."""
+  return ranges.get(name.casefold())
 
 
 def normalize_ids(ids, fold_case: bool = False) -> np.ndarray:
@@ -113,11 +142,18 @@ def shown(text, ids: set[str]) -> str:
   return f"'{text}'"
 
 
+def withheld(text, ids: set[str]) -> bool:
+  """Whether `shown` withholds `text` (it could identify a patient)."""
+  return shown(text, ids) == _WITHHELD
+
+
 def numbers(col: pd.Series, decimal_comma: bool) -> tuple[np.ndarray, np.ndarray, int]:
-  """(float64 values with NaN for missing or bad, kind per cell, decimal commas read)."""
+  """(float64 values with NaN for missing or bad, kind per cell, decimal commas read). A value
+  is checked as float64 before anything narrows it: finite, and within what float32 holds."""
   if col.dtype.kind in "fiu":
     values = col.to_numpy(np.float64, copy=True)
     kinds = np.where(np.isinf(values), NON_FINITE, OK)
+    kinds[np.isfinite(values) & (np.abs(values) > FLOAT32_MAX)] = BEYOND_FLOAT32
     values[kinds != OK] = np.nan
     return values, kinds, 0
   # Text as read (a column pandas took for booleans, or mixed with floats, as text again).
@@ -142,6 +178,7 @@ def numbers(col: pd.Series, decimal_comma: bool) -> tuple[np.ndarray, np.ndarray
     values[failed[comma]] = text[comma].str.replace(",", ".").astype(float).to_numpy()
     commas, rest = int(comma.sum()), rest & ~comma
   kinds[failed[rest]] = NOT_A_NUMBER
+  kinds[(kinds == OK) & np.isfinite(values) & (np.abs(values) > FLOAT32_MAX)] = BEYOND_FLOAT32
   values[kinds != OK] = np.nan
   return values, kinds, commas
 
@@ -162,6 +199,8 @@ def _value_problems(source: str, label: str, name: str, kinds: np.ndarray, lines
       what = f"value {value} is not a number"
     elif kind == NON_FINITE:
       what = f"value {value} is not a finite number"
+    elif kind == BEYOND_FLOAT32:
+      what = f"value {value} is beyond what float32 holds (magnitude over {FLOAT32_MAX:.4g})"
     else:
       what = (f"value {value} is outside the plausible range [{bounds[0]:g}, {bounds[1]:g}] "
               f"(config.data.value_ranges.{name})")
@@ -180,7 +219,7 @@ def read_values(frame: csvfile.Frame, column: int, name: str, label: str, ranges
   col = frame.frame[column] if rows is None else frame.frame[column].iloc[rows]
   lines = frame.lines if rows is None else frame.lines[rows]
   values, kinds, commas = numbers(col, frame.delimiter != ",")
-  bounds = ranges.get(name)
+  bounds = range_for(ranges, name)
   if bounds is not None:
     outside = ~np.isnan(values) & ((values < bounds[0]) | (values > bounds[1]))
     kinds[outside] = OUT_OF_RANGE
@@ -192,11 +231,21 @@ def read_values(frame: csvfile.Frame, column: int, name: str, label: str, ranges
   return values, probs, counts, commas
 
 
-def read_ids(frame: csvfile.Frame, column: int, fold_case: bool,
+def read_ids(frame: csvfile.Frame, lines: csvfile.Lines, column: int, fold_case: bool,
              problems: Problems) -> tuple[np.ndarray, set[str]]:
-  """Normalised ids of a column; their spellings join `problems.known_ids` (for `shown`)."""
+  """Normalised ids of a column; their spellings join `problems.known_ids` (for `shown`) and
+  `problems.named`. The rows set aside as malformed (`frame.problems`) are given their
+  patient where the line still shows it, and it is named too."""
   ids = normalize_ids(frame.frame[column].to_numpy(object), fold_case)
+  for i, p in enumerate(frame.problems):
+    if p.what == "row" and not p.patient:
+      pid = normalize_ids([csvfile.field_of(lines, p.line, column)], fold_case)[0]
+      frame.problems[i] = dataclasses.replace(p, patient=pid)
+  recovered = {p.patient for p in frame.problems if p.patient}
   problems.known_ids.update(str(x).casefold() for x in pd.unique(ids))
+  problems.known_ids.update(p.casefold() for p in recovered)
+  problems.named.update(x for x in pd.unique(ids) if x)
+  problems.named.update(recovered)
   return ids, problems.known_ids
 
 
@@ -207,7 +256,7 @@ def first_rows(ids: np.ndarray, kept: np.ndarray, lines: np.ndarray, source: str
   first = first_lines(ids[kept], lines[kept], np.flatnonzero(dup))
   for i, line in zip(kept[dup], first):
     found.append(csvfile.Problem(source, int(lines[i]), f"duplicate patient row (line {line} has "
-                                 "this patient); the row is set aside"))
+                                 "this patient); the row is set aside", patient=ids[i]))
   return kept[~dup]
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 from typing import Sequence
 
@@ -26,9 +27,12 @@ def read_vitals(path: str, channels: Sequence[str], steps: int, hours_per_step: 
   """vitals.csv, long: one row per patient and time, one column per channel.
 
   Times are hours since admission (numbers, >= 0) or ISO 8601 timestamps counted from the
-  patient's first row; the file's first valid time decides which. A row whose time is empty,
-  unparseable, negative, of the other kind, earlier than (out of order) or equal to (duplicate)
-  a previous row's of the same patient is set aside. Rows are resampled into `steps` bins of
+  patient's first row; the kind most of the file's valid times have decides which. A row costs
+  only itself: one whose time is empty, unparseable, negative or of the other kind is set aside;
+  of a patient's timestamps, one cut off before the run holding most of the patient's rows by a
+  gap over `steps` x `hours_per_step` hours is set aside (a mistyped year must not move the
+  series); of the rest, the longest run in time order (in file order) is kept, and a row out of
+  that order or repeating a kept row's time is set aside. Rows are resampled into `steps` bins of
   `hours_per_step` hours (mean of the rows in a bin); rows past the last bin are counted.
   """
   ranges = values_lib.DEFAULT_VALUE_RANGES if ranges is None else ranges
@@ -39,20 +43,24 @@ def read_vitals(path: str, channels: Sequence[str], steps: int, hours_per_step: 
     cols["time"] = csvfile.find_column(lines, values_lib.TIME_COLUMNS, "time")
     missing = [c for c in channels if c not in lines.header]
     if missing:
-      raise csvfile.refuse(lines.path, f"channel columns {missing} not found (config.data."
-                           f"vitals_channels={list(channels)}; header {lines.header}); rename the "
-                           "columns or set config.data.vitals_channels")
+      # The header is not echoed: a cell of it may hold anything, an identifier included.
+      raise csvfile.refuse(lines.path, f"channel columns {missing} not found among its "
+                           f"{len(lines.header)} columns (config.data.vitals_channels="
+                           f"{list(channels)}); rename the columns or set "
+                           "config.data.vitals_channels")
     return [cols["pid"]] + [j for j, h in enumerate(lines.header)
                             if j != cols["time"] and h not in channels]
 
   lines, frame = csvfile.load(path, text_columns)
-  found = list(frame.problems)
-  ids, id_set = values_lib.read_ids(frame, cols["pid"], fold_case, problems)
+  ids, id_set = values_lib.read_ids(frame, lines, cols["pid"], fold_case, problems)
+  found = list(frame.problems)   # now with their patients
   hours, kind = _times(frame.frame[cols["time"]])
-  # The file's first valid time decides whether its times are hours or timestamps.
-  valid = np.flatnonzero((kind > 0) & (ids != ""))
-  numeric_file = not len(valid) or kind[valid[0]] == 1
-  rows = _rows_in_time_order(frame, cols, ids, id_set, hours, kind, numeric_file, found)
+  # Most of the file's valid times decide whether its times are hours or timestamps: a row of
+  # the other kind is a typo that costs its own row, wherever it is.
+  named = ids != ""
+  numeric_file = int(np.sum(named & (kind == 1))) >= int(np.sum(named & (kind == 2)))
+  window = steps * hours_per_step
+  rows = _rows_in_time_order(frame, cols, ids, id_set, hours, kind, numeric_file, window, found)
   codes, patients = pd.factorize(pd.Series(ids[rows], dtype=object))
   offset = hours[rows]
   if not numeric_file:  # Timestamps count from the patient's first (earliest) row.
@@ -77,16 +85,17 @@ def read_vitals(path: str, channels: Sequence[str], steps: int, hours_per_step: 
 
 
 def _rows_in_time_order(frame: csvfile.Frame, cols: dict, ids: np.ndarray, id_set: set[str],
-                        hours: np.ndarray, kind: np.ndarray, numeric_file: bool,
+                        hours: np.ndarray, kind: np.ndarray, numeric_file: bool, window: float,
                         found: list) -> np.ndarray:
-  """The rows with a patient and a valid time, each later than the patient's earlier rows (in
-  file order); every other row is set aside with its reason (a Problem in `found`)."""
+  """The rows kept (see `read_vitals`), in file order; every other row is set aside with its
+  reason (a Problem in `found`)."""
   tcells = frame.frame[cols["time"]].to_numpy(object)
   shown = lambda i: values_lib.shown(tcells[i], id_set)
 
   def set_aside(mask, reason_of):
     for i in np.flatnonzero(mask):
-      found.append(csvfile.Problem(frame.source, int(frame.lines[i]), reason_of(i)))
+      found.append(csvfile.Problem(frame.source, int(frame.lines[i]), reason_of(i),
+                                   patient=ids[i]))
     return ~mask
 
   pid_name, time_name = frame.columns[cols["pid"]], frame.columns[cols["time"]]
@@ -94,25 +103,100 @@ def _rows_in_time_order(frame: csvfile.Frame, cols: dict, ids: np.ndarray, id_se
   kept &= set_aside(kept & (kind == 0), lambda i: (
       f"time {shown(i)} is neither hours nor an ISO timestamp; the row is set aside"))
   kept &= set_aside(kept & (kind == (2 if numeric_file else 1)), lambda i: (
-      f"time {shown(i)} is {'a timestamp' if numeric_file else 'hours'} but the file's first "
-      f"time is {'hours' if numeric_file else 'a timestamp'}; the row is set aside"))
+      f"time {shown(i)} is {'a timestamp' if numeric_file else 'hours'} but most of the "
+      f"file's times are {'hours' if numeric_file else 'timestamps'}; the row is set aside"))
   kept &= set_aside(kept & (kind == 1) & (hours < 0), lambda i: (
       f"negative time {shown(i)}; the row is set aside"))
-  # In file order per patient, a time below the running maximum of the earlier rows is out of
-  # order and one equal to it a duplicate (that maximum is the last accepted row's time).
+  if not numeric_file:
+    early = _before_the_series(ids, hours, kept, window)
+    kept &= set_aside(early, lambda i: (
+        f"time {shown(i)} lies more than {window:g} hours before the run of times that holds "
+        "most of this patient's rows (a mistyped date?); the row is set aside"))
+  out_of_order, repeated = _off_the_longest_run(ids, hours, kept)
+  set_aside(out_of_order, lambda i: f"row out of time order ({time_name} {shown(i)} among this "
+            "patient's rows in time order); the row is set aside")
+  set_aside(repeated, lambda i: f"duplicate time {shown(i)} for this patient; the row is set "
+            "aside")
+  return np.flatnonzero(kept & ~out_of_order & ~repeated)
+
+
+def _patient_order(ids: np.ndarray, rows: np.ndarray, hours: np.ndarray) -> tuple:
+  """`rows` sorted by (patient, time) and each one's patient code (stable: file order breaks
+  ties)."""
+  codes, _ = pd.factorize(pd.Series(ids[rows], dtype=object))
+  order = np.lexsort((hours[rows], codes))
+  return rows[order], codes[order]
+
+
+def _before_the_series(ids: np.ndarray, hours: np.ndarray, kept: np.ndarray,
+                       window: float) -> np.ndarray:
+  """Rows (a mask) of patients' timestamps cut off before their series: a patient's times,
+  sorted, split into runs wherever two are more than `window` hours apart; the series starts
+  at the run holding most rows (the earliest of equals), and rows of runs before it are cut
+  off (a mistyped year would otherwise move the series' origin years away). A stay longer
+  than the window, recorded without such a gap, is one run: it starts at its first row."""
   rows = np.flatnonzero(kept)
+  out = np.zeros(len(ids), bool)
+  if not len(rows):
+    return out
+  sorted_rows, codes = _patient_order(ids, rows, hours)
+  t = hours[sorted_rows]
+  new_patient = np.concatenate([[True], codes[1:] != codes[:-1]])
+  gap = np.concatenate([[0.0], np.diff(t)]) > window
+  run = np.cumsum(new_patient | gap)          # a run id, unique across patients
+  size = np.bincount(run)[run]
+  best = pd.Series(size).groupby(codes).transform("max").to_numpy()
+  first_best = pd.Series(np.where(size == best, run, np.iinfo(np.int64).max)).groupby(
+      codes).transform("min").to_numpy()
+  out[sorted_rows[run < first_best]] = True
+  return out
+
+
+def _off_the_longest_run(ids: np.ndarray, hours: np.ndarray,
+                         kept: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  """(out of order, repeated): masks of the kept rows off each patient's longest run of rows
+  in strictly increasing time (in file order), split by whether the row's time equals a kept
+  row's. Patients whose rows are in order already (the usual case) cost no Python loop."""
+  out_of_order, repeated = np.zeros(len(ids), bool), np.zeros(len(ids), bool)
+  rows = np.flatnonzero(kept)
+  if not len(rows):
+    return out_of_order, repeated
   codes, _ = pd.factorize(pd.Series(ids[rows], dtype=object))
   h = pd.Series(hours[rows])
-  previous = h.groupby(codes).cummax().groupby(codes).shift(1).to_numpy()
-  early, same = h.to_numpy() < previous, h.to_numpy() == previous
-  mask = np.zeros(len(ids), bool)
-  mask[rows[early]] = True
-  set_aside(mask, lambda i: f"row out of time order ({time_name} {shown(i)} comes after a later "
-            "time for this patient); the row is set aside")
-  mask[:] = False
-  mask[rows[same]] = True
-  set_aside(mask, lambda i: f"duplicate time {shown(i)} for this patient; the row is set aside")
-  return rows[~early & ~same]
+  step = h.groupby(codes).diff().to_numpy()
+  unordered = pd.Series(step <= 0).groupby(codes).transform("any").to_numpy()
+  for code in np.unique(codes[unordered]):
+    mine = rows[codes == code]
+    run = set(mine[_longest_increasing(hours[mine])].tolist())
+    times = {hours[i] for i in run}
+    for i in mine:
+      if i not in run:
+        (repeated if hours[i] in times else out_of_order)[i] = True
+  return out_of_order, repeated
+
+
+def _longest_increasing(values: np.ndarray) -> np.ndarray:
+  """Indices of the longest strictly increasing subsequence of `values`; of several, the one
+  that keeps the earliest rows (a later row contradicting earlier ones is the odd one)."""
+
+  def run_lengths(v):   # the longest strictly increasing run ending at each element
+    tails, out = [], []
+    for x in v:
+      j = bisect.bisect_left(tails, x)
+      tails[j:j + 1] = [x]
+      out.append(j + 1)
+    return np.array(out)
+
+  ending = run_lengths(values)
+  starting = run_lengths(-values[::-1])[::-1]   # the longest run starting at each element
+  length = int(ending.max()) if len(values) else 0
+  on_a_longest = ending + starting - 1 == length
+  picked, need, last = [], 1, -np.inf
+  for i, x in enumerate(values):
+    if need <= length and on_a_longest[i] and ending[i] == need and x > last:
+      picked.append(i)
+      need, last = need + 1, x
+  return np.array(picked, np.int64)
 
 
 def _bin_means(v: np.ndarray, flat: np.ndarray, cells: int) -> np.ndarray:

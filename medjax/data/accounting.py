@@ -1,0 +1,158 @@
+"""Every patient and every file of a cohort accounted for, and a check that none is lost.
+
+A patient is named by any row of any table (accepted or set aside, where the row still shows
+its id) or by a DICOM file's PatientID. Each ends in exactly one of: the manifest, or the
+quarantine report as a patient entry (`{"path": "", "patient": <pseudonym>, "stage": "link",
+"reason"}`: no file, a patient)
+whose reason says why, as a chain when one rejection causes another ("label row rejected:
+labels.csv line 7 (class 'X' not in config.data.classes ...)"). A left-out patient's image files
+are quarantined with the same chain.
+
+A file under the cohort root ends in exactly one of: the manifest (an image file), the
+quarantine report (a file or a folder whose files could not be listed), or the tables ingest
+read (labels.csv, labs.csv, vitals.csv, and oracle.npz of a synthetic cohort). A file that is
+no part of a cohort's layout is quarantined, not ignored.
+
+`check` counts them at the end of ingest and raises `LostTrack` (an internal error: a bug, not
+bad input) if any patient or file is unaccounted for or accounted twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+TABLE_FILES = ("labels.csv", "labs.csv", "vitals.csv", "oracle.npz")
+NO_LABEL = "its PatientID has no row in labels.csv"
+
+
+class LostTrack(RuntimeError):
+  """Ingest did not account for every patient and file (a bug in medjax)."""
+
+
+def files_under(root: str, skip: tuple[str, ...] = ()) -> tuple[list[str], list[str]]:
+  """(files, unlisted folders) under `root`, as paths relative to it: what a walk that follows
+  no folder symlink sees (a symlink to a folder counts as a file: it is quarantined as one).
+  Folders in `skip` (absolute: the run's own workdir, when it lies inside the cohort) are not
+  the cohort's and are not walked."""
+  files, unlisted = [], []
+  skip = {os.path.realpath(s) for s in skip}
+
+  def failed(e: OSError) -> None:
+    unlisted.append(os.path.relpath(e.filename, root))
+
+  for dirpath, dirnames, filenames in os.walk(root, onerror=failed, followlinks=False):
+    dirnames[:] = [d for d in dirnames if os.path.realpath(os.path.join(dirpath, d)) not in skip]
+    for name in dirnames:
+      if os.path.islink(os.path.join(dirpath, name)):
+        files.append(os.path.relpath(os.path.join(dirpath, name), root))
+    files += [os.path.relpath(os.path.join(dirpath, name), root) for name in filenames]
+  return sorted(files), sorted(unlisted)
+
+
+def foreign_files(root: str, skip: tuple[str, ...] = ()) -> list[dict]:
+  """Quarantine entries for what lies under `root` outside a cohort's layout (dicom/ and the
+  tables): read by nothing, so reported rather than silently skipped."""
+  files, unlisted = files_under(root, skip)
+  out = []
+  for rel in files + unlisted:
+    top = rel.split(os.sep)[0]
+    if top == "dicom" or rel in TABLE_FILES:
+      continue
+    out.append({"path": rel, "stage": "scan",
+                "reason": "not part of a cohort's layout (dicom/**, labels.csv, labs.csv, "
+                          "vitals.csv; oracle.npz in a synthetic cohort); not read"})
+  return out
+
+
+def left_out(named: set[str], in_manifest: set[str], problems, files_by_patient: dict,
+             has_labels: bool, label_of: dict, pseudonym) -> list[dict]:
+  """Quarantine entries for the named patients the manifest does not hold, each with its reason,
+  and for their image files with the same reason.
+
+  Args:
+    named: every patient id named by a table row or a DICOM file (normalised).
+    in_manifest: the ids the manifest holds.
+    problems: the ingest's `tables.Problems` (row problems carry their patient, if known).
+    files_by_patient: id -> [(path, frames)] of the accepted image files.
+    has_labels: whether the cohort has a labels.csv.
+    label_of: id -> class of labels.csv's accepted rows.
+    pseudonym: id -> its record id (the salted hash: no raw id is written).
+  """
+  rows_of: dict[str, list] = {}
+  for p in problems.items:
+    if p.patient and p.what == "row":
+      rows_of.setdefault(p.patient, []).append(p)
+  out = []
+  for pid in sorted(named - in_manifest):
+    reason = _why(pid, rows_of.get(pid, []), has_labels, label_of)
+    out.append({"path": "", "patient": pseudonym(pid), "stage": "link", "reason": reason})
+    file_reason = NO_LABEL if reason.startswith("no row in labels.csv") else reason
+    out += [{"path": path, "stage": "link", "reason": file_reason}
+            for path, _ in sorted(files_by_patient.get(pid, []))]
+  return out
+
+
+def _why(pid: str, rows: list, has_labels: bool, label_of: dict) -> str:
+  """Why a named patient is not in the manifest: the first cause, as a chain."""
+  rejected_label = [p for p in rows if p.source == "labels.csv"]
+  if has_labels and pid not in label_of:
+    if rejected_label:
+      p = min(rejected_label, key=lambda p: p.line)
+      return f"label row rejected: labels.csv line {p.line} ({_short(p.reason)})"
+    return "no row in labels.csv; their images and table rows are left out"
+  others = [p for p in rows if p.source != "labels.csv"]
+  if has_labels and not others:
+    p = min((p for p in rows if p.source == "labels.csv"), key=lambda p: p.line, default=None)
+    where = f": labels.csv line {p.line}" if p is not None else ""
+    return f"a label but no data (no image, lab or vitals row){where}"
+  return ("no usable data: no image, lab or vitals value of theirs was accepted"
+          + _first_row(others))
+
+
+def _first_row(rows: list) -> str:
+  """'; first: labs.csv line 4 (reason)' for a patient's first set-aside row, else ''."""
+  if not rows:
+    return ""
+  p = min(rows, key=lambda p: (p.source, p.line))
+  return f"; first set aside: {p.source} line {p.line} ({_short(p.reason)})"
+
+
+def _short(reason: str) -> str:
+  """A row's reason without its ending, '; the row is set aside' (the chain says it)."""
+  for ending in ("; the row is set aside", "; the patient is left out"):
+    if reason.endswith(ending):
+      return reason[:-len(ending)]
+  return reason
+
+
+def check(root: str, manifest, quarantine: list[dict], named: set[str],
+          in_manifest: set[str], pseudonym, skip: tuple[str, ...] = ()) -> dict:
+  """The conservation counts; raises LostTrack if any file or patient is unaccounted for or
+  accounted twice (the message counts them; the log names the files)."""
+  files, unlisted = files_under(root, skip)
+  in_manifest_files = {f for row_files in manifest.image_files for f in row_files}
+  quarantined = {q["path"] for q in quarantine if q.get("path") and "line" not in q}
+  tables_read = {f for f in TABLE_FILES if f in files}
+  folders = tuple(q.rstrip(os.sep) + os.sep for q in quarantined)
+  lost = [f for f in files + unlisted
+          if f not in in_manifest_files and f not in quarantined and f not in tables_read
+          and not f.startswith(folders)]
+  twice = sorted(in_manifest_files & quarantined)
+  quarantined_patients = {q["patient"] for q in quarantine if "patient" in q}
+  manifest_ids = {pseudonym(p) for p in in_manifest}
+  lost_patients = {pseudonym(p) for p in named} - manifest_ids - quarantined_patients
+  both = manifest_ids & quarantined_patients
+  counts = {
+      "files": {"under_root": len(files), "in_manifest": len(in_manifest_files),
+                "quarantined": len(quarantined & set(files)), "tables_read": len(tables_read),
+                "unlisted_folders": len(unlisted)},
+      "patients": {"named": len(named), "in_manifest": len(manifest_ids),
+                   "quarantined": len(quarantined_patients)}}
+  if lost or twice or lost_patients or both:
+    logging.error("ingest lost track of files %s, counted twice %s", lost[:20], twice[:20])
+    raise LostTrack(
+        f"ingest lost track of {len(lost)} files and {len(lost_patients)} patients, and counted "
+        f"{len(twice)} files and {len(both)} patients both in the manifest and the quarantine "
+        "report (a bug in medjax: the log lists them)")
+  return counts
