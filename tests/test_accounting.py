@@ -117,6 +117,25 @@ def test_patients_named_only_by_tables_or_images_each_end_somewhere(tmp_path):
   assert counts["patients"] == {"named": 6, "in_manifest": 1, "quarantined": 5}
 
 
+def test_a_patient_whose_every_image_is_rejected_is_accounted_for(tmp_path):
+  """A file rejected after its header was read still names its patient: with a label and
+  nothing else usable, that patient is left out with the file's reason, not lost."""
+  root = tmp_path / "cohort"
+  root.mkdir()
+  (root / "labels.csv").write_text("patient_id,diagnosis\nP1,flu\nP2,copd\nP3,gout\n")
+  (root / "labs.csv").write_text("patient_id,Na\nP1,140\nP2,141\n")
+  _dicom(str(root / "dicom" / "p3.dcm"), "P3")
+  with open(root / "dicom" / "p3.dcm", "r+b") as f:   # cut inside its pixel data
+    f.truncate(os.path.getsize(root / "dicom" / "p3.dcm") - 1000)
+  result = _ingest(tmp_path, root)
+  salt = ingest.load_or_create_salt(str(tmp_path / "work" / "secrets" / "id_salt"))
+  reason = _patients(result)[ingest.pseudonym("P3", salt)]
+  assert reason.startswith("no usable data: every image file of theirs was quarantined; first: "
+                           "dicom/p3.dcm (truncated pixel data")
+  assert result.summary["accounting"]["patients"] == {"named": 3, "in_manifest": 2,
+                                                      "quarantined": 1}
+
+
 def test_one_instance_under_two_patients_quarantines_both_files(tmp_path):
   root = tmp_path / "cohort"
   root.mkdir()

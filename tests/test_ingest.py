@@ -49,15 +49,16 @@ def test_ingest_links_by_patient_id_and_accounts_for_every_file(cohort, tmp_path
   assert "pixel" in reasons["dicom/s5.dcm"].lower()
   # Table problems: duplicate row, non-numeric value, out-of-order vitals, label without data.
   table_lines = {(q["path"], q["line"]) for q in result.quarantine if q["stage"] == "tables"}
-  # Every patient named anywhere: 6 in the manifest; MRN007 (a label, no data) and MRN999
-  # (images, no label) left out, each once, by pseudonym only.
+  # Every patient named anywhere: 6 in the manifest; left out, each once, by pseudonym only:
+  # MRN007 (a label, no data), MRN999 (images, no label), and the patients of the RT plan and
+  # of the truncated file (their headers name them; no label either).
   left_out = {q["patient"]: q["reason"] for q in result.quarantine if "patient" in q}
   assert sorted(left_out.values()) == [
-      "a label but no data (no image, lab or vitals row): labels.csv line 8",
-      "no row in labels.csv; their images and table rows are left out"]
+      "a label but no data (no image, lab or vitals row): labels.csv line 8"] + [
+          "no row in labels.csv; their images and table rows are left out"] * 3
   assert all(p.startswith("r-") for p in left_out) and not set(left_out) & set(m.record_ids)
   counts = result.summary["accounting"]
-  assert counts["patients"] == {"named": 8, "in_manifest": 6, "quarantined": 2}
+  assert counts["patients"] == {"named": 10, "in_manifest": 6, "quarantined": 4}
   assert counts["files"]["tables_read"] == 3 and counts["files"]["in_manifest"] == len(
       referenced)
   assert {("labs.csv", 5), ("labs.csv", 6), ("vitals.csv", 6), ("labels.csv", 8)} <= table_lines

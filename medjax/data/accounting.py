@@ -66,7 +66,8 @@ def foreign_files(root: str, skip: tuple[str, ...] = ()) -> list[dict]:
 
 
 def left_out(named: set[str], in_manifest: set[str], problems, files_by_patient: dict,
-             has_labels: bool, label_of: dict, pseudonym) -> list[dict]:
+             has_labels: bool, label_of: dict, pseudonym,
+             file_rejections: dict[str, list] | None = None) -> list[dict]:
   """Quarantine entries for the named patients the manifest does not hold, each with its reason,
   and for their image files with the same reason.
 
@@ -78,6 +79,7 @@ def left_out(named: set[str], in_manifest: set[str], problems, files_by_patient:
     has_labels: whether the cohort has a labels.csv.
     label_of: id -> class of labels.csv's accepted rows.
     pseudonym: id -> its record id (the salted hash: no raw id is written).
+    file_rejections: id -> [(path, reason)] of their quarantined DICOM files, if any.
   """
   rows_of: dict[str, list] = {}
   for p in problems.items:
@@ -85,7 +87,8 @@ def left_out(named: set[str], in_manifest: set[str], problems, files_by_patient:
       rows_of.setdefault(p.patient, []).append(p)
   out = []
   for pid in sorted(named - in_manifest):
-    reason = _why(pid, rows_of.get(pid, []), has_labels, label_of)
+    reason = _why(pid, rows_of.get(pid, []), has_labels, label_of,
+                  (file_rejections or {}).get(pid, []))
     out.append({"path": "", "patient": pseudonym(pid), "stage": "link", "reason": reason})
     file_reason = NO_LABEL if reason.startswith("no row in labels.csv") else reason
     out += [{"path": path, "stage": "link", "reason": file_reason}
@@ -93,7 +96,7 @@ def left_out(named: set[str], in_manifest: set[str], problems, files_by_patient:
   return out
 
 
-def _why(pid: str, rows: list, has_labels: bool, label_of: dict) -> str:
+def _why(pid: str, rows: list, has_labels: bool, label_of: dict, files: list) -> str:
   """Why a named patient is not in the manifest: the first cause, as a chain."""
   rejected_label = [p for p in rows if p.source == "labels.csv"]
   if has_labels and pid not in label_of:
@@ -102,6 +105,10 @@ def _why(pid: str, rows: list, has_labels: bool, label_of: dict) -> str:
       return f"label row rejected: labels.csv line {p.line} ({_short(p.reason)})"
     return "no row in labels.csv; their images and table rows are left out"
   others = [p for p in rows if p.source != "labels.csv"]
+  if files and not others:
+    path, reason = min(files)
+    return ("no usable data: every image file of theirs was quarantined; first: "
+            f"{path} ({reason})")
   if has_labels and not others:
     p = min((p for p in rows if p.source == "labels.csv"), key=lambda p: p.line, default=None)
     where = f": labels.csv line {p.line}" if p is not None else ""

@@ -72,18 +72,19 @@ def pseudonym(patient_id: str, salt: bytes) -> str:
 
 
 def _scan_one(args: tuple[str, str, tuple[str, ...], dicom.Budgets]
-              ) -> tuple[str, dicom.Header | None, str | None]:
+              ) -> tuple[str, dicom.Header | None, str | None, str]:
   root, rel, roots, budgets = args
   try:
     # read_header refuses FIFOs, sockets, devices and directories from os.lstat/os.stat without
     # opening them, follows a symlink only to a regular file inside `roots`, and checks the
     # budgets before anything but the header is read.
-    return rel, dicom.read_header(os.path.join(root, rel), budgets, roots=roots), None
+    return rel, dicom.read_header(os.path.join(root, rel), budgets, roots=roots), None, ""
   except dicom.RejectedFile as e:
-    return rel, None, e.reason
+    return rel, None, e.reason, e.patient_id
 
 
-def scan_dicom(dicom_root: str, workers: int = 0, budgets: dicom.Budgets | None = None
+def scan_dicom(dicom_root: str, workers: int = 0, budgets: dicom.Budgets | None = None,
+               patients: dict[str, str] | None = None
                ) -> tuple[list[tuple[str, dicom.Header]], list[dict]]:
   """Reads every file's header (no pixels). Returns (accepted, quarantine entries).
 
@@ -98,6 +99,8 @@ def scan_dicom(dicom_root: str, workers: int = 0, budgets: dicom.Budgets | None 
     dicom_root: the cohort's dicom/ folder.
     workers: header-scan processes (0: one per CPU core).
     budgets: size limits (`config.data.max_pixels` etc.; default: `dicom.Budgets()`).
+    patients: filled, where given, with the PatientID of each rejected file whose header could
+      be read (quarantine path -> raw id; in memory only), so that its patient is accounted for.
   """
   budgets = budgets or dicom.Budgets()
   roots = (os.path.dirname(os.path.abspath(dicom_root)), dicom_root)
@@ -129,14 +132,18 @@ def scan_dicom(dicom_root: str, workers: int = 0, budgets: dicom.Budgets | None 
   else:
     results = [_scan_one(j) for j in jobs]
   accepted, kept = [], {}
-  for rel, header, reason in results:
+  for rel, header, reason, patient_id in results:
     key = (header.patient_id, header.instance) if header is not None else None
     if header is None:
       rejected.append({"path": os.path.join("dicom", rel), "stage": "scan", "reason": reason})
+      if patient_id.strip() and patients is not None:
+        patients[os.path.join("dicom", rel)] = patient_id
     elif header.instance and key in kept:
       rejected.append({"path": os.path.join("dicom", rel), "stage": "scan",
                        "reason": "duplicate SOPInstanceUID (same instance as "
                                  f"{os.path.join('dicom', kept[key])})"})
+      if patients is not None:
+        patients[os.path.join("dicom", rel)] = header.patient_id
     else:
       if header.instance:
         kept[key] = rel
@@ -188,7 +195,9 @@ def run(config, workdir: str, root: str) -> Ingested:
   problems = tables.Problems(data.on_error)
   t0 = time.perf_counter()
   budgets = dicom.Budgets.from_config(data)
-  headers, quarantine = _scan(os.path.join(root, "dicom"), data.scan_workers, budgets)
+  rejected_patients: dict[str, str] = {}   # a rejected file's path -> its PatientID
+  headers, quarantine = _scan(os.path.join(root, "dicom"), data.scan_workers, budgets,
+                              rejected_patients)
   scan_s = time.perf_counter() - t0
   logging.info("ingest: scanned %d DICOM files in %.1f s (%d rejected)",
                len(headers) + len(quarantine), scan_s, len(quarantine))
@@ -198,7 +207,11 @@ def run(config, workdir: str, root: str) -> Ingested:
   dicom_ids = tables.normalize_ids([h.patient_id for _, h in headers], fold)
   problems.known_ids.update(p.casefold() for p in dicom_ids)
   named = {p for p in dicom_ids if p}
-  headers, dicom_ids = _shared_instances(headers, dicom_ids, quarantine)
+  rejected_ids = dict(zip(rejected_patients, tables.normalize_ids(
+      list(rejected_patients.values()), fold)))
+  problems.known_ids.update(p.casefold() for p in rejected_ids.values())
+  named |= {p for p in rejected_ids.values() if p}
+  headers, dicom_ids = _shared_instances(headers, dicom_ids, quarantine, rejected_ids)
   read = _read_tables(root, data, budgets, problems, fold)
   named |= problems.named
   problems.redact()
@@ -221,7 +234,8 @@ def run(config, workdir: str, root: str) -> Ingested:
       read.labels is not None) else {}
   by_pseudonym = lambda pid: pseudonym(pid, salt)
   quarantine += accounting.left_out(named, set(linked.patients), problems, files_by_patient,
-                                    read.labels is not None, label_of, by_pseudonym)
+                                    read.labels is not None, label_of, by_pseudonym,
+                                    _file_rejections(quarantine, rejected_ids))
   quarantine.extend(p.as_dict() for p in problems.items)
   counts = accounting.check(root, manifest, quarantine, named, set(linked.patients),
                             by_pseudonym, skip=(workdir,))
@@ -249,15 +263,16 @@ def run(config, workdir: str, root: str) -> Ingested:
   return Ingested(manifest, table_arrays, quarantine, summary)
 
 
-def _scan(dicom_root: str, workers: int, budgets: dicom.Budgets) -> tuple[list, list]:
+def _scan(dicom_root: str, workers: int, budgets: dicom.Budgets,
+          patients: dict[str, str]) -> tuple[list, list]:
   """The headers of dicom/'s files and the quarantine entries of those rejected (none without
-  a dicom/ folder; one that is not a folder is refused)."""
+  a dicom/ folder; one that is not a folder is refused); `patients` as `scan_dicom`'s."""
   if os.path.lexists(dicom_root) and not os.path.isdir(dicom_root):
     raise errors.InputError(f"{dicom_root} is not a directory; the cohort's DICOM files go in a "
                             "dicom/ folder (any subfolders)")
   if not os.path.isdir(dicom_root):
     return [], []
-  return scan_dicom(dicom_root, workers, budgets)
+  return scan_dicom(dicom_root, workers, budgets, patients)
 
 
 def _why_none(read: "_Tables", files_by_patient: dict) -> str:
@@ -270,7 +285,19 @@ def _why_none(read: "_Tables", files_by_patient: dict) -> str:
   return "no image, lab or vitals row was usable"
 
 
-def _shared_instances(headers: list, dicom_ids: np.ndarray, quarantine: list) -> tuple:
+def _file_rejections(quarantine: list[dict], rejected_ids: dict[str, str]) -> dict[str, list]:
+  """Patient id -> [(path, reason)] of their quarantined DICOM files, for the reason chain of a
+  patient left out because none of their files could be used."""
+  out: dict[str, list] = collections.defaultdict(list)
+  for q in quarantine:
+    pid = rejected_ids.get(q.get("path", ""))
+    if pid:
+      out[pid].append((q["path"], q["reason"]))
+  return out
+
+
+def _shared_instances(headers: list, dicom_ids: np.ndarray, quarantine: list,
+                      rejected_ids: dict[str, str]) -> tuple:
   """The headers (and their ids) without the files whose SOPInstanceUID another patient's file
   holds too: one instance belongs to one patient, so one of the PatientIDs is wrong, and which
   cannot be told; all such files are quarantined, each naming another file of the UID. (The
@@ -285,6 +312,7 @@ def _shared_instances(headers: list, dicom_ids: np.ndarray, quarantine: list) ->
       shared.update(rows)
       for i in rows:
         other = next(j for j in rows if dicom_ids[j] != dicom_ids[i])
+        rejected_ids[os.path.join("dicom", headers[i][0])] = dicom_ids[i]
         quarantine.append({"path": os.path.join("dicom", headers[i][0]), "stage": "link",
                            "reason": "its SOPInstanceUID is also in "
                                      f"{os.path.join('dicom', headers[other][0])}, under another "

@@ -215,8 +215,17 @@ def _load(path: str, f, size: int, budgets: Budgets) -> np.ndarray:
 
 
 def _inspect(path: str, f, size: int, budgets: Budgets):
-  """Returns (dataset with pixel data deferred, Header) or raises RejectedFile."""
+  """Returns (dataset with pixel data deferred, Header) or raises RejectedFile (with the
+  file's PatientID once its header was read)."""
   ds = _read(path, f, budgets)
+  try:
+    return _checked(path, f, size, budgets, ds)
+  except RejectedFile as e:
+    e.patient_id = str(ds.get("PatientID") or "")
+    raise
+
+
+def _checked(path: str, f, size: int, budgets: Budgets, ds):
   _check_lengths(path, ds, size)
   sop_class = ds.get("SOPClassUID")
   sop_name = getattr(sop_class, "name", None) or "unknown"

@@ -55,6 +55,9 @@ class RejectedFile(Exception):
     super().__init__(f"{path}: {reason}")
     self.path = str(path)
     self.reason = reason
+    # The PatientID of a file rejected after its header was read (in memory only: ingest
+    # accounts for that patient), else ''.
+    self.patient_id = ""
 
   def __reduce__(self):  # the default would re-call __init__ with the message alone
     return type(self), (self.path, self.reason)
