@@ -136,6 +136,18 @@ def test_a_patient_whose_every_image_is_rejected_is_accounted_for(tmp_path):
                                                       "quarantined": 1}
 
 
+def test_a_labelled_patient_whose_every_value_was_set_aside_says_so(tmp_path):
+  root = tmp_path / "cohort"
+  root.mkdir()
+  (root / "labels.csv").write_text("patient_id,diagnosis\nP1,flu\nP2,copd\n")
+  (root / "labs.csv").write_text("patient_id,Na,K\nP1,140,4\nP2,inf,abc\n")
+  result = _ingest(tmp_path, root)
+  salt = ingest.load_or_create_salt(str(tmp_path / "work" / "secrets" / "id_salt"))
+  assert _patients(result)[ingest.pseudonym("P2", salt)] == (
+      "no usable data: every value of theirs was missing or set aside, first on labs.csv line 3 "
+      "(see that file's values entries)")
+
+
 def test_one_instance_under_two_patients_quarantines_both_files(tmp_path):
   root = tmp_path / "cohort"
   root.mkdir()

@@ -141,6 +141,23 @@ def test_a_header_cell_that_may_identify_a_patient_is_never_echoed(tmp_path, ide
   assert "['hr']" in str(e.value) and ident not in str(e.value)
 
 
+def test_a_long_labs_analyte_cell_holding_an_id_becomes_no_analyte(tmp_path):
+  root = tmp_path / "cohort"
+  root.mkdir()
+  (root / "labels.csv").write_text("patient_id,diagnosis\nPTX7009K,flu\nP2,copd\n")
+  (root / "labs.csv").write_text("patient_id,analyte,value\nPTX7009K,Na,140\nP2,Na,141\n"
+                                 "P2,PTX7009K,3\nP2,K,4\n")
+  result = ingest.run(_config(analytes=()), str(tmp_path / "w"), str(root))
+  assert result.tables["analytes"].tolist() == ["K", "Na"]
+  with open(tmp_path / "w" / "ingest" / "tables.npz", "rb") as f:
+    raw = f.read()
+  for encoding in ("utf-8", "utf-32-le"):
+    assert "PTX7009K".encode(encoding) not in raw
+  assert "PTX7009K" not in json.dumps([result.quarantine, result.summary])
+  (row,) = [q for q in result.quarantine if q["path"] == "labs.csv" and q.get("line") == 4]
+  assert "withheld" in row["reason"]
+
+
 def test_absent_tables_are_optional(tmp_path):
   root = tmp_path / "cohort"
   root.mkdir()

@@ -88,7 +88,7 @@ def left_out(named: set[str], in_manifest: set[str], problems, files_by_patient:
   out = []
   for pid in sorted(named - in_manifest):
     reason = _why(pid, rows_of.get(pid, []), has_labels, label_of,
-                  (file_rejections or {}).get(pid, []))
+                  (file_rejections or {}).get(pid, []), getattr(problems, "first_line", {}))
     out.append({"path": "", "patient": pseudonym(pid), "stage": "link", "reason": reason})
     file_reason = NO_LABEL if reason.startswith("no row in labels.csv") else reason
     out += [{"path": path, "stage": "link", "reason": file_reason}
@@ -96,7 +96,8 @@ def left_out(named: set[str], in_manifest: set[str], problems, files_by_patient:
   return out
 
 
-def _why(pid: str, rows: list, has_labels: bool, label_of: dict, files: list) -> str:
+def _why(pid: str, rows: list, has_labels: bool, label_of: dict, files: list,
+         first_line: dict[str, dict[str, int]]) -> str:
   """Why a named patient is not in the manifest: the first cause, as a chain."""
   rejected_label = [p for p in rows if p.source == "labels.csv"]
   if has_labels and pid not in label_of:
@@ -109,6 +110,12 @@ def _why(pid: str, rows: list, has_labels: bool, label_of: dict, files: list) ->
     path, reason = min(files)
     return ("no usable data: every image file of theirs was quarantined; first: "
             f"{path} ({reason})")
+  naming = sorted((source, lines[pid]) for source, lines in first_line.items()
+                  if source != "labels.csv" and pid in lines)
+  if naming and not others:
+    where = " and ".join(f"{source} line {line}" for source, line in naming)
+    return (f"no usable data: every value of theirs was missing or set aside, first on {where} "
+            "(see that file's values entries)")
   if has_labels and not others:
     p = min((p for p in rows if p.source == "labels.csv"), key=lambda p: p.line, default=None)
     where = f": labels.csv line {p.line}" if p is not None else ""

@@ -121,7 +121,10 @@ def _read_labs_long(lines, frame, cols, analytes, rename, problems, ranges, fold
   names = values_lib.map_unique(frame.frame[cols["analyte"]].to_numpy(object),
                                 lambda s: rename.get(s.strip(), s.strip()))
   if not analytes:
-    analytes = sorted(set(names[(ids != "") & (names != "")]))
+    # Analytes from the cells: a name that may identify a patient (an id in the wrong column)
+    # becomes no analyte, which would carry it into tables.npz; its rows are set aside below.
+    analytes = sorted(n for n in set(names[(ids != "") & (names != "")])
+                      if not values_lib.withheld(n, problems.known_ids))
   index = {a: i for i, a in enumerate(analytes)}
   empty = ids == ""
   for i in np.flatnonzero(empty):

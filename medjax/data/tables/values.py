@@ -67,6 +67,7 @@ class Problems:
     # Every patient id a table names in a row, accepted or set aside (normalised as joined):
     # ingest accounts for each (the manifest, or the quarantine report with the reason).
     self.named: set[str] = set()
+    self.first_line: dict[str, dict[str, int]] = {}   # table file -> id -> its first line
 
   def report(self, source: str, line: int, reason: str) -> None:
     self.extend([csvfile.Problem(source, line, reason)])
@@ -244,8 +245,16 @@ def read_ids(frame: csvfile.Frame, lines: csvfile.Lines, column: int, fold_case:
   recovered = {p.patient for p in frame.problems if p.patient}
   problems.known_ids.update(str(x).casefold() for x in pd.unique(ids))
   problems.known_ids.update(p.casefold() for p in recovered)
-  problems.named.update(x for x in pd.unique(ids) if x)
-  problems.named.update(recovered)
+  first = problems.first_line.setdefault(frame.source, {})
+  for p in frame.problems:
+    if p.patient:
+      first[p.patient] = min(first.get(p.patient, p.line), p.line)
+  if len(ids):
+    order = pd.Series(ids, dtype=object).drop_duplicates()
+    for pid, i in zip(order.to_numpy(), order.index):
+      if pid:
+        first[pid] = min(first.get(pid, int(frame.lines[i])), int(frame.lines[i]))
+  problems.named.update(first)
   return ids, problems.known_ids
 
 
