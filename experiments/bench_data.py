@@ -22,6 +22,7 @@ from medjax.data import ingest
 from medjax.data import records
 from medjax.data import synthetic
 from medjax.data.cache import placement
+from medjax.data.dicom import scan as dicom_scan
 
 
 def bench_cache(tmp: str, patients: int, batches: int, batch_size: int) -> dict:
@@ -63,7 +64,7 @@ def bench_scan(root: str) -> dict:
   out = {}
   for name, workers in (("serial", 1), ("parallel", os.cpu_count() or 1)):
     t0 = time.perf_counter()
-    accepted, rejected = ingest.scan_dicom(dicom_root, workers)
+    accepted, rejected = dicom_scan.scan_dicom(dicom_root, workers)
     dt = time.perf_counter() - t0
     n = len(accepted) + len(rejected)
     out[name] = {"workers": workers, "files": n, "seconds": round(dt, 3),

@@ -23,6 +23,7 @@ from medjax.data import dicom
 from medjax.data import ingest
 from medjax.data.dicom import decoder
 from medjax.data.dicom import limits as dicom_limits
+from medjax.data.dicom import scan as dicom_scan
 from tests import cohorts
 from tests import hostile
 from tests import testdata
@@ -71,7 +72,7 @@ def _gone(pid: int) -> bool:
 
 def test_scan_quarantines_each_hostile_input_with_its_reason(hostile_cohort):
   root, expected = hostile_cohort
-  accepted, rejected = ingest.scan_dicom(os.path.join(root, "dicom"))
+  accepted, rejected = dicom_scan.scan_dicom(os.path.join(root, "dicom"))
   want = {path: reason for path, (stage, reason) in expected.items() if stage == "scan"}
   assert {q["path"]: q["reason"] for q in rejected} == want
   assert all(q["stage"] == "scan" for q in rejected)
@@ -116,7 +117,7 @@ def test_directory_symlink_loop_does_not_hang_the_walk(tmp_path):
   hostile.save(hostile.image_dataset(hostile.ramp(16), "P1"), str(d / "x.dcm"))
   os.symlink("../..", d / "up")            # dicom/a/b/up -> dicom/
   os.symlink(str(tmp_path), d / "tmp")   # far outside the cohort
-  accepted, rejected = ingest.scan_dicom(str(tmp_path / "cohort" / "dicom"))
+  accepted, rejected = dicom_scan.scan_dicom(str(tmp_path / "cohort" / "dicom"))
   assert [rel for rel, _ in accepted] == ["a/b/x.dcm"]
   reason = "symlink to a directory; not followed (put the files, or links to them, under dicom/)"
   assert rejected == [{"path": "dicom/a/b/tmp", "stage": "scan", "reason": reason},
@@ -133,7 +134,7 @@ def test_duplicate_instances_keep_the_first_by_path(tmp_path):
   # The same UID under another PatientID belongs to that patient (linking is by PatientID).
   hostile.save(hostile.image_dataset(hostile.ramp(16), "P2", sop_uid="1.2.3.4.5.6"),
                str(d / "other_patient.dcm"))
-  accepted, rejected = ingest.scan_dicom(str(d))
+  accepted, rejected = dicom_scan.scan_dicom(str(d))
   assert [rel for rel, _ in accepted] == ["a/first.dcm", "other_patient.dcm", "z.dcm"]
   reason = "duplicate SOPInstanceUID (same instance as dicom/a/first.dcm)"
   assert rejected == [{"path": "dicom/b/second.dcm", "stage": "scan", "reason": reason},

@@ -17,13 +17,11 @@ are keyed by a salted hash, and the salt stays in a private file.
 from __future__ import annotations
 
 import collections
-import concurrent.futures
 import dataclasses
 import hashlib
 import hmac
 import json
 import logging
-import multiprocessing
 import os
 import secrets
 import time
@@ -36,6 +34,7 @@ from medjax import paths
 from medjax import secretfile
 from medjax.data import accounting
 from medjax.data import dicom
+from medjax.data.dicom import scan as dicom_scan
 from medjax.data import ingest_summary
 from medjax.data import manifest as manifest_lib
 from medjax.data import tables
@@ -69,87 +68,6 @@ def load_or_create_salt(path: str) -> bytes:
 def pseudonym(patient_id: str, salt: bytes) -> str:
   """Salted hash of a PatientID: stable for one salt, not reversible without it."""
   return ID_PREFIX + hmac.new(salt, patient_id.encode(), hashlib.sha256).hexdigest()[:20]
-
-
-def _scan_one(args: tuple[str, str, tuple[str, ...], dicom.Budgets]
-              ) -> tuple[str, dicom.Header | None, str | None, str]:
-  root, rel, roots, budgets = args
-  try:
-    # read_header refuses FIFOs, sockets, devices and directories from os.lstat/os.stat without
-    # opening them, follows a symlink only to a regular file inside `roots`, and checks the
-    # budgets before anything but the header is read.
-    return rel, dicom.read_header(os.path.join(root, rel), budgets, roots=roots), None, ""
-  except dicom.RejectedFile as e:
-    return rel, None, e.reason, e.patient_id
-
-
-def scan_dicom(dicom_root: str, workers: int = 0, budgets: dicom.Budgets | None = None,
-               patients: dict[str, str] | None = None
-               ) -> tuple[list[tuple[str, dicom.Header]], list[dict]]:
-  """Reads every file's header (no pixels). Returns (accepted, quarantine entries).
-
-  Only regular files are read; a symlinked file only when its target is inside the cohort root
-  (the parent of `dicom_root`) or `dicom_root`. Directory symlinks are not followed (so a loop
-  cannot hang the walk) and are quarantined, as are directories that cannot be listed. Of a
-  patient's files holding the same SOPInstanceUID (one instance stored twice, e.g. re-exported
-  or transcoded), the first by path is kept and the others are quarantined; the same UID under
-  two PatientIDs is left to each patient (files are linked by PatientID alone).
-
-  Args:
-    dicom_root: the cohort's dicom/ folder.
-    workers: header-scan processes (0: one per CPU core).
-    budgets: size limits (`config.data.max_pixels` etc.; default: `dicom.Budgets()`).
-    patients: filled, where given, with the PatientID of each rejected file whose header could
-      be read (quarantine path -> raw id; in memory only), so that its patient is accounted for.
-  """
-  budgets = budgets or dicom.Budgets()
-  roots = (os.path.dirname(os.path.abspath(dicom_root)), dicom_root)
-
-  def entry(path: str, reason: str) -> dict:
-    rel = os.path.relpath(path, dicom_root)
-    return {"path": "dicom" if rel == "." else os.path.join("dicom", rel), "stage": "scan",
-            "reason": reason}
-
-  rels, rejected = [], []
-  def unlisted(e: OSError) -> None:
-    rejected.append(entry(e.filename, f"directory not readable ({e.strerror}); its files were "
-                          "not scanned"))
-  for dirpath, dirnames, filenames in os.walk(dicom_root, onerror=unlisted, followlinks=False):
-    for name in dirnames:
-      if os.path.islink(os.path.join(dirpath, name)):
-        rejected.append(entry(os.path.join(dirpath, name), "symlink to a directory; not "
-                              "followed (put the files, or links to them, under dicom/)"))
-    for name in filenames:
-      rels.append(os.path.relpath(os.path.join(dirpath, name), dicom_root))
-  rels.sort()
-  workers = workers or os.cpu_count() or 1
-  jobs = [(dicom_root, r, roots, budgets) for r in rels]
-  if workers > 1 and len(rels) > 500:
-    # Not fork: the caller may have started JAX's threads (a forked copy can deadlock on them).
-    with concurrent.futures.ProcessPoolExecutor(
-        workers, mp_context=multiprocessing.get_context("forkserver")) as pool:
-      results = list(pool.map(_scan_one, jobs, chunksize=64))
-  else:
-    results = [_scan_one(j) for j in jobs]
-  accepted, kept = [], {}
-  for rel, header, reason, patient_id in results:
-    key = (header.patient_id, header.instance) if header is not None else None
-    if header is None:
-      rejected.append({"path": os.path.join("dicom", rel), "stage": "scan", "reason": reason})
-      if patient_id.strip() and patients is not None:
-        patients[os.path.join("dicom", rel)] = patient_id
-    elif header.instance and key in kept:
-      rejected.append({"path": os.path.join("dicom", rel), "stage": "scan",
-                       "reason": "duplicate SOPInstanceUID (same instance as "
-                                 f"{os.path.join('dicom', kept[key])})"})
-      if patients is not None:
-        patients[os.path.join("dicom", rel)] = header.patient_id
-    else:
-      if header.instance:
-        kept[key] = rel
-      accepted.append((rel, header))
-  rejected.sort(key=lambda q: q["path"])
-  return accepted, rejected
 
 
 def stratified_split(labels_N: np.ndarray, record_ids: np.ndarray, fractions: tuple[float, ...],
@@ -196,7 +114,7 @@ def run(config, workdir: str, root: str) -> Ingested:
   t0 = time.perf_counter()
   budgets = dicom.Budgets.from_config(data)
   rejected_patients: dict[str, str] = {}   # a rejected file's path -> its PatientID
-  headers, quarantine = _scan(os.path.join(root, "dicom"), data.scan_workers, budgets,
+  headers, quarantine = dicom_scan.scan_root(os.path.join(root, "dicom"), data.scan_workers, budgets,
                               rejected_patients)
   scan_s = time.perf_counter() - t0
   logging.info("ingest: scanned %d DICOM files in %.1f s (%d rejected)",
@@ -263,18 +181,6 @@ def run(config, workdir: str, root: str) -> Ingested:
   return Ingested(manifest, table_arrays, quarantine, summary)
 
 
-def _scan(dicom_root: str, workers: int, budgets: dicom.Budgets,
-          patients: dict[str, str]) -> tuple[list, list]:
-  """The headers of dicom/'s files and the quarantine entries of those rejected (none without
-  a dicom/ folder; one that is not a folder is refused); `patients` as `scan_dicom`'s."""
-  if os.path.lexists(dicom_root) and not os.path.isdir(dicom_root):
-    raise errors.InputError(f"{dicom_root} is not a directory; the cohort's DICOM files go in a "
-                            "dicom/ folder (any subfolders)")
-  if not os.path.isdir(dicom_root):
-    return [], []
-  return scan_dicom(dicom_root, workers, budgets, patients)
-
-
 def _why_none(read: "_Tables", files_by_patient: dict) -> str:
   """Why no patient could be kept, in a few words."""
   with_data = bool(files_by_patient) or len(read.labs.ids) or len(read.vitals.ids)
@@ -301,7 +207,7 @@ def _shared_instances(headers: list, dicom_ids: np.ndarray, quarantine: list,
   """The headers (and their ids) without the files whose SOPInstanceUID another patient's file
   holds too: one instance belongs to one patient, so one of the PatientIDs is wrong, and which
   cannot be told; all such files are quarantined, each naming another file of the UID. (The
-  same patient's copies of one instance were reduced to one by `scan_dicom`.)"""
+  same patient's copies of one instance were reduced to one by `dicom.scan.scan_dicom`.)"""
   by_uid: dict[str, list[int]] = collections.defaultdict(list)
   for i, (_, header) in enumerate(headers):
     if header.instance and dicom_ids[i]:
