@@ -18,10 +18,23 @@ and judge.py judges the outcome by these rules:
   connection that cost nothing);
 - failures: a traceback, an internal error (exit 1), a hang (timeout), an abort (killed by a
   signal, 134, 139), a crash loop (> 5 coordinator restarts or generations), runaway memory
-  (the watchdog killed the run), a silent loss (labels.csv data lines != manifest patients +
-  quarantined label lines, or DICOM entries != manifest-referenced + quarantined), a raw id
-  (any raw PatientID of the case's cohort in stdout, stderr or any file the run wrote outside
-  cohort/ and secrets/, searched as bytes, ignoring case), a process outliving its run.
+  (the watchdog killed the run), a silent loss, a raw id (any raw PatientID of the case's
+  cohort in stdout, stderr or any file the run wrote outside cohort/ and secrets/, searched as
+  bytes in UTF-8, UTF-16 and UTF-32 (numpy's strings), ignoring case), a process outliving its
+  run.
+
+A silent loss is an ingest (exit 0) that does not account for everything its cohort holds,
+counted from the run's outputs, independently of medjax's own accounting: every patient id the
+case wrote (Plan.patient_ids: a table row's id, set aside or not, or a DICOM PatientID) must be
+in the manifest (as its pseudonym, computed from the run's salt file with
+medjax.data.ingest.pseudonym after stripping, NFC and, with data.ids_case_insensitive,
+casefolding) or in a quarantine patient entry ({"path": "", "patient": <pseudonym>, ...}); every
+file under the cohort root (symlinks and special files included) must be in the manifest, in
+the quarantine report (itself or a folder above it) or be a table ingest reads (labels.csv,
+labs.csv, vitals.csv, oracle.npz); and labels.csv's data lines must equal the manifest's
+patients plus its quarantined lines. Every ingest is also checked for a finite tables.npz and
+summary.json's "accounting" block. Cases about files the process may not read run launch.py
+through `setpriv` without root's override of permission bits when the battery runs as root.
 
 A case passes when its outcome is the expected one and every check holds; the battery exits 1
 if any case fails. Writes experiments/results/bad_inputs.json (every case: class, name, command,
@@ -110,7 +123,7 @@ def launch(plan: lib.Plan) -> Run:
       size = int(plan.address_space_gb * (1 << 30))
       resource.setrlimit(resource.RLIMIT_AS, (size, size))
   t0 = time.monotonic()
-  proc = subprocess.Popen([sys.executable, "launch.py", *plan.argv], cwd=lib.ROOT,
+  proc = subprocess.Popen([*plan.prefix, sys.executable, "launch.py", *plan.argv], cwd=lib.ROOT,
                           env=_env(plan), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=limits)
   out: dict[str, list[bytes]] = {"stdout": [], "stderr": []}
@@ -151,6 +164,8 @@ def launch(plan: lib.Plan) -> Run:
     _kill_group(proc.pid)
   rc = proc.wait()
   run.seconds = time.monotonic() - t0
+  if plan.after is not None:
+    plan.after()
   for t in readers:
     t.join(timeout=10)
   if side is not None:

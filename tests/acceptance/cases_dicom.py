@@ -24,8 +24,8 @@ HOSTILE_ID = IDS[0]   # a patient with a label, labs and vitals: whatever passes
 
 def _dicom(ctx, build, reason: str | None = None, stage: str | None = None,
            name: str = "hostile.dcm", extra=(), expect_path: str | None = None, checks=(),
-           patients=10, error=None,
-           quarantined=True) -> lib.Plan:
+           patients=10, error=None, quarantined=True, no_override=False,
+           after=None) -> lib.Plan:
   """The base cohort plus dicom/hostile/<name>, written by build(path) (which may return the
   exact reason to expect); ingested with decoding."""
   root = lib.cohort(ctx.path("cohort"))
@@ -38,8 +38,10 @@ def _dicom(ctx, build, reason: str | None = None, stage: str | None = None,
   rel = expect_path or f"dicom/hostile/{name}"
   return lib.Plan(argv=lib.ingest_argv(root, work, *extra), workdir=work,
                   raw_ids=[*IDS, HOSTILE_ID.lower()], cohort=root, patients=patients,
+                  patient_ids=IDS,
                   quarantined=[Quarantined(rel, reason, stage=stage)] if quarantined else [],
-                  checks=list(checks), error=error, timeout=180)
+                  checks=list(checks), error=error, timeout=180, no_override=no_override,
+                  after=after)
 
 
 def _hostile():
@@ -64,7 +66,7 @@ def _(ctx):
   root = lib.cohort(ctx.path("cohort"))
   work = ctx.path("work")
   return lib.Plan(argv=lib.ingest_argv(root, work), workdir=work, raw_ids=IDS, cohort=root,
-                  patients=10, checks=[lib.decoded(10)])
+                  patients=10, patient_ids=IDS, checks=[lib.decoded(10)])
 
 
 @case("dicom", "control: a valid JPEG baseline file", ACCEPTED)
@@ -410,7 +412,7 @@ def _(ctx):
   _saved(_image(), os.fsdecode(os.fsencode(d) + b"/scan\xff\xfe.dcm"))
   work = ctx.path("work")
   return lib.Plan(argv=lib.ingest_argv(root, work), workdir=work, raw_ids=IDS, cohort=root,
-                  patients=10, checks=[lib.decoded(10)])
+                  patients=10, patient_ids=IDS, checks=[lib.decoded(10)])
 
 
 @case("dicom", "file name with a newline", ACCEPTED)
@@ -426,3 +428,196 @@ def _(ctx):
   work = ctx.path("work")
   return lib.Plan(argv=lib.ingest_argv(root, work), workdir=work, raw_ids=IDS, cohort=root,
                   error="dicom")
+
+
+# -- issue 32: headers that disagree with their pixel data --------------------------------------
+
+def _inconsistent(ctx, name: str):
+  """A build writing tests/hostile.py's `inconsistent_headers` file `name` (a valid image
+  whose header was then changed to disagree with its pixel data); returns its exact reason."""
+  def build(path):
+    made = ctx.path("made")   # outside the cohort: only the one file goes in
+    os.makedirs(made, exist_ok=True)
+    reasons = _hostile().inconsistent_headers(made, HOSTILE_ID)
+    os.replace(os.path.join(made, name), path)
+    return reasons[name]
+  return build
+
+
+for _name, _what in [
+    ("bits_8_over_16.dcm", "16-bit data under BitsAllocated 8"),
+    ("frames_1_over_2.dcm", "two frames under NumberOfFrames 1"),
+    ("frames_2_over_3.dcm", "three 8-bit frames under NumberOfFrames 2"),
+    ("columns_short.dcm", "24 x 32 data under Columns 24"),
+    ("rows_short_odd.dcm", "6 x 5 data under Rows 5 (odd length)"),
+    ("appended.dcm", "two bytes appended to the pixel data"),
+    ("samples_1_over_3.dcm", "RGB data under SamplesPerPixel 1"),
+    ("bits_1_frames_1_over_2.dcm", "two 1-bit frames under NumberOfFrames 1"),
+    ("rle_bot_2_frames_1.dcm", "RLE: offset table of 2 frames, NumberOfFrames 1"),
+    ("jpegls_bot_2_frames_3.dcm", "JPEG-LS: offset table of 2 frames, NumberOfFrames 3"),
+    ("jpegls_eot_2_frames_3.dcm", "JPEG-LS: extended offset table of 2, NumberOfFrames 3"),
+    ("jpegls_2_fragments_frames_3.dcm", "JPEG-LS: 2 fragments, NumberOfFrames 3"),
+    ("rle_3_fragments_2_frames.dcm", "RLE: 3 fragments, NumberOfFrames 2")]:
+
+  @case("dicom", f"header vs pixel data: {_what}", QUARANTINED)
+  def _(ctx, _name=_name):
+    return _dicom(ctx, _inconsistent(ctx, _name), name=_name)
+
+
+def _consistent(ctx, name: str):
+  def build(path):
+    made = ctx.path("made")
+    os.makedirs(made, exist_ok=True)
+    _hostile().consistent_edges(made, HOSTILE_ID)
+    os.replace(os.path.join(made, name), path)
+  return build
+
+
+@case("dicom", "control: odd-length 8-bit data with its pad byte", ACCEPTED)
+def _(ctx):
+  return _dicom(ctx, _consistent(ctx, "odd_padded.dcm"), name="odd_padded.dcm",
+                quarantined=False, checks=[lib.referenced("dicom/hostile/odd_padded.dcm"),
+                                           lib.decoded(10)])
+
+
+@case("dicom", "control: RLE, 3 frames, no offset table", ACCEPTED)
+def _(ctx):
+  return _dicom(ctx, _consistent(ctx, "rle_frames_3_no_bot.dcm"), name="rle_frames_3_no_bot.dcm",
+                quarantined=False,
+                checks=[lib.referenced("dicom/hostile/rle_frames_3_no_bot.dcm"), lib.decoded(10)])
+
+
+# -- one SOPInstanceUID under two patients ------------------------------------------------------
+
+_UID = "1.2.826.0.1.3680043.8.498.77"
+_SHARED = "SOPInstanceUID is also in"
+
+
+def _shared_plan(ctx, root: str, quarantined, patients=10, more=()) -> lib.Plan:
+  work = ctx.path("work")
+  return lib.Plan(argv=lib.ingest_argv(root, work), workdir=work, raw_ids=[*IDS, *more],
+                  cohort=root, patients=patients, patient_ids=[*IDS, *more],
+                  quarantined=quarantined, timeout=180)
+
+
+@case("dicom", "one SOPInstanceUID in two patients' new files", QUARANTINED, quick=True)
+def _(ctx):
+  root = lib.cohort(ctx.path("cohort"))
+  for name, pid in (("a.dcm", IDS[0]), ("b.dcm", IDS[1])):
+    lib.small_image(os.path.join(root, "dicom", "hostile", name), pid, SOPInstanceUID=_UID)
+  return _shared_plan(ctx, root, [
+      lib.Quarantined("dicom/hostile/a.dcm", f"{_SHARED} dicom/hostile/b.dcm", stage="link"),
+      lib.Quarantined("dicom/hostile/b.dcm", f"{_SHARED} dicom/hostile/a.dcm", stage="link")])
+
+
+@case("dicom", "one SOPInstanceUID: patient 2's only image copies patient 1's", QUARANTINED)
+def _(ctx):
+  root = lib.cohort(ctx.path("cohort"))
+  import pydicom  # pylint: disable=import-outside-toplevel
+  uid = pydicom.dcmread(os.path.join(root, "dicom", "p0", "img.dcm")).SOPInstanceUID
+  lib.small_image(os.path.join(root, "dicom", "p1", "img.dcm"), IDS[1], SOPInstanceUID=uid)
+  return _shared_plan(ctx, root, [
+      lib.Quarantined("dicom/p0/img.dcm", f"{_SHARED} dicom/p1/img.dcm", stage="link"),
+      lib.Quarantined("dicom/p1/img.dcm", f"{_SHARED} dicom/p0/img.dcm", stage="link")])
+
+
+@case("dicom", "one SOPInstanceUID: twice for one patient, once for another", QUARANTINED)
+def _(ctx):
+  root = lib.cohort(ctx.path("cohort"))
+  for name, pid in (("a.dcm", IDS[0]), ("a2.dcm", IDS[0]), ("b.dcm", IDS[1])):
+    lib.small_image(os.path.join(root, "dicom", "hostile", name), pid, SOPInstanceUID=_UID)
+  return _shared_plan(ctx, root, [
+      lib.Quarantined("dicom/hostile/a2.dcm", "duplicate SOPInstanceUID (same instance as "
+                      "dicom/hostile/a.dcm)"),
+      lib.Quarantined("dicom/hostile/a.dcm", f"{_SHARED} dicom/hostile/b.dcm", stage="link"),
+      lib.Quarantined("dicom/hostile/b.dcm", f"{_SHARED} dicom/hostile/a.dcm", stage="link")])
+
+
+@case("dicom", "one SOPInstanceUID: the image of a patient with nothing else", QUARANTINED)
+def _(ctx):
+  # The new patient's one image is set aside: a label and no data, a patient entry.
+  extra = "PTX8010K"
+  root = lib.cohort(ctx.path("cohort"))
+  with open(os.path.join(root, "labels.csv"), "a") as f:
+    f.write(f"{extra},flu\n")
+  import pydicom  # pylint: disable=import-outside-toplevel
+  uid = pydicom.dcmread(os.path.join(root, "dicom", "p0", "img.dcm")).SOPInstanceUID
+  lib.small_image(os.path.join(root, "dicom", "p9", "img.dcm"), extra, SOPInstanceUID=uid)
+  return _shared_plan(ctx, root, more=[extra], quarantined=[
+      lib.Quarantined("dicom/p9/img.dcm", f"{_SHARED} dicom/p0/img.dcm", stage="link"),
+      lib.Quarantined("dicom/p0/img.dcm", f"{_SHARED} dicom/p9/img.dcm", stage="link"),
+      # Why: its one image was set aside (the chain names it), not "no image".
+      lib.left_out(extra, "dicom/p9/img.dcm")])
+
+
+# -- folders and files the process may not read -------------------------------------------------
+
+@case("dicom", "a dicom/ subfolder not readable by the process", QUARANTINED)
+def _(ctx):
+  locked = ctx.path("cohort", "dicom", "hostile")
+
+  def build(path):
+    _saved(_image(), path)
+    os.chmod(locked, 0)
+  return _dicom(ctx, build, expect_path="dicom/hostile", reason="directory not readable",
+                no_override=True, after=lambda: os.chmod(locked, 0o755))
+
+
+@case("dicom", "dicom/ itself not readable by the process", QUARANTINED)
+def _(ctx):
+  base = ctx.path("cohort", "dicom")
+  return _dicom(ctx, lambda p: (_saved(_image(), p), os.chmod(base, 0)), expect_path="dicom",
+                reason="directory not readable", no_override=True,
+                after=lambda: os.chmod(base, 0o755))
+
+
+@case("dicom", "a DICOM file not readable by the process", QUARANTINED)
+def _(ctx):
+  return _dicom(ctx, lambda p: (_saved(_image(), p), os.chmod(p, 0)), no_override=True)
+
+
+# -- a patient whose every image is rejected after its header was read ---------------------------
+
+def _only_image(ctx, build, *, labelled: bool, reason: str) -> lib.Plan:
+  """The base cohort plus a patient whose one image (dicom/p9/img.dcm, written by
+  build(path, patient)) is rejected once its header was read; with a label row or without."""
+  extra = "PTX8011K"
+  root = lib.cohort(ctx.path("cohort"))
+  if labelled:
+    with open(os.path.join(root, "labels.csv"), "a") as f:
+      f.write(f"{extra},copd\n")
+  path = os.path.join(root, "dicom", "p9", "img.dcm")
+  os.makedirs(os.path.dirname(path))
+  build(path, extra)
+  work = ctx.path("work")
+  return lib.Plan(argv=lib.ingest_argv(root, work), workdir=work, raw_ids=[*IDS, extra],
+                  cohort=root, patients=10, patient_ids=[*IDS, extra], timeout=180,
+                  quarantined=[lib.Quarantined("dicom/p9/img.dcm", reason),
+                               lib.left_out(extra, "dicom/p9/img.dcm" if labelled
+                                            else "no row in labels.csv")])
+
+
+def _truncated(path, pid):
+  lib.small_image(path, pid, size=64)
+  with open(path, "r+b") as f:
+    f.truncate(os.path.getsize(path) * 6 // 10)
+
+
+@case("dicom", "a labelled patient's only image truncated in the pixel data", QUARANTINED)
+def _(ctx):
+  return _only_image(ctx, _truncated, labelled=True, reason="truncated")
+
+
+@case("dicom", "an unlabelled patient's only image truncated in the pixel data", QUARANTINED)
+def _(ctx):
+  return _only_image(ctx, _truncated, labelled=False, reason="truncated")
+
+
+@case("dicom", "a labelled patient's only image with an inconsistent header", QUARANTINED)
+def _(ctx):
+  def build(path, pid):
+    made = ctx.path("made")
+    os.makedirs(made, exist_ok=True)
+    _hostile().inconsistent_headers(made, pid)
+    os.replace(os.path.join(made, "appended.dcm"), path)
+  return _only_image(ctx, build, labelled=True, reason="inconsistent header")

@@ -211,7 +211,7 @@ def _(ctx):
   with open(salt, "r+b") as f:
     f.truncate(5)
   return lib.Plan(argv=lib.ingest_argv(root, work), workdir=work, raw_ids=lib.IDS, cohort=root,
-                  error="the salt file is damaged")
+                  patient_ids=lib.IDS, error="the salt file is damaged")
 
 
 @case("state", "salt file truncated (resuming a run)", ACCEPTED)
@@ -255,7 +255,8 @@ def _(ctx):
 
   def rebuilt(run):   # (the case's own paths hold 'cache_index.json': match the warning itself)
     line = next((l for l in run.text.splitlines() + run.log().splitlines()
-                 if "host-0/index.json is damaged" in l and "rebuilding" in l), None)
+                 if "host-0/index.json is damaged" in l
+                 and ("rebuilding" in l or "records are decoded again" in l)), None)
     return line is not None, (line or "no warning about the cache index")[-200:]
 
   def whole(run):
@@ -266,8 +267,9 @@ def _(ctx):
       return False, f"index.json still unreadable: {type(e).__name__}"
     return n == 10, f"index.json rebuilt with {n} records"
   return lib.Plan(argv=lib.ingest_argv(root, work), workdir=work, raw_ids=lib.IDS, cohort=root,
-                  patients=10, evidence=[("a warning names the cache index", rebuilt),
-                                         ("the cache is whole again", whole)])
+                  patients=10, patient_ids=lib.IDS,
+                  evidence=[("a warning names the cache index", rebuilt),
+                            ("the cache is whole again", whole)])
 
 
 @case("state", "metrics.jsonl with a torn last line", RECOVERED)
@@ -470,3 +472,269 @@ def _(ctx):
                   address_space_gb=None, during=_probe, subcases=NETWORK_SUBCASES,
                   checks=[("the run finished with no failure event", no_failure),
                           ("training finished", _finished)])
+
+
+# -- issue 32: state files of another shape (valid JSON, wrong field types) ---------------------
+
+def _edit_json(path: str, change) -> None:
+  """Rewrites the JSON file at `path` with `change(value)` applied (valid JSON, another shape)."""
+  with open(path) as f:
+    value = json.load(f)
+  value = change(value) or value
+  with open(path, "w") as f:
+    json.dump(value, f)
+
+
+def _set(**fields):
+  return lambda d: d.update(fields)
+
+
+def _coordinator_event(field: str):
+  def check(run):
+    e = next((e for e in run.events() if e.get("event") == "coordinator_state_damaged"), None)
+    if e is None:
+      return False, "no coordinator_state_damaged event"
+    return field in str(e.get("error")), json.dumps(e)[:300]
+  return check
+
+
+@case("state", "supervised: coordinator state with generation as a string", RECOVERED)
+def _(ctx):
+  work = _copy(ctx, "supervised")
+  path = os.path.join(work, "lineage", "state", "coordinator")
+  _edit_json(path, lambda s: s.update(generation=str(s["generation"])))
+  return _resume(ctx, work, supervised=True, evidence=[
+      ("event coordinator_state_damaged naming 'generation'", _coordinator_event("generation")),
+      ("training finished", _finished)])
+
+
+@case("state", "supervised: coordinator state whose spec has num_processes '1'", RECOVERED)
+def _(ctx):
+  work = _copy(ctx, "supervised")
+  path = os.path.join(work, "lineage", "state", "coordinator")
+
+  def change(s):
+    if isinstance(s.get("spec"), dict):
+      s["spec"]["num_processes"] = str(s["spec"]["num_processes"])
+    else:   # (a finished run may hold no spec: its failures list then)
+      s["failures"] = [{"kind": "crash", "step": "5"}]
+  _edit_json(path, change)
+  return _resume(ctx, work, supervised=True, evidence=[
+      ("event coordinator_state_damaged naming the field", _coordinator_event("field")),
+      ("training finished", _finished)])
+
+
+def _newest_record(work: str) -> str:
+  return os.path.join(work, "lineage", "log", f"{_newest_step(work):012d}")
+
+
+def _skips_newest(work: str, change, what: str):
+  """A resumed copy whose newest lineage record got `change`: resumed from the previous
+  committed step, not the damaged one."""
+  newest = _newest_step(work)
+  _edit_json(_newest_record(work), change)
+  return [("resumed from the previous committed step", _log_has("restored committed step")),
+          (f"not from the record with {what}",
+           lambda r: (f"restored committed step {newest} " not in r.log(), "")),
+          ("training finished", _finished)]
+
+
+@case("state", "lineage record: global_step as a string", RECOVERED)
+def _(ctx):
+  work = _copy(ctx, "unsupervised")
+  return _resume(ctx, work, evidence=_skips_newest(
+      work, lambda d: d.update(global_step=str(d["global_step"])), "global_step '30'"))
+
+
+@case("state", "lineage record: processed bitmap as a number", RECOVERED)
+def _(ctx):
+  work = _copy(ctx, "unsupervised")
+  return _resume(ctx, work, evidence=_skips_newest(work, _set(processed=12345),
+                                                   "processed 12345"))
+
+
+@case("state", "lineage record: segment.hosts as a string", RECOVERED)
+def _(ctx):
+  work = _copy(ctx, "unsupervised")
+  return _resume(ctx, work, evidence=_skips_newest(
+      work, lambda d: d["segment"].update(hosts="host-0"), "hosts 'host-0'"))
+
+
+@case("state", "lineage record: epoch 2.0 (a float)", RECOVERED)
+def _(ctx):
+  work = _copy(ctx, "unsupervised")
+  return _resume(ctx, work, evidence=_skips_newest(
+      work, lambda d: d.update(epoch=float(d["epoch"])), "epoch as a float"))
+
+
+@case("state", "lineage state 'records' with count as a string", CLEAR)
+def _(ctx):
+  work = _copy(ctx, "unsupervised")
+  _edit_json(os.path.join(work, "lineage", "state", "records"),
+             lambda d: d.update(count=str(d["count"])))
+  return _resume(ctx, work, error="count")
+
+
+@case("state", "lineage state 'snapshots' with a number as the run id", CLEAR)
+def _(ctx):
+  work = _copy(ctx, "unsupervised")
+  _edit_json(os.path.join(work, "lineage", "state", "snapshots"), _set(run=5))
+  return _resume(ctx, work, error="snapshots")
+
+
+@case("state", "ingest manifest row with label '3' (a string)", CLEAR)
+def _(ctx):
+  work = _copy(ctx, "unsupervised")
+  path = os.path.join(work, "ingest", "manifest.jsonl")
+  with open(path) as f:
+    lines = f.read().splitlines()
+  row = json.loads(lines[3])
+  row["label"] = str(row["label"])
+  lines[3] = json.dumps(row)
+  lib.write(path, "\n".join(lines) + "\n")
+  return _resume(ctx, work, error="manifest.jsonl is damaged")
+
+
+@case("state", "ingest manifest row with image_files as a string", CLEAR)
+def _(ctx):
+  work = _copy(ctx, "unsupervised")
+  path = os.path.join(work, "ingest", "manifest.jsonl")
+  with open(path) as f:
+    lines = f.read().splitlines()
+  i = next(i for i, l in enumerate(lines[1:], 1) if json.loads(l).get("image_files"))
+  row = json.loads(lines[i])
+  row["image_files"] = row["image_files"][0]
+  lines[i] = json.dumps(row)
+  lib.write(path, "\n".join(lines) + "\n")
+  return _resume(ctx, work, error="manifest.jsonl is damaged")
+
+
+@case("state", "ingest summary.json with patients as a string", CLEAR)
+def _(ctx):
+  work = _copy(ctx, "unsupervised")
+  _edit_json(os.path.join(work, "ingest", "summary.json"),
+             lambda d: d.update(patients=str(d["patients"])))
+  return _resume(ctx, work, error="summary.json is damaged")
+
+
+def _ingested_twice(ctx, damage) -> tuple[str, str]:
+  """The base cohort ingested once, then `damage(work)`: the plan ingests it again."""
+  root = lib.cohort(ctx.path("cohort"))
+  work = ctx.path("work")
+  subprocess.run([sys.executable, "launch.py", *lib.ingest_argv(root, work)], cwd=lib.ROOT,
+                 capture_output=True, check=True, timeout=120)
+  damage(work)
+  return root, work
+
+
+def _warned(*words: str):
+  """Evidence: a warning (stdout, stderr or the log) holding every one of `words`."""
+  def check(run):
+    line = next((l for l in run.text.splitlines() + run.log().splitlines()
+                 if all(w in l for w in words)), None)
+    return line is not None, (line or f"no warning with {words}")[-250:]
+  return check
+
+
+def _counters(work: str) -> str:
+  return os.path.join(work, "cache", "host-0", "counters.0.json")
+
+
+@case("state", "cache counters with hits as a string", RECOVERED)
+def _(ctx):
+  root, work = _ingested_twice(ctx, lambda w: _edit_json(
+      _counters(w), lambda d: d.update(hits=str(d.get("hits", 0)))))
+  return lib.Plan(argv=lib.ingest_argv(root, work), workdir=work, raw_ids=lib.IDS, cohort=root,
+                  patients=10, patient_ids=lib.IDS, evidence=[
+                      ("a warning names the counters and the field",
+                       _warned("counters.0.json is damaged", "hits"))])
+
+
+@case("state", "cache counters with a negative count and a numeric run", RECOVERED)
+def _(ctx):
+  root, work = _ingested_twice(ctx, lambda w: _edit_json(_counters(w), _set(misses=-5, run=7)))
+  return lib.Plan(argv=lib.ingest_argv(root, work), workdir=work, raw_ids=lib.IDS, cohort=root,
+                  patients=10, patient_ids=lib.IDS, evidence=[
+                      ("a warning names the counters", _warned("counters.0.json is damaged"))])
+
+
+def _index_whole(run):
+  try:
+    with open(run.path("cache", "host-0", "index.json")) as f:
+      n = len(json.load(f))
+  except (OSError, ValueError) as e:
+    return False, f"index.json unreadable: {type(e).__name__}"
+  return n == 10, f"index.json rebuilt with {n} records"
+
+
+@case("state", "cache index.json entry with a number as the fingerprint", RECOVERED)
+def _(ctx):
+  def damage(work):
+    _edit_json(os.path.join(work, "cache", "host-0", "index.json"),
+               lambda d: {k: [v[0], 5, v[2]] for k, v in d.items()})
+  root, work = _ingested_twice(ctx, damage)
+  return lib.Plan(argv=lib.ingest_argv(root, work), workdir=work, raw_ids=lib.IDS, cohort=root,
+                  patients=10, patient_ids=lib.IDS, evidence=[
+                      ("a warning names the cache index", _warned("index.json is damaged")),
+                      ("the cache is whole again", _index_whole)])
+
+
+@case("state", "cache index.json entry with the slot as a string", RECOVERED)
+def _(ctx):
+  def damage(work):
+    _edit_json(os.path.join(work, "cache", "host-0", "index.json"),
+               lambda d: {k: [str(v[0]), v[1], v[2]] for k, v in d.items()})
+  root, work = _ingested_twice(ctx, damage)
+  return lib.Plan(argv=lib.ingest_argv(root, work), workdir=work, raw_ids=lib.IDS, cohort=root,
+                  patients=10, patient_ids=lib.IDS, evidence=[
+                      ("a warning names the cache index", _warned("index.json is damaged")),
+                      ("the cache is whole again", _index_whole)])
+
+
+# -- the salt file must be exactly 32 bytes -----------------------------------------------------
+
+def _salted(ctx, data: bytes, *, configured: bool = False) -> lib.Plan:
+  """An ingest of the base cohort into a workdir whose salt file (or config.data.salt_file)
+  holds `data`."""
+  root = lib.cohort(ctx.path("cohort"))
+  work = ctx.path("work")
+  salt = ctx.path("my_salt") if configured else os.path.join(work, "secrets", "id_salt")
+  lib.write(salt, data)
+  os.chmod(salt, 0o600)
+  extra = [f"--config.data.salt_file={salt}"] if configured else []
+  return lib.Plan(argv=lib.ingest_argv(root, work, *extra), workdir=work, raw_ids=lib.IDS,
+                  cohort=root, patient_ids=lib.IDS,
+                  error=f"{salt}: the salt file is damaged ({len(data)} bytes, expected 32)")
+
+
+_SALT = bytes(range(7, 7 + 32))
+
+
+@case("state", "salt file of 0 bytes (a disk that filled up)", CLEAR)
+def _(ctx):
+  return _salted(ctx, b"")
+
+
+@case("state", "salt file of 16 bytes (another tool's salt)", CLEAR)
+def _(ctx):
+  return _salted(ctx, _SALT[:16])
+
+
+@case("state", "salt file of 31 bytes (one short)", CLEAR)
+def _(ctx):
+  return _salted(ctx, _SALT[:31])
+
+
+@case("state", "salt file of 33 bytes (a trailing newline)", CLEAR, quick=True)
+def _(ctx):
+  return _salted(ctx, _SALT + b"\n")
+
+
+@case("state", "salt file of 64 bytes (the salt written as hex text)", CLEAR)
+def _(ctx):
+  return _salted(ctx, _SALT.hex().encode())
+
+
+@case("state", "data.salt_file of 33 bytes (32 hex characters and a newline)", CLEAR)
+def _(ctx):
+  return _salted(ctx, _SALT[:16].hex().encode() + b"\n", configured=True)

@@ -11,6 +11,9 @@ from __future__ import annotations
 import os
 import random
 
+import numpy as np
+
+from tests.acceptance import judge
 from tests.acceptance import lib
 from tests.acceptance.lib import (ACCEPTED, CLEAR, IDS, QUARANTINED, Quarantined, case,
                                         labels_rows, labs_rows, table, vitals_rows)
@@ -20,8 +23,11 @@ LH, LABS_H, VH = lib.LABELS_HEADER, lib.LABS_HEADER, lib.VITALS_HEADER
 
 def _tables(ctx, *, labels=None, labs=None, vitals=None, extra=(), patients=10, quarantined=(),
             error=None, checks=(), ids=IDS, more_ids=(), images=2, config=None, note="",
-            timeout=120.0, setup=None) -> lib.Plan:
-  """The base cohort with the given tables replaced (str or bytes), ingested."""
+            timeout=120.0, setup=None, patient_ids=None, no_override=False,
+            after=None) -> lib.Plan:
+  """The base cohort with the given tables replaced (str or bytes), ingested. Every id of `ids`
+  and `more_ids` is a patient the run must account for, unless `patient_ids` says which are
+  (`more_ids` may hold names that must not leak but name no patient)."""
   root = lib.cohort(ctx.path("cohort"), ids, images=images)
   for name, data in (("labels.csv", labels), ("labs.csv", labs), ("vitals.csv", vitals)):
     if data is not None:
@@ -34,7 +40,9 @@ def _tables(ctx, *, labels=None, labs=None, vitals=None, extra=(), patients=10, 
     argv[0] = f"--config={lib.write(ctx.path('my_config.py'), config)}"
   return lib.Plan(argv=argv, workdir=work, raw_ids=[*ids, *more_ids], cohort=root,
                   patients=patients, quarantined=list(quarantined), error=error,
-                  checks=list(checks), note=note, timeout=timeout)
+                  checks=list(checks), note=note, timeout=timeout,
+                  patient_ids=list(patient_ids if patient_ids is not None else [*ids, *more_ids]),
+                  no_override=no_override, after=after)
 
 
 def _labels_with(index: int, row: str, ids=IDS) -> str:
@@ -111,7 +119,8 @@ def _(ctx):
 @case("tables", "labels: duplicate column", CLEAR)
 def _(ctx):
   rows = [r + ",x" for r in labels_rows()]
-  return _tables(ctx, labels=table("patient_id,diagnosis,Diagnosis", rows), error="twice")
+  return _tables(ctx, labels=table("patient_id,diagnosis,Diagnosis", rows),
+                 error="have the same name")
 
 
 @case("tables", "labels: duplicate patient", QUARANTINED)
@@ -157,7 +166,7 @@ def _(ctx):
 @case("tables", "labels: NUL byte in a row", QUARANTINED)
 def _(ctx):
   return _tables(ctx, labels=_labels_with(2, f"{IDS[2]}\x00,copd"), patients=9,
-                 quarantined=[Quarantined("labels.csv", "NUL", line=4)])
+                 quarantined=[Quarantined("labels.csv", "byte 0x00", line=4)])
 
 
 @case("tables", "labels: a field too many", QUARANTINED)
@@ -268,11 +277,12 @@ def _(ctx):
                  quarantined=[Quarantined("labs.csv", "range", line=3)])
 
 
-@case("tables", "labs: absurd value, no range configured", ACCEPTED)
+@case("tables", "labs: absurd value, no range configured (built-in range)", QUARANTINED)
 def _(ctx):
-  # README: labs have no built-in range; 1e12 mmol/L is kept unless data.value_ranges says.
+  # docs/data.md: 43 common labs have built-in ranges (Na 80-220), like the vitals channels.
   return _tables(ctx, labs=_labs_with(1, f"{IDS[1]},1e12,4.1,99"),
-                 note="documented: labs have no built-in range")
+                 quarantined=[Quarantined("labs.csv", "outside the plausible range [80, 220]",
+                                          line=3)])
 
 
 @case("tables", "labs: a 1 MB cell", QUARANTINED)
@@ -400,11 +410,13 @@ def _lowercase_dicom(root):
 
 @case("tables", "ids: case differs between tables and DICOM", QUARANTINED)
 def _(ctx):
-  return _tables(ctx, setup=_lowercase_dicom, checks=[
+  # 'ptx7001k' (DICOM) is another patient than 'PTX7001K' (tables): named only in DICOM.
+  return _tables(ctx, setup=_lowercase_dicom, more_ids=[IDS[0].lower()], checks=[
       ("ingest summary: ids_case_only_mismatch >= 1",
        lambda r: (lib.ingest_summary(r).get("tables", {}).get("ids_case_only_mismatch", 0) >= 1,
                   str(lib.ingest_summary(r).get("tables", {}).get("ids_case_only_mismatch"))))],
-      quarantined=[Quarantined("dicom/p0/img.dcm", "no row in labels.csv", stage="link")])
+      quarantined=[Quarantined("dicom/p0/img.dcm", "no row in labels.csv", stage="link"),
+                   lib.left_out(IDS[0].lower(), "no row in labels.csv")])
 
 
 @case("tables", "ids: case differs, ids_case_insensitive=True", ACCEPTED)
@@ -418,7 +430,7 @@ def _(ctx):
   extra = ["PTX8001K", "PTX8002K"]
   labs = table(LABS_H, labs_rows() + [f"{p},140,4,100" for p in extra])
   return _tables(ctx, labs=labs, more_ids=extra,
-                 quarantined=[Quarantined("labels.csv", "have no label", stage="link")])
+                 quarantined=[lib.left_out(p, "no row in labels.csv") for p in extra])
 
 
 @case("tables", "ids: labels without any data", QUARANTINED)
@@ -427,7 +439,8 @@ def _(ctx):
   labels = table(LH, labels_rows() + [f"{p},flu" for p in extra])
   return _tables(ctx, labels=labels, more_ids=extra,
                  quarantined=[Quarantined("labels.csv", "no data", line=12),
-                              Quarantined("labels.csv", "no data", line=13)])
+                              Quarantined("labels.csv", "no data", line=13),
+                              *(lib.left_out(p, "a label but no data") for p in extra)])
 
 
 @case("tables", "table-only 2-class cohort (no dicom/), trained", ACCEPTED)
@@ -442,6 +455,7 @@ def _(ctx):
   return lib.Plan(argv=[lib.TINY, f"--config.data.root={root}", f"--workdir={work}",
                         "--config.fault.supervised=False", "--config.optim.epochs=1"],
                   workdir=work, raw_ids=ids, cohort=root, patients=40, timeout=300,
+                  patient_ids=ids,
                   address_space_gb=None, checks=[("trained and evaluated", trained)])
 
 
@@ -449,6 +463,543 @@ def _(ctx):
 def _(ctx):
   return _tables(ctx, setup=lambda root: lib.write(os.path.join(root, "oracle.npz"),
                                                    b"not a zip archive\n"), error="oracle.npz")
+
+
+# -- issue 32: the quiet bad inputs -------------------------------------------------------------
+# Each case checks, besides its own entries, that every patient it wrote and every file under
+# its cohort root is accounted for (judge.conservation) and that tables.npz is finite.
+
+def _row_of(run, pid: str):
+  """(tables.npz's arrays, the row of raw id `pid`, or None)."""
+  pseudonym = judge.pseudonymiser(run.plan)
+  with np.load(run.path("ingest", "tables.npz"), allow_pickle=False) as f:
+    arrays = dict(f)
+  ids = [str(x) for x in arrays["record_ids"]]
+  key = pseudonym(pid) if pseudonym else None
+  return arrays, (ids.index(key) if key in ids else None)
+
+
+def _vitals_steps(pid: str, want: int):
+  """A check: the patient's vitals cover `want` steps (its other rows were kept)."""
+  def check(run):
+    arrays, i = _row_of(run, pid)
+    if i is None:
+      return False, "the patient is not in tables.npz"
+    n = int(arrays["vitals_mask"][i].any(axis=-1).sum())
+    return n == want, f"the patient's vitals cover {n} steps"
+  return (f"the patient's other vitals rows kept ({want} steps)", check)
+
+
+def _lab(pid: str, analyte: str, present: bool, others: int | None = None):
+  """A check: the patient's `analyte` is there (or missing), and `others` of its labs are."""
+  def check(run):
+    arrays, i = _row_of(run, pid)
+    if i is None:
+      return False, "the patient is not in tables.npz"
+    names = [str(a) for a in arrays["analytes"]]
+    folded = [a.casefold() for a in names]
+    if analyte.casefold() not in folded:
+      return False, f"no analyte {analyte!r} in tables.npz ({names})"
+    j = folded.index(analyte.casefold())
+    have, total = bool(arrays["labs_mask"][i, j]), int(arrays["labs_mask"][i].sum())
+    ok = have == present and (others is None or total - have == others)
+    return ok, (f"{names[j]} {'present' if have else 'missing'}, {total - have} other labs "
+                "present")
+  return (f"the patient's {analyte} {'kept' if present else 'set to missing'}"
+          + (f", {others} other labs kept" if others is not None else ""), check)
+
+
+def _analytes(want: list[str]):
+  def check(run):
+    with np.load(run.path("ingest", "tables.npz"), allow_pickle=False) as f:
+      got = [str(a) for a in f["analytes"]]
+    return got == want, f"analytes {got}"
+  return (f"the analytes are {want}", check)
+
+
+def _ranges_config(**ranges) -> str:
+  body = "".join(f"  config.data.value_ranges.{k} = {v!r}\n" for k, v in ranges.items())
+  return ("from configs import quickstart\n\ndef get_config(arg=None):\n"
+          "  config = quickstart.get_config('tiny')\n" + body + "  return config\n")
+
+
+def _quarantined_rows(source: str, n: int):
+  def check(run):
+    rows = [e for e in run.quarantine() if e.get("path") == source and e.get("line")]
+    return len(rows) >= n, f"{len(rows)} rows of {source} in quarantine.jsonl"
+  return (f"quarantine.jsonl written with the {n} rows of {source}", check)
+
+
+# -- labels: a rejected row of a patient with images (the images follow with the chain) ---------
+
+def _chain(ctx, index: int, row: str, reason: str, extra=()) -> lib.Plan:
+  """Patient IDS[index] (index 0 or 1: they have an image) has its label row replaced by `row`,
+  which must be set aside with `reason`; its image and its patient entry carry the chain."""
+  line = index + 2
+  chain = f"label row rejected: labels.csv line {line} ("
+  return _tables(ctx, labels=_labels_with(index, row), patients=9, extra=extra, quarantined=[
+      Quarantined("labels.csv", reason, line=line),
+      Quarantined(f"dicom/p{index}/img.dcm", chain, stage="link"),
+      lib.left_out(IDS[index], chain)])
+
+
+@case("tables", "labels rejected, images follow: malformed quoting", QUARANTINED)
+def _(ctx):
+  return _chain(ctx, 0, f'{IDS[0]},"fl"u', "quot")
+
+
+@case("tables", "labels rejected, images follow: unbalanced quote", QUARANTINED, quick=True)
+def _(ctx):
+  return _chain(ctx, 1, f'{IDS[1]},"copd', "unbalanced quote")
+
+
+@case("tables", "labels rejected, images follow: class not in data.classes", QUARANTINED)
+def _(ctx):
+  return _chain(ctx, 0, f"{IDS[0]},gout", "not in config.data.classes",
+                extra=["--config.data.classes=('flu','copd')"])
+
+
+@case("tables", "labels rejected, images follow: stray control byte 0x01", QUARANTINED)
+def _(ctx):
+  return _chain(ctx, 1, f"{IDS[1]},co\x01pd", "control character (byte 0x01)")
+
+
+@case("tables", "labels rejected, images follow: DEL byte after the class", QUARANTINED)
+def _(ctx):
+  return _chain(ctx, 0, f"{IDS[0]},flu\x7f", "control character (byte 0x7f)")
+
+
+@case("tables", "labels rejected, images follow: empty class", QUARANTINED)
+def _(ctx):
+  return _chain(ctx, 1, f"{IDS[1]},", "empty")
+
+
+@case("tables", "labels rejected, images follow: class of only spaces", QUARANTINED)
+def _(ctx):
+  return _chain(ctx, 0, f"{IDS[0]},   ", "empty")
+
+
+@case("tables", "labels rejected, images follow: a field too many", QUARANTINED)
+def _(ctx):
+  return _chain(ctx, 1, f"{IDS[1]},copd,2024", "3 fields")
+
+
+# -- labels.csv with a header and no usable row -------------------------------------------------
+
+@case("tables", "labels: a header and no rows", CLEAR)
+def _(ctx):
+  return _tables(ctx, labels=LH + "\n", error="labels.csv has no usable row")
+
+
+@case("tables", "labels: a header, then only blank lines", CLEAR)
+def _(ctx):
+  return _tables(ctx, labels=LH + "\n\n   \n\t\n\n", error="labels.csv has no usable row")
+
+
+@case("tables", "labels: a header, then lines of delimiters and spaces", CLEAR)
+def _(ctx):
+  return _tables(ctx, labels=LH + "\r\n,\r\n , \r\n", error="labels.csv has no usable row")
+
+
+@case("tables", "labels: every row set aside (empty classes)", CLEAR)
+def _(ctx):
+  return _tables(ctx, labels=table(LH, [f"{p}," for p in IDS]),
+                 error="labels.csv has no usable row", checks=[_quarantined_rows("labels.csv", 10)])
+
+
+@case("tables", "labels: every class outside data.classes", CLEAR)
+def _(ctx):
+  return _tables(ctx, labels=table(LH, labels_rows(classes=("gout", "asthma"))),
+                 extra=["--config.data.classes=('flu','copd')"], error="ingest kept no patient",
+                 checks=[_quarantined_rows("labels.csv", 10)])
+
+
+# -- numbers beyond float32, checked as float64 -------------------------------------------------
+
+@case("tables", "labs: just over float32 max (3.403e38)", QUARANTINED)
+def _(ctx):
+  return _tables(ctx, labs=_labs_with(1, f"{IDS[1]},3.403e38,4.1,99"),
+                 quarantined=[Quarantined("labs.csv", "beyond what float32 holds", line=3)],
+                 checks=[_lab(IDS[1], "Na", False, others=2)])
+
+
+@case("tables", "labs: float32 max exactly (held, but out of range)", QUARANTINED)
+def _(ctx):
+  return _tables(ctx, labs=_labs_with(1, f"{IDS[1]},3.4028234663852886e38,4.1,99"),
+                 quarantined=[Quarantined("labs.csv", "outside the plausible range", line=3)],
+                 checks=[_lab(IDS[1], "Na", False, others=2)])
+
+
+@case("tables", "labs: far beyond float32 (1e300)", QUARANTINED)
+def _(ctx):
+  return _tables(ctx, labs=_labs_with(2, f"{IDS[2]},140,1e300,99"),
+                 quarantined=[Quarantined("labs.csv", "beyond what float32 holds", line=4)],
+                 checks=[_lab(IDS[2], "K", False, others=2)])
+
+
+@case("tables", "labs: negative beyond float32 (-1e39)", QUARANTINED)
+def _(ctx):
+  return _tables(ctx, labs=_labs_with(3, f"{IDS[3]},140,4.1,-1e39"),
+                 quarantined=[Quarantined("labs.csv", "beyond what float32 holds", line=5)],
+                 checks=[_lab(IDS[3], "Cl", False, others=2)])
+
+
+@case("tables", "labs: beyond float32 in three columns of one row", QUARANTINED)
+def _(ctx):
+  return _tables(ctx, labs=_labs_with(4, f"{IDS[4]},4e38,-4e38,1e308"),
+                 quarantined=[Quarantined("labs.csv", f"{a!r}: value", line=6)
+                              for a in ("Na", "K", "Cl")], patients=10,
+                 note="the row's patient keeps vitals, so stays in the manifest")
+
+
+def _long_labs(change: dict[tuple[int, str], str] | None = None) -> str:
+  rows = [f"{pid},{a},{change.get((i, a), v) if change else v}" for i, pid in enumerate(IDS)
+          for a, v in (("Na", 140), ("K", 4.1), ("Cl", 100))]
+  return table("patient_id,analyte,value", rows)
+
+
+@case("tables", "labs long: just over float32 max", QUARANTINED)
+def _(ctx):
+  # Line 2 + 3 x 2 + 0 = 8: patient 2's Na.
+  return _tables(ctx, labs=_long_labs({(2, "Na"): "3.5e38"}),
+                 quarantined=[Quarantined("labs.csv", "beyond what float32 holds", line=8)],
+                 checks=[_lab(IDS[2], "Na", False, others=2)])
+
+
+@case("tables", "labs long: negative far beyond float32", QUARANTINED)
+def _(ctx):
+  return _tables(ctx, labs=_long_labs({(5, "K"): "-2.5e300"}),
+                 quarantined=[Quarantined("labs.csv", "beyond what float32 holds", line=18)],
+                 checks=[_lab(IDS[5], "K", False, others=2)])
+
+
+def _vitals_times(times, change: dict[tuple[int, int], str] | None = None,
+                  values: dict[tuple[int, int], str] | None = None) -> str:
+  """Every patient with one row per time of `times`; `change` replaces row k of patient i's
+  time, `values` its hr. Patient i's row k is on line 2 + i x len(times) + k."""
+  rows = []
+  for i, pid in enumerate(IDS):
+    for k, t in enumerate(times):
+      t = change.get((i, k), t) if change else t
+      hr = values.get((i, k), 70 + i + k) if values else 70 + i + k
+      rows.append(f"{pid},{t},{hr},{110 + i},{70 + k},{14 + k},{97 + i % 3},{36.6 + 0.1 * k:.1f}")
+  return table(VH, rows)
+
+
+HOURS = [str(h) for h in range(6)]
+STAMPS = [f"2024-03-01T{h:02d}:30:00" for h in range(6)]
+
+
+@case("tables", "vitals: hr beyond float32 (1e39)", QUARANTINED)
+def _(ctx):
+  return _tables(ctx, vitals=_vitals_times(HOURS, values={(0, 2): "1e39"}),
+                 quarantined=[Quarantined("vitals.csv", "beyond what float32 holds", line=4)],
+                 checks=[_vitals_steps(IDS[0], 6)])
+
+
+@case("tables", "vitals: hr negative beyond float32 (-3.5e38)", QUARANTINED)
+def _(ctx):
+  return _tables(ctx, vitals=_vitals_times(HOURS, values={(3, 5): "-3.5e38"}),
+                 quarantined=[Quarantined("vitals.csv", "beyond what float32 holds", line=25)],
+                 checks=[_vitals_steps(IDS[3], 6)])
+
+
+# -- lab values outside the built-in ranges (a unit slip), and a config that allows them --------
+
+def _labs_plus(column: str, value_of) -> str:
+  rows = [r + f",{value_of(i)}" for i, r in enumerate(labs_rows())]
+  return table(f"{LABS_H},{column}", rows)
+
+
+@case("tables", "labs: glucose in mmol/L x 1000 (5500)", QUARANTINED)
+def _(ctx):
+  labs = _labs_plus("Glucose", lambda i: 5500 if i == 2 else 90 + i)
+  return _tables(ctx, labs=labs, checks=[_lab(IDS[2], "Glucose", False, others=3)],
+                 quarantined=[Quarantined("labs.csv", "outside the plausible range [0, 3000]",
+                                          line=4)])
+
+
+@case("tables", "labs: GLUCOSE spelt in capitals, 5500 (range matched ignoring case)",
+      QUARANTINED)
+def _(ctx):
+  labs = _labs_plus("GLUCOSE", lambda i: 5500 if i == 6 else 90 + i)
+  return _tables(ctx, labs=labs, checks=[_lab(IDS[6], "GLUCOSE", False, others=3)],
+                 quarantined=[Quarantined("labs.csv", "outside the plausible range [0, 3000]",
+                                          line=8)])
+
+
+@case("tables", "labs: negative creatinine", QUARANTINED)
+def _(ctx):
+  labs = _labs_plus("Creatinine", lambda i: -1.2 if i == 4 else f"{0.8 + 0.05 * i:.2f}")
+  return _tables(ctx, labs=labs, checks=[_lab(IDS[4], "Creatinine", False, others=3)],
+                 quarantined=[Quarantined("labs.csv", "outside the plausible range [0, 40]",
+                                          line=6)])
+
+
+@case("tables", "labs long: glucose 5500 among good values", QUARANTINED)
+def _(ctx):
+  rows = [f"{pid},{a},{v}" for i, pid in enumerate(IDS)
+          for a, v in (("Na", 140), ("Glucose", 5500 if i == 1 else 95))]
+  return _tables(ctx, labs=table("patient_id,analyte,value", rows),
+                 checks=[_lab(IDS[1], "Glucose", False, others=1)],
+                 quarantined=[Quarantined("labs.csv", "outside the plausible range [0, 3000]",
+                                          line=5)])
+
+
+@case("tables", "labs: glucose 5500 allowed by data.value_ranges.Glucose", ACCEPTED)
+def _(ctx):
+  labs = _labs_plus("Glucose", lambda i: 5500 if i == 2 else 90 + i)
+  return _tables(ctx, labs=labs, config=_ranges_config(Glucose=(0.0, 10000.0)),
+                 checks=[_lab(IDS[2], "Glucose", True, others=3)])
+
+
+@case("tables", "labs: value_ranges.glucose (lower case) covers column Glucose", ACCEPTED)
+def _(ctx):
+  labs = _labs_plus("Glucose", lambda i: 5500 if i == 2 else 90 + i)
+  return _tables(ctx, labs=labs, config=_ranges_config(glucose=(0.0, 10000.0)),
+                 checks=[_lab(IDS[2], "Glucose", True, others=3)])
+
+
+@case("tables", "labs: negative creatinine kept with value_ranges.Creatinine=None", ACCEPTED)
+def _(ctx):
+  labs = _labs_plus("Creatinine", lambda i: -1.2 if i == 4 else f"{0.8 + 0.05 * i:.2f}")
+  return _tables(ctx, labs=labs, config=_ranges_config(Creatinine=None),
+                 checks=[_lab(IDS[4], "Creatinine", True, others=3)])
+
+
+# -- one mistyped time among good rows: its own row only ----------------------------------------
+
+@case("tables", "vitals: an hour typed too large mid-series (300 for 3)", QUARANTINED)
+def _(ctx):
+  return _tables(ctx, vitals=_vitals_times(HOURS, {(1, 3): "300"}),
+                 quarantined=[Quarantined("vitals.csv", "out of time order", line=11)],
+                 checks=[_vitals_steps(IDS[1], 5)])
+
+
+@case("tables", "vitals: an hour typed too large first (10 for 0)", QUARANTINED)
+def _(ctx):
+  return _tables(ctx, vitals=_vitals_times(HOURS, {(2, 0): "10"}),
+                 quarantined=[Quarantined("vitals.csv", "out of time order", line=14)],
+                 checks=[_vitals_steps(IDS[2], 5)])
+
+
+@case("tables", "vitals: a timestamp at the top of an hours file", QUARANTINED)
+def _(ctx):
+  return _tables(ctx, vitals=_vitals_times(HOURS, {(0, 0): "2024-03-01T00:30:00"}),
+                 quarantined=[Quarantined("vitals.csv", "most of the file's times are hours",
+                                          line=2)],
+                 checks=[_vitals_steps(IDS[0], 5)])
+
+
+@case("tables", "vitals: hours at the top of a timestamp file", QUARANTINED)
+def _(ctx):
+  return _tables(ctx, vitals=_vitals_times(STAMPS, {(0, 0): "0"}),
+                 quarantined=[Quarantined("vitals.csv", "most of the file's times are "
+                                          "timestamps", line=2)],
+                 checks=[_vitals_steps(IDS[0], 5)])
+
+
+@case("tables", "vitals: mistyped year in the first row (2014)", QUARANTINED)
+def _(ctx):
+  return _tables(ctx, vitals=_vitals_times(STAMPS, {(4, 0): "2014-03-01T00:30:00"}),
+                 quarantined=[Quarantined("vitals.csv", "a mistyped date?", line=26)],
+                 checks=[_vitals_steps(IDS[4], 5)])
+
+
+@case("tables", "vitals: mistyped year in the middle (2014)", QUARANTINED)
+def _(ctx):
+  return _tables(ctx, vitals=_vitals_times(STAMPS, {(4, 2): "2014-03-01T02:30:00"}),
+                 quarantined=[Quarantined("vitals.csv", "a mistyped date?", line=28)],
+                 checks=[_vitals_steps(IDS[4], 5)])
+
+
+@case("tables", "vitals: mistyped year in the last row (2014)", QUARANTINED)
+def _(ctx):
+  return _tables(ctx, vitals=_vitals_times(STAMPS, {(4, 5): "2014-03-01T05:30:00"}),
+                 quarantined=[Quarantined("vitals.csv", "a mistyped date?", line=31)],
+                 checks=[_vitals_steps(IDS[4], 5)])
+
+
+@case("tables", "vitals: year typed too large in the first row (2042)", QUARANTINED)
+def _(ctx):
+  return _tables(ctx, vitals=_vitals_times(STAMPS, {(7, 0): "2042-03-01T00:30:00"}),
+                 quarantined=[Quarantined("vitals.csv", "out of time order", line=44)],
+                 checks=[_vitals_steps(IDS[7], 5)])
+
+
+@case("tables", "vitals: year typed too large in the middle (2042)", QUARANTINED)
+def _(ctx):
+  return _tables(ctx, vitals=_vitals_times(STAMPS, {(7, 3): "2042-03-01T03:30:00"}),
+                 quarantined=[Quarantined("vitals.csv", "out of time order", line=47)],
+                 checks=[_vitals_steps(IDS[7], 5)])
+
+
+@case("tables", "vitals: one row back in time at the end (hour 2.5 after 4)", QUARANTINED)
+def _(ctx):
+  return _tables(ctx, vitals=_vitals_times(HOURS, {(9, 5): "2.5"}),
+                 quarantined=[Quarantined("vitals.csv", "out of time order", line=61)],
+                 checks=[_vitals_steps(IDS[9], 5)])
+
+
+@case("tables", "vitals: a day typed wrong mid-series (03-11 for 03-01)", QUARANTINED)
+def _(ctx):
+  return _tables(ctx, vitals=_vitals_times(STAMPS, {(8, 2): "2024-03-11T02:30:00"}),
+                 quarantined=[Quarantined("vitals.csv", "out of time order", line=52)],
+                 checks=[_vitals_steps(IDS[8], 5)])
+
+
+@case("tables", "vitals: an hour typed too large in the last row (counted, past the series)",
+      ACCEPTED)
+def _(ctx):
+  # In order, so no rule sets it aside: past the last of the 24 steps, it is counted
+  # (tables.vitals.csv.rows_past_last_step), as docs/data.md says.
+  return _tables(ctx, vitals=_vitals_times(HOURS, {(5, 5): "500"}),
+                 checks=[lib.table_info("vitals.csv", "rows_past_last_step", 1),
+                         _vitals_steps(IDS[5], 5)])
+
+
+# -- files and folders the process may not read -------------------------------------------------
+
+def _unreadable(*names: str):
+  def setup(root):
+    os.chmod(os.path.join(root, *names), 0)
+  return setup
+
+
+@case("tables", "labels.csv not readable by the process", CLEAR)
+def _(ctx):
+  return _tables(ctx, setup=_unreadable("labels.csv"), no_override=True,
+                 error="labels.csv: cannot be read (Permission denied)")
+
+
+@case("tables", "labs.csv not readable by the process", CLEAR)
+def _(ctx):
+  return _tables(ctx, setup=_unreadable("labs.csv"), no_override=True,
+                 error="labs.csv: cannot be read (Permission denied)")
+
+
+@case("tables", "vitals.csv not readable by the process", CLEAR)
+def _(ctx):
+  return _tables(ctx, setup=_unreadable("vitals.csv"), no_override=True,
+                 error="vitals.csv: cannot be read (Permission denied)")
+
+
+@case("tables", "cohort folder not readable by the process", CLEAR)
+def _(ctx):
+  root = ctx.path("cohort")
+  return _tables(ctx, setup=lambda r: os.chmod(r, 0), no_override=True,
+                 after=lambda: os.chmod(root, 0o755), error="cannot be read")
+
+
+@case("tables", "cohort folder searchable but not listable (mode 0311)", CLEAR)
+def _(ctx):
+  # Its files open by name, but what else lies there cannot be told (nor accounted for).
+  root = ctx.path("cohort")
+  return _tables(ctx, setup=lambda r: os.chmod(r, 0o311), no_override=True,
+                 after=lambda: os.chmod(root, 0o755), error="cannot be read")
+
+
+# -- files at the cohort root outside its layout ------------------------------------------------
+
+_FOREIGN = "not part of a cohort's layout"
+
+
+@case("tables", "cohort root: a README and a spreadsheet beside the tables", QUARANTINED)
+def _(ctx):
+  def setup(root):
+    lib.write(os.path.join(root, "README.txt"), "exported 2024-03-01 by the registry\n")
+    lib.write(os.path.join(root, "notes", "cohort.xlsx"), b"PK\x03\x04" + bytes(200))
+  return _tables(ctx, setup=setup, quarantined=[Quarantined("README.txt", _FOREIGN),
+                                                Quarantined("notes/cohort.xlsx", _FOREIGN)])
+
+
+@case("tables", "cohort root: a DICOM file outside dicom/", QUARANTINED)
+def _(ctx):
+  return _tables(ctx, setup=lambda root: lib.small_image(os.path.join(root, "scan.dcm"), IDS[3]),
+                 quarantined=[Quarantined("scan.dcm", _FOREIGN)])
+
+
+@case("tables", "cohort root: DICOM files in images/ instead of dicom/", QUARANTINED)
+def _(ctx):
+  def setup(root):
+    for i in (2, 3):
+      lib.small_image(os.path.join(root, "images", f"p{i}", "img.dcm"), IDS[i])
+  return _tables(ctx, setup=setup, quarantined=[Quarantined(f"images/p{i}/img.dcm", _FOREIGN)
+                                                for i in (2, 3)])
+
+
+@case("tables", "cohort root: labs.csv.bak and Vitals.CSV beside the tables", QUARANTINED)
+def _(ctx):
+  def setup(root):
+    lib.write(os.path.join(root, "labs.csv.bak"), table(LABS_H, labs_rows()))
+    lib.write(os.path.join(root, "Vitals.CSV"), table(VH, vitals_rows()))
+  return _tables(ctx, setup=setup, quarantined=[Quarantined("labs.csv.bak", _FOREIGN),
+                                                Quarantined("Vitals.CSV", _FOREIGN)])
+
+
+@case("tables", "cohort root: .DS_Store files at the root and in dicom/", QUARANTINED)
+def _(ctx):
+  def setup(root):
+    lib.write(os.path.join(root, ".DS_Store"), b"\x00\x00\x00\x01Bud1" + bytes(100))
+    lib.write(os.path.join(root, "dicom", ".DS_Store"), b"\x00\x00\x00\x01Bud1" + bytes(100))
+  return _tables(ctx, setup=setup, quarantined=[Quarantined(".DS_Store", _FOREIGN),
+                                                Quarantined("dicom/.DS_Store", "")])
+
+
+@case("tables", "cohort root: a symlink to a folder", QUARANTINED)
+def _(ctx):
+  return _tables(ctx, setup=lambda root: os.symlink("dicom", os.path.join(root, "scans")),
+                 quarantined=[Quarantined("scans", _FOREIGN)])
+
+
+# -- patients named in one place only -----------------------------------------------------------
+
+@case("tables", "ids: only in vitals (no label)", QUARANTINED)
+def _(ctx):
+  extra = ["PTX8003K"]
+  return _tables(ctx, vitals=table(VH, vitals_rows() + vitals_rows(extra)), more_ids=extra,
+                 quarantined=[lib.left_out(extra[0], "no row in labels.csv")])
+
+
+@case("tables", "ids: only in DICOM (no label, no table row)", QUARANTINED)
+def _(ctx):
+  extra = ["PTX8004K"]
+  return _tables(ctx, more_ids=extra,
+                 setup=lambda root: lib.small_image(os.path.join(root, "dicom", "p9", "img.dcm"),
+                                                    extra[0]),
+                 quarantined=[Quarantined("dicom/p9/img.dcm", "no row in labels.csv",
+                                          stage="link"),
+                              lib.left_out(extra[0], "no row in labels.csv")])
+
+
+@case("tables", "ids: only in a labs row that is set aside", QUARANTINED)
+def _(ctx):
+  extra = ["PTX8005K"]
+  labs = table(LABS_H, labs_rows() + [f"{extra[0]},140,4.1,99,7"])
+  return _tables(ctx, labs=labs, more_ids=extra,
+                 quarantined=[Quarantined("labs.csv", "5 fields", line=12),
+                              lib.left_out(extra[0], "no row in labels.csv")])
+
+
+@case("tables", "ids: only in vitals, every row of it set aside", QUARANTINED)
+def _(ctx):
+  extra = ["PTX8006K"]
+  rows = vitals_rows() + [f"{extra[0]},soon,80,120,80,16,98,37"]
+  return _tables(ctx, vitals=table(VH, rows), more_ids=extra,
+                 quarantined=[Quarantined("vitals.csv", "neither hours nor", line=32),
+                              lib.left_out(extra[0], "")])
+
+
+@case("tables", "ids: a labelled patient whose only data is a bad labs value", QUARANTINED)
+def _(ctx):
+  extra = ["PTX8007K"]
+  labels = table(LH, labels_rows() + [f"{extra[0]},flu"])
+  labs = table(LABS_H, labs_rows() + [f"{extra[0]},inf,,"])
+  return _tables(ctx, labels=labels, labs=labs, more_ids=extra,
+                 quarantined=[Quarantined("labs.csv", "finite", line=12),
+                              # Why: its one labs row (line 12) gave no usable value; not "no
+                              # lab row".
+                              lib.left_out(extra[0], "labs.csv line 12")])
 
 
 # -- PHI ----------------------------------------------------------------------------------------
@@ -489,7 +1040,8 @@ def _(ctx):
   root = _phi_cohort(ctx.path("cohort"))
   work = ctx.path("work")
   return lib.Plan(argv=lib.ingest_argv(root, work, "--config.data.classes=('flu','copd')"),
-                  workdir=work, raw_ids=PHI_ALL, cohort=root, patients=8, quarantined=[
+                  workdir=work, raw_ids=PHI_ALL, cohort=root, patients=8, patient_ids=PHI_ALL,
+                  quarantined=[
                       Quarantined("labels.csv", "duplicate patient row", line=10),
                       Quarantined("labs.csv", "withheld", line=6),
                       Quarantined("dicom/c/1.dcm", "no row in labels.csv")])
@@ -501,7 +1053,8 @@ def _(ctx):
   work = ctx.path("work")
   return lib.Plan(argv=lib.ingest_argv(root, work, "--config.data.on_error=raise",
                                        "--config.data.classes=('flu','copd')"),
-                  workdir=work, raw_ids=PHI_ALL, cohort=root, error="labels.csv:10:")
+                  workdir=work, raw_ids=PHI_ALL, cohort=root, patient_ids=PHI_ALL,
+                  error="labels.csv:10:")
 
 
 @case("phi", "header-less labels.csv starting with a name", CLEAR)
@@ -517,7 +1070,7 @@ def _(ctx):
                     PatientName="WOMBAT^WALTER", PatientBirthDate="19411207",
                     OtherPatientIDs="OTHER-ID-777", InstitutionName="St Quokka Hospital")
   return _tables(ctx, setup=setup, more_ids=["WOMBAT^WALTER", "19411207", "OTHER-ID-777"],
-                 checks=[lib.referenced("dicom/p0/img.dcm")])
+                 patient_ids=IDS, checks=[lib.referenced("dicom/p0/img.dcm")])
 
 
 @case("phi", "a labs value equal to an id seen only later (DICOM)", QUARANTINED)
@@ -528,3 +1081,65 @@ def _(ctx):
   return _tables(ctx, labs=labs, setup=setup, more_ids=["KOALA^KATE"],
                  quarantined=[Quarantined("labs.csv", "not a number", line=4),
                               Quarantined("dicom/q/1.dcm", "no row in labels.csv")])
+
+
+# -- PHI: header cells that may identify a patient are never echoed -----------------------------
+
+@case("phi", "labs header: a column named like a patient id of the cohort", QUARANTINED)
+def _(ctx):
+  rows = [r + ",1" for r in labs_rows()]
+  return _tables(ctx, labs=table(LABS_H + f",{IDS[5]}", rows), checks=[
+      _analytes(["Na", "K", "Cl"])],
+      quarantined=[Quarantined("labs.csv", "withheld", line=1)])
+
+
+@case("phi", "labs header: an MRN-like column (MRN and 8 digits)", QUARANTINED)
+def _(ctx):
+  rows = [r + ",1" for r in labs_rows()]
+  return _tables(ctx, labs=table(LABS_H + ",MRN00123456", rows), more_ids=["MRN00123456"],
+                 patient_ids=IDS, checks=[_analytes(["Na", "K", "Cl"])],
+                 quarantined=[Quarantined("labs.csv", "withheld", line=1)])
+
+
+@case("phi", "labs header: a name and birth date as a column", QUARANTINED)
+def _(ctx):
+  rows = [r + ",1" for r in labs_rows()]
+  return _tables(ctx, labs=table(LABS_H + ",DOE^JANE 1980-01-01", rows),
+                 more_ids=["DOE^JANE", "1980-01-01"], patient_ids=IDS,
+                 checks=[_analytes(["Na", "K", "Cl"])],
+                 quarantined=[Quarantined("labs.csv", "withheld", line=1)])
+
+
+@case("phi", "labs long: an analyte cell holding a patient id", QUARANTINED)
+def _(ctx):
+  # The long format's analyte cells are its column names: one equal to a patient id must not
+  # become an analyte (whose name tables.npz and the summary carry).
+  rows = [f"{pid},{a},{v}" for pid in IDS for a, v in (("Na", 140), ("K", 4.1))]
+  rows.insert(3, f"{IDS[1]},{IDS[8]},7")
+  return _tables(ctx, labs=table("patient_id,analyte,value", rows),
+                 checks=[_analytes(["K", "Na"])],
+                 quarantined=[Quarantined("labs.csv", "withheld", line=5)])
+
+
+@case("phi", "vitals header: an extra column named like a patient id", ACCEPTED)
+def _(ctx):
+  rows = [r + ",5" for r in vitals_rows()]
+  return _tables(ctx, vitals=table(VH + f",{IDS[2]}", rows))
+
+
+@case("phi", "labels header: a third column named like a patient id", ACCEPTED)
+def _(ctx):
+  rows = [r + ",x" for r in labels_rows()]
+  return _tables(ctx, labels=table(LH + f",{IDS[4]}", rows))
+
+
+@case("phi", "labs header: a patient id where 'patient_id' should be", CLEAR)
+def _(ctx):
+  return _tables(ctx, labs=table(f"{IDS[0]},Na,K,Cl", labs_rows()[1:]), error="labs.csv")
+
+
+@case("phi", "vitals header: a date of birth where the time column should be", CLEAR)
+def _(ctx):
+  rows = vitals_rows()
+  return _tables(ctx, vitals=table(VH.replace("hour", "19700101"), rows),
+                 more_ids=["19700101"], patient_ids=IDS, error="vitals.csv")

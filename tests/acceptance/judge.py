@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import os
 import re
+import unicodedata
+
+import numpy as np
 
 from tests.acceptance import lib
 from tests.acceptance.lib import Run
@@ -21,12 +24,24 @@ def raw_id_leaks(run: Run) -> list[str]:
   ids = sorted({i.strip().lower() for i in raw if i.strip()}, key=len, reverse=True)
   if not ids:
     return []
-  pattern = re.compile(b"|".join(re.escape(i.encode()) for i in ids))
+  # As UTF-8, and as the UTF-16 and UTF-32 that numpy's string arrays (an .npz) and some
+  # writers store text in: an id in tables.npz is b"p\0\0\0t\0\0\0...".
+  # (One pattern per encoding: the ids' common prefix keeps each search fast.)
+  patterns = [re.compile(b"|".join(re.escape(i.encode(encoding)) for i in ids))
+              for encoding in ("utf-8", "utf-16-le", "utf-32-le")]
+
+  def search(data: bytes) -> str | None:
+    data = data.lower()
+    for pattern in patterns:
+      m = pattern.search(data)
+      if m:
+        return repr(m.group().replace(b"\0", b"").decode(errors="replace"))
+    return None
   found = []
   for name, data in (("stdout", run.stdout), ("stderr", run.stderr)):
-    m = pattern.search(data.lower())
+    m = search(data)
     if m:
-      found.append(f"{name}: {m.group().decode(errors='replace')!r}")
+      found.append(f"{name}: {m}")
   workdir = run.plan.workdir
   skip = {os.path.join(workdir, "cohort"), os.path.join(workdir, "secrets")}
   for dirpath, dirnames, files in os.walk(workdir):
@@ -40,9 +55,9 @@ def raw_id_leaks(run: Run) -> list[str]:
           data = f.read(512 << 20)
       except OSError:
         continue
-      m = pattern.search(data.lower())
+      m = search(data)
       if m:
-        found.append(f"{os.path.relpath(path, workdir)}: {m.group().decode(errors='replace')!r}")
+        found.append(f"{os.path.relpath(path, workdir)}: {m}")
   return found
 
 
@@ -63,23 +78,111 @@ def labels_data_lines(path: str) -> int:
 
 
 def dicom_entries(root: str) -> set[str]:
-  """Every entry under root/dicom a user would count as a file: regular and special files and
-  symlinks (to anything, directories included), as 'dicom/<relative path>'."""
+  """Every entry under root/dicom a user would count as a file (see `cohort_files`)."""
+  return {f for f in cohort_files(root) if f.split(os.sep)[0] == "dicom"}
+
+
+def cohort_files(root: str) -> set[str]:
+  """Every entry under the cohort root a user would count as a file: regular and special files
+  and symlinks (to anything, directories included), relative to the root. Walked as the battery
+  runs (root reads folders the run may not: `conservation` counts their files as accounted for
+  by the folder's quarantine entry)."""
   out = set()
-  base = os.path.join(root, "dicom")
-  if not os.path.isdir(base) or os.path.islink(base):
+  if not os.path.isdir(root):
     return out
-  for dirpath, dirnames, files in os.walk(base, followlinks=False):
+  for dirpath, dirnames, files in os.walk(root, followlinks=False):
     for name in files + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
-      out.add(os.path.join("dicom", os.path.relpath(os.path.join(dirpath, name), base)))
+      out.add(os.path.relpath(os.path.join(dirpath, name), root))
   return out
 
 
-def _matches(entry: dict, q: lib.Quarantined) -> bool:
+# The tables ingest reads at the cohort root (medjax/data/accounting.py says the same, but the
+# judge counts on its own: the docs' layout).
+TABLES = ("labels.csv", "labs.csv", "vitals.csv", "oracle.npz")
+
+
+def normalised(raw: str, fold: bool) -> str:
+  """A raw id as ingest joins it (docs/data.md, Ids): stripped, Unicode NFC, casefolded when
+  data.ids_case_insensitive."""
+  text = unicodedata.normalize("NFC", raw.strip())
+  return text.casefold() if fold else text
+
+
+def pseudonymiser(plan: lib.Plan):
+  """raw id -> the record id ingest gives it (its salted hash), from the run's salt file; None
+  without a readable salt."""
+  try:
+    with open(plan.salt_file, "rb") as f:
+      salt = f.read()
+  except OSError:
+    return None
+  from medjax.data import ingest  # pylint: disable=import-outside-toplevel  (pandas, no jax)
+  fold = plan.ids_case_insensitive
+  return lambda raw: ingest.pseudonym(normalised(raw, fold), salt)
+
+
+def _matches(entry: dict, q: lib.Quarantined, pseudonym=None) -> bool:
   reason = str(entry.get("reason") or "")
+  if q.patient is not None and (pseudonym is None
+                                or entry.get("patient") != pseudonym(q.patient)):
+    return False
   return (entry.get("path") == q.path and reason.strip() and q.reason in reason
           and (q.line is None or entry.get("line") == q.line)
           and (q.stage is None or entry.get("stage") == q.stage))
+
+
+def conservation(run: Run, manifest: list[dict], pseudonym) -> tuple[list, bool]:
+  """Nothing disappears (DESIGN.md, docs/data.md): every patient the case wrote is in the
+  manifest (by pseudonym) or in a quarantine patient entry, and every file under the cohort
+  root is in the manifest, the quarantine report (itself, or a folder above it) or the tables
+  read. Returns (checks, silent loss)."""
+  plan = run.plan
+  checks, silent = [], False
+  entries = run.quarantine()
+  if plan.patient_ids is not None:
+    if pseudonym is None:
+      checks.append(("every patient in the manifest or quarantined", False,
+                     f"no salt to compute pseudonyms from ({plan.salt_file})"))
+      silent = True
+    else:
+      raw = sorted({r for r in plan.patient_ids if normalised(r, plan.ids_case_insensitive)})
+      ids = {pseudonym(r): r for r in raw}
+      in_manifest = {r.get("id") for r in manifest}
+      quarantined = {e.get("patient") for e in entries if e.get("patient")}
+      lost = sorted(p for p in ids if p not in in_manifest and p not in quarantined)
+      twice = sorted(p for p in ids if p in in_manifest and p in quarantined)
+      silent |= bool(lost)
+      checks.append(("every patient in the manifest or quarantined", not lost,
+                     f"{len(ids)} patients written, {len(set(ids) & in_manifest)} in the manifest,"
+                     f" {len(set(ids) & quarantined)} in quarantine patient entries"
+                     + (f"; unaccounted: {lost[:5]}" if lost else "")))
+      checks.append(("no patient both in the manifest and quarantined", not twice,
+                     f"both: {twice[:5]}" if twice else ""))
+  disk = cohort_files(plan.cohort)
+  referenced = {f for r in manifest for f in r.get("image_files", [])}
+  named = {str(e["path"]).rstrip("/") for e in entries + run.decode_quarantine()
+           if e.get("path") and "line" not in e}
+  folders = tuple(n + os.sep for n in named)
+  tables = {f for f in TABLES if f in disk}
+  lost = sorted(f for f in disk if f not in referenced and f not in named and f not in tables
+                and not f.startswith(folders))
+  silent |= bool(lost)
+  checks.append(("every file under the cohort root in the manifest, quarantined or a table",
+                 not lost, f"{len(disk)} files: {len(disk & referenced)} in the manifest, "
+                 f"{len(disk & named) + sum(f.startswith(folders) for f in disk - named)} "
+                 f"quarantined, {len(tables)} tables"
+                 + (f"; unaccounted: {lost[:5]}" if lost else "")))
+  return checks, silent
+
+
+def tables_finite(run: Run) -> tuple[bool, str]:
+  """tables.npz holds no infinity or NaN (a missing value is a mask's False over a 0)."""
+  try:
+    with np.load(run.path("ingest", "tables.npz"), allow_pickle=False) as f:
+      bad = [k for k in f.files if f[k].dtype.kind == "f" and not np.isfinite(f[k]).all()]
+  except (OSError, ValueError) as e:
+    return False, f"tables.npz unreadable: {type(e).__name__}"
+  return not bad, f"non-finite values in {bad}" if bad else "all finite"
 
 
 def judge(case: lib.Case, run: Run) -> list[dict]:
@@ -94,8 +197,9 @@ def judge(case: lib.Case, run: Run) -> list[dict]:
   crash_loop = restarts > CRASH_LOOP or generations > CRASH_LOOP + 1
   found_q, missing_q = [], []
   entries = run.quarantine() + run.decode_quarantine()
+  pseudonym = pseudonymiser(plan) if plan.cohort else None
   for q in plan.quarantined:
-    hit = next((e for e in entries if _matches(e, q)), None)
+    hit = next((e for e in entries if _matches(e, q, pseudonym)), None)
     (found_q if hit else missing_q).append((q, hit))
   evidence = []
   for name, fn in plan.evidence:
@@ -153,6 +257,8 @@ def judge(case: lib.Case, run: Run) -> list[dict]:
   for q, hit in found_q + missing_q:
     where = "decode quarantine" if q.stage == "decode" else "quarantine"
     what = f"{q.path}" + (f":{q.line}" if q.line is not None else "")
+    if q.patient is not None:   # named by its pseudonym: the report holds no raw id either
+      what = "patient " + (pseudonym(q.patient) if pseudonym else "(no salt)")
     checks.append((f"{where} has {what} ({q.reason!r})", hit is not None,
                    hit["reason"] if hit else _near(entries, q.path)))
   checks += evidence
@@ -173,17 +279,18 @@ def judge(case: lib.Case, run: Run) -> list[dict]:
       checks.append(("every labels.csv line in the manifest or quarantined", ok,
                      f"{lines} data lines, {len(manifest)} patients + {len(set_aside)} "
                      "quarantined lines"))
-    disk = dicom_entries(plan.cohort)
-    if disk:
-      referenced = {f for r in manifest for f in r.get("image_files", [])}
-      quarantined = {e["path"] for e in run.quarantine()
-                     if str(e.get("path", "")).startswith("dicom")}
-      lost = sorted(disk - referenced - quarantined)
-      silent |= bool(lost)
-      checks.append(("every DICOM entry in the manifest or quarantined", not lost,
-                     f"{len(disk)} entries, {len(disk & referenced)} referenced, "
-                     f"{len(disk & quarantined)} quarantined"
-                     + (f"; unaccounted: {lost[:5]}" if lost else "")))
+    kept, lost = conservation(run, manifest, pseudonym)
+    checks += kept
+    silent |= lost
+    if os.path.exists(run.path("ingest", "tables.npz")):
+      checks.append(("tables.npz holds no inf or NaN", *tables_finite(run)))
+    if os.path.exists(run.path("ingest", "summary.json")):
+      counts = lib.ingest_summary(run).get("accounting")
+      ok = (isinstance(counts, dict) and isinstance(counts.get("files"), dict)
+            and isinstance(counts.get("patients"), dict)
+            and counts["patients"].get("in_manifest") == len(manifest))
+      checks.append(("ingest summary's accounting block counts the manifest", ok,
+                     str(counts)[:300]))
   for name, fn in plan.checks:
     try:
       ok, detail = fn(run)

@@ -13,6 +13,7 @@ import dataclasses
 import json
 import os
 import shlex
+import shutil
 from typing import Callable
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -33,16 +34,29 @@ RUNAWAY = "runaway memory"
 OTHER = "other"
 EXPECTABLE = (CLEAR, QUARANTINED, RECOVERED, ACCEPTED, DEBUG_TRACEBACK)
 
+# Root reads any file; without these capabilities it obeys the permission bits like any user
+# (a case about a file the process may not read runs its launch.py through this when root).
+NO_OVERRIDE = ["setpriv", "--inh-caps=-dac_override,-dac_read_search",
+               "--bounding-set=-dac_override,-dac_read_search"]
+
 
 @dataclasses.dataclass
 class Quarantined:
   """A quarantine entry the run must write: `path` (relative to the cohort root), the physical
   `line` for table rows (None: any), a substring of its reason, and its stage ('decode' entries
-  are in <workdir>/cache/*/decode_quarantine.jsonl, the others in ingest/quarantine.jsonl)."""
+  are in <workdir>/cache/*/decode_quarantine.jsonl, the others in ingest/quarantine.jsonl).
+  With `patient` (a raw id the case wrote), a patient entry: path "", and the patient's
+  pseudonym (computed by the judge from the run's salt) in its "patient" field."""
   path: str
   reason: str
   line: int | None = None
   stage: str | None = None
+  patient: str | None = None
+
+
+def left_out(patient: str, reason: str) -> Quarantined:
+  """The patient entry ingest writes for a named patient the manifest does not hold."""
+  return Quarantined("", reason, stage="link", patient=patient)
 
 
 # A check gets the finished run (lib.Run) and returns (ok, detail).
@@ -57,6 +71,9 @@ class Plan:
   raw_ids: list[str]                        # raw PatientIDs (and names) that must not leak
   raw_ids_file: str | None = None           # a labels.csv the run writes (synthetic): its ids too
   cohort: str | None = None                 # cohort root, for the accounting checks
+  # Every patient id the case wrote (a table row's id, set aside or not, or a DICOM PatientID):
+  # each must end in the manifest or in a quarantine patient entry (None: not checked).
+  patient_ids: list[str] | None = None
   patients: int | None = None               # manifest patients when ingested
   quarantined: list[Quarantined] = dataclasses.field(default_factory=list)
   error: str | None = None                  # substring of the error line (clear error)
@@ -71,12 +88,36 @@ class Plan:
   during: Callable | None = None
   subcases: list[str] = dataclasses.field(default_factory=list)
   note: str = ""                            # what the case is about, for the report
+  # Run as a user without root's override of permission bits (setpriv, when the battery runs
+  # as root), for cases about files the process may not read.
+  no_override: bool = False
+  after: Callable | None = None             # fn(): run once the process exited, before judging
+
+  @property
+  def prefix(self) -> list[str]:
+    """What launch.py's command line starts with besides python (setpriv, for no_override)."""
+    drop = self.no_override and os.geteuid() == 0 and shutil.which("setpriv") is not None
+    return list(NO_OVERRIDE) if drop else []
 
   @property
   def command(self) -> str:
     env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env.items())
-    return ((env + " ") if env else "") + "python launch.py " + " ".join(
-        shlex.quote(a) for a in self.argv)
+    words = [*self.prefix, "python", "launch.py", *(shlex.quote(a) for a in self.argv)]
+    return ((env + " ") if env else "") + " ".join(words)
+
+  @property
+  def ids_case_insensitive(self) -> bool:
+    return any(a.split("=", 1)[0] == "--config.data.ids_case_insensitive"
+               and a.split("=", 1)[1].strip().lower() in ("true", "1") for a in self.argv
+               if "=" in a)
+
+  @property
+  def salt_file(self) -> str:
+    """The salt the run pseudonymises with: config.data.salt_file, or <workdir>/secrets/id_salt."""
+    for a in self.argv:
+      if a.startswith("--config.data.salt_file=") and a.split("=", 1)[1]:
+        return a.split("=", 1)[1]
+    return os.path.join(self.workdir, "secrets", "id_salt")
 
 
 @dataclasses.dataclass

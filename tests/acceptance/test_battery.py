@@ -82,3 +82,60 @@ def test_judge_calls_a_dropped_row_a_silent_loss_and_a_traceback_a_failure(tmp_p
   assert record["outcome"] == lib.TRACEBACK and record["flags"] == [lib.TRACEBACK]
   [record] = judge.judge(case, lib.Run(plan, -6, 1.0, b"", b""))
   assert record["outcome"] == lib.ABORT
+
+
+def _ingested(tmp_path, rows: list[str], quarantine: list[str], ids=("PTX7001K", "PTX7002K")):
+  """A fake finished ingest of a cohort naming `ids` (labels.csv, one image of the first): its
+  salt, manifest rows and quarantine lines as given."""
+  from medjax.data import ingest  # pylint: disable=import-outside-toplevel
+  plan = lib.Plan(argv=[], workdir=str(tmp_path / "work"), raw_ids=list(ids),
+                  cohort=str(tmp_path / "cohort"), patient_ids=list(ids))
+  cohort = tmp_path / "cohort"
+  (cohort / "dicom" / "p0").mkdir(parents=True)
+  (cohort / "dicom" / "p0" / "img.dcm").write_bytes(b"\0" * 8)
+  (cohort / "labels.csv").write_text("patient_id,diagnosis\n" + "".join(
+      f"{p},flu\n" for p in ids))
+  salt = bytes(32)
+  (tmp_path / "work" / "secrets").mkdir(parents=True)
+  (tmp_path / "work" / "secrets" / "id_salt").write_bytes(salt)
+  ingest_dir = tmp_path / "work" / "ingest"
+  ingest_dir.mkdir()
+  r = {p: ingest.pseudonym(p, salt) for p in ids}
+  (ingest_dir / "manifest.jsonl").write_text(
+      '{"class_names": ["flu"]}\n' + "".join(row.format(**r) + "\n" for row in rows))
+  (ingest_dir / "quarantine.jsonl").write_text("".join(q.format(**r) + "\n" for q in quarantine))
+  return plan, r
+
+
+def test_judge_finds_a_patient_or_a_file_that_ingest_lost(tmp_path):
+  row = '{{"id": "{PTX7001K}", "image_files": ["dicom/p0/img.dcm"]}}'
+  left_out = ('{{"path": "", "patient": "{PTX7002K}", "stage": "link", '
+              '"reason": "label row rejected: labels.csv line 3 (empty)"}}')
+  line = '{{"path": "labels.csv", "line": 3, "stage": "tables", "reason": "empty"}}'
+  case = lambda plan, expect=lib.ACCEPTED: lib.Case("tables", "fake", expect, lambda ctx: plan)
+  # Everything accounted for: the second patient by its pseudonym in a patient entry.
+  plan, r = _ingested(tmp_path / "a", [row], [left_out, line])
+  plan.quarantined = [lib.left_out("PTX7002K", "label row rejected")]
+  [record] = judge.judge(case(plan, lib.QUARANTINED), lib.Run(plan, 0, 1.0, b"", b""))
+  assert record["ok"] and record["outcome"] == lib.QUARANTINED, record["checks"]
+  assert r["PTX7002K"] in json.dumps(record) and "PTX7002K" not in json.dumps(record)
+  # The patient entry missing: a silent loss (the labels line alone does not account for it).
+  plan, _ = _ingested(tmp_path / "b", [row], [line])
+  [record] = judge.judge(case(plan), lib.Run(plan, 0, 1.0, b"", b""))
+  assert not record["ok"] and record["flags"] == ["silent loss"]
+  failed = [c["name"] for c in record["checks"] if not c["ok"]]
+  assert failed == ["every patient in the manifest or quarantined"]
+  # A file under the cohort root nobody mentions: a silent loss too.
+  plan, _ = _ingested(tmp_path / "c", [row], [left_out, line])
+  (tmp_path / "c" / "cohort" / "notes.txt").write_text("x\n")
+  [record] = judge.judge(case(plan), lib.Run(plan, 0, 1.0, b"", b""))
+  failed = [c for c in record["checks"] if not c["ok"]]
+  assert record["flags"] == ["silent loss"] and "notes.txt" in failed[0]["detail"]
+
+
+def test_raw_id_scan_finds_ids_stored_as_numpy_strings(tmp_path):
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  plan = _plan(tmp_path)
+  (tmp_path / "work").mkdir()
+  np.savez(tmp_path / "work" / "tables.npz", analytes=np.array(["Na", "PTX7001K"]))
+  assert judge.raw_id_leaks(lib.Run(plan, 0, 1.0, b"", b"")) == ["tables.npz: 'ptx7001k'"]
