@@ -199,7 +199,7 @@ def test_a_changed_state_structure_gets_its_own_layout(tmp_path):
   third = {**second, "extra": jax.device_put(jnp.arange(8.0) + 1, sharded)}
   for step, state in ((1, first), (2, second), (3, third), (4, first)):
     ckpt.save(state, _lineage(step))
-  ckpt.wait()
+    ckpt.wait()   # each one written (a save waiting for the writer is replaced by the next)
   groups = {step: [e["group"] for e in ckpt.layout(step)["leaves"]] for step in (1, 2, 3, 4)}
   assert groups[1] == groups[4] == ["float32", "float32", "int32"]
   assert groups[2] == ["float32", "float32", "float32", "int32"]

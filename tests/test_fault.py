@@ -479,8 +479,10 @@ def test_a_crash_recovers_through_a_warm_standby_with_its_phases(shared):
   ahead, so the restart only restores; events and summary name the path and the phases."""
   workdir = str(shared["base"] / "warm")
   # 'always': by default a CPU host keeps a spare standby, prepared, only once the run has
-  # failed (a clean run does not pay for it); this run's first crash is to find one.
-  proc = runs.start(workdir, *_common(shared), "--config.optim.epochs=30",
+  # failed (a clean run does not pay for it); this run's first crash is to find one. 100
+  # epochs (~10 s at ~150 steps/s): the crash must come while it still trains, and saves that
+  # never wait for the writer made 30 epochs end before the standby was ready.
+  proc = runs.start(workdir, *_common(shared), "--config.optim.epochs=100",
                     "--config.fault.warm_standby=always")
   _kill_once_prepared(proc, workdir, prepared=1, generation=1)
   ft = runs.summary(workdir)["fault_tolerance"]
@@ -505,7 +507,7 @@ def test_a_crash_recovers_through_a_warm_standby_with_its_phases(shared):
   assert [(e["generation"], e["path"]) for e in reports] == [(1, "standby"),
                                                             (2, "warm_standby")], reports
   assert reports[0]["phases"]["compile"] > 0 and "compile" not in reports[1]["phases"]
-  _assert_exactly_once(workdir, epochs=30)
+  _assert_exactly_once(workdir, epochs=100)
 
 
 def test_two_processes_recover_through_a_group_of_standbys_that_joined_ahead(shared):

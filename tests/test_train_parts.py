@@ -137,7 +137,9 @@ class _FakeCheckpointer:
     self.saved, self.finalized_queue, self.blocked_s, self.waits = [], [], 0.0, 0
     self.on_finalized = None
 
-  def save(self, state, lineage_now):
+  def save(self, state, lineage_now, guard=None):
+    if guard is not None and not guard():
+      return
     self.saved.append(lineage_now.global_step)
     if self.on_finalized is None:
       self.finalized_queue.append(lineage_now)
@@ -190,6 +192,33 @@ def test_saver_saves_once_per_step_and_only_the_chief_commits(is_chief):
   assert ctx.commits == ([8, 11] if is_chief else [])
   # Each commit carries its save's write time (for the coordinator's commit events).
   assert ctx.commit_write_s == ([0.08, 0.11] if is_chief else [])
+
+
+def test_a_guarded_save_checks_where_it_is_written_and_a_preemption_checks_at_once():
+  """With a guard the training thread does not wait for the device at a save (the check runs
+  where the state is written, and a failing one keeps it from disk); a preemption's save, which
+  must be committed before the process exits, checks on the training thread."""
+  ckpt, ctx, calls, ok = _FakeCheckpointer(), _FakeContext(), [], [True]
+  saver = saver_lib.Saver(ckpt, ctx, is_chief=True, last_saved=None,
+                          before_save=lambda: calls.append("checked now"),
+                          guard=lambda: (lambda: calls.append("guard") or ok[0]))
+  saver.save({}, _lineage(4))
+  ok[0] = False
+  saver.save({}, _lineage(8))
+  assert calls == ["guard", "guard"] and ckpt.saved == [4] and ctx.commits == [4]
+  with pytest.raises(saver_lib.Preempted):
+    saver.preempt({}, _lineage(9))
+  assert calls[-1] == "checked now" and ckpt.saved == [4, 9]
+
+
+def test_the_checkpointer_does_not_write_a_state_its_guard_refuses(tmp_path):
+  ckpt = checkpointer.Checkpointer(str(tmp_path / "ckpt"))
+  ckpt.save({"w": jnp.ones((2,))}, _lineage(3), guard=lambda: False)
+  ckpt.wait()   # (else the next save may replace it before the writer takes it)
+  ckpt.save({"w": jnp.ones((2,))}, _lineage(4), guard=lambda: True)
+  ckpt.wait()
+  assert ckpt.steps() == [4] and ckpt.refused == [3]
+  ckpt.close()
 
 
 @pytest.mark.parametrize("is_chief", [True, False])

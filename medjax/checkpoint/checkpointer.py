@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import itertools
 import os
-import queue
 import threading
 import time
 
@@ -26,6 +26,7 @@ from jax.experimental import multihost_utils
 
 from medjax import errors
 from medjax import lineage as lineage_lib
+from medjax.checkpoint import handoff as handoff_lib
 from medjax.checkpoint import packing
 
 
@@ -50,14 +51,18 @@ class _Manager(ocp.CheckpointManager):
     return False
 
 
+_instances = itertools.count()   # every process opens its async Checkpointers in the same order
+
+
 class Checkpointer:
   """Saves and restores the training state (a pytree) with its lineage.
 
   With `async_save`, `save` only snapshots the state on its devices (a copy the next, donating,
   training step cannot touch) and hands it to a saver thread, which makes the Orbax calls
   (their cross-process barriers, the device-to-host copy, the writes, the finalization) in order;
-  training goes on meanwhile. Every process saves the same steps in the same order, so the
-  barriers meet. The preemption sync point is asked by the training thread only
+  training goes on meanwhile. A save that finds the saver busy waits, and a newer one replaces
+  it (`medjax.checkpoint.handoff`: coalesced, listed in `coalesced`): a save never waits for a
+  write. Every process writes the same steps in the same order, so the barriers meet. The preemption sync point is asked by the training thread only
   (`reached_preemption`): jax.distributed's protocol needs each process's steps in order.
 
   Args:
@@ -81,11 +86,11 @@ class Checkpointer:
                        "layout": ocp.JsonCheckpointHandler()})
     self._pending: list[lineage_lib.Lineage] = []   # finalized, not yet reported
     self._lock = threading.Lock()
-    self._queue: queue.Queue | None = None
+    self._handoff = None
     self._error: BaseException | None = None
     if async_save:
-      # At most two snapshots wait: a saver that falls behind slows training, not memory.
-      self._queue = queue.Queue(maxsize=2)
+      # At most two copies of the state: the one being written and the newest waiting.
+      self._handoff = handoff_lib.for_this_process(f"ckpt{next(_instances)}")
       self._saver = threading.Thread(target=self._save_loop, name="checkpoint-saver",
                                      daemon=True)
       self._saver.start()
@@ -93,27 +98,39 @@ class Checkpointer:
     # Saves written and finalized, and the seconds their writes took (async: on the saver
     # thread, one after another; a failure before a save is finalized loses what it would keep).
     self.writes, self.write_s = 0, 0.0
+    self.refused: list[int] = []   # steps a save's guard kept from being written
     self._packer = packer or packing.StatePacker()
     # Called as on_finalized(lineage, write_s) once a save is finalized on every process (on the
     # saver thread when async), instead of queueing it for `finalized`: see `Saver`.
     self.on_finalized = None
 
-  def save(self, state, lineage: lineage_lib.Lineage) -> None:
-    """Starts saving `state` at `lineage.global_step`; returns at once (async) or once written."""
+  def save(self, state, lineage: lineage_lib.Lineage, guard=None) -> None:
+    """Starts saving `state` at `lineage.global_step`; returns at once (async) or once written.
+
+    `guard`: called where the state is written (the saver thread when async); False means the
+    state must not be kept (e.g. a loss before it was not finite: `Reporter.finite_guard`), and
+    the step is not written. Its answer must be the same on every process.
+    """
     t0 = time.perf_counter()
     self._raise_saver_error()
     # Packing copies: the next (donating) training step cannot touch what is being saved.
     packed = self._packer(state)
     layout = self._packer.layout
-    if self._queue is None:
-      self._save_now(packed, layout, lineage)
+    if self._handoff is None:
+      self._save_now(packed, layout, lineage, guard)
     else:
-      self._queue.put((packed, layout, lineage))
+      self._handoff.put(handoff_lib.Item(lineage.global_step, (packed, layout, lineage, guard)))
     self.blocked_s += time.perf_counter() - t0
 
-  def _save_now(self, packed, layout: dict, lineage: lineage_lib.Lineage) -> None:
+  def _save_now(self, packed, layout: dict, lineage: lineage_lib.Lineage, guard=None) -> None:
     """Writes and finalizes one step (every process), then hands it to `on_finalized` (which
     commits it) or, without one, to `finalized`."""
+    if guard is not None and not guard():
+      logging.warning("checkpoint: step %d not written: a training loss before it is not "
+                      "finite", lineage.global_step)
+      with self._lock:
+        self.refused.append(lineage.global_step)
+      return
     t0 = time.perf_counter()
     self._manager.save(lineage.global_step,
                        args=ocp.args.Composite(state=ocp.args.StandardSave(packed),
@@ -129,18 +146,20 @@ class Checkpointer:
       self.on_finalized(lineage, write_s)
 
   def _save_loop(self) -> None:
-    while True:
-      item = self._queue.get()
+    while (item := self._handoff.take()) is not None:
       try:
-        if item is None:
-          return
         if self._error is None:
-          self._save_now(*item)
+          self._save_now(*item.payload)
       except BaseException as e:  # pylint: disable=broad-except  (re-raised on the main thread)
-        logging.exception("checkpoint: saving step %d failed", item[2].global_step)
+        logging.exception("checkpoint: saving step %d failed", item.step)
         self._error = e
       finally:
-        self._queue.task_done()
+        self._handoff.done()
+
+  @property
+  def coalesced(self) -> list[int]:
+    """Steps whose saves a newer save replaced while they waited for the writer."""
+    return list(self._handoff.coalesced) if self._handoff is not None else []
 
   def _raise_saver_error(self) -> None:
     if self._error is not None:
@@ -217,18 +236,17 @@ class Checkpointer:
   def wait(self) -> None:
     """Blocks until every save so far is written and finalized."""
     t0 = time.perf_counter()
-    if self._queue is not None:
-      self._queue.join()
+    if self._handoff is not None:
+      self._handoff.join()
     self._raise_saver_error()
     self._manager.wait_until_finished()
     self.blocked_s += time.perf_counter() - t0
 
   def close(self) -> None:
-    if self._queue is not None:
-      self._queue.join()
-      self._queue.put(None)
+    if self._handoff is not None and self._saver.is_alive():
+      self._handoff.join()
+      self._handoff.close()
       self._saver.join()
-      self._queue = None
     self._manager.wait_until_finished()
     self._manager.close()
 

@@ -33,28 +33,38 @@ class Saver:
       non-finite state is saved).
     after_save: called once the save is handed to the saver (e.g. writing those metrics, which
       would otherwise compete with the save's packing for the GIL).
+    guard: returns a check that the checkpointer runs where it writes (`Checkpointer.save`'s
+      guard): the training thread then does not wait for the device at a save (the
+      `Reporter.finite_guard`, in place of `before_save`'s check). A preemption's save still
+      calls `before_save` (it must be committed before the process exits).
   """
 
   def __init__(self, ckpt: checkpointer.Checkpointer, ctx, *, is_chief: bool,
-               last_saved: int | None, before_save=lambda: None, after_save=lambda: None):
+               last_saved: int | None, before_save=lambda: None, after_save=lambda: None,
+               guard=None):
     self.ckpt, self.ctx, self.is_chief = ckpt, ctx, is_chief
     self.last_saved = last_saved
-    self._before_save, self._after_save = before_save, after_save
+    self._before_save, self._after_save, self._guard = before_save, after_save, guard
+    self.saved: list[int] = []       # steps handed to the checkpointer
+    self.committed: list[int] = []   # ... of those, committed (process 0's count)
     # A save is committed as soon as it is finalized, from the saver thread. Committed from the
     # training thread between steps, it waited while that thread was blocked on the device (the
     # steps run ahead of it, then it waits for them at the next partition boundary), often until
     # the next save: a failure in between lost two partitions where it should lose one.
     ckpt.on_finalized = self._commit if is_chief else (lambda lineage, write_s: None)
 
-  def save(self, state, lineage: lineage_lib.Lineage) -> None:
+  def save(self, state, lineage: lineage_lib.Lineage, *, check_now: bool = False) -> None:
     if lineage.global_step == self.last_saved:
       return  # e.g. a partition boundary reached right after restoring there
-    self._before_save()
+    guard = None if check_now or self._guard is None else self._guard()
+    if guard is None:
+      self._before_save()
     self.last_saved = lineage.global_step
+    self.saved.append(lineage.global_step)
     phase = self.ctx.phase
     self.ctx.set_phase("checkpointing")
     try:
-      self.ckpt.save(state, lineage)
+      self.ckpt.save(state, lineage, guard=guard)
     finally:
       self._after_save()
     self.ctx.blocked_s = self.ckpt.blocked_s
@@ -62,6 +72,7 @@ class Saver:
 
   def _commit(self, lineage: lineage_lib.Lineage, write_s: float) -> None:
     self.ctx.commit(lineage, write_s=write_s)
+    self.committed.append(lineage.global_step)
 
   def commit_finalized(self) -> None:
     """Passes the write counters on to the context (for heartbeats); commits what a
@@ -69,6 +80,7 @@ class Saver:
     for lineage in self.ckpt.finalized():
       if self.is_chief:
         self.ctx.commit(lineage)
+        self.committed.append(lineage.global_step)
     self.ctx.writes, self.ctx.write_s = self.ckpt.writes, self.ckpt.write_s
 
   def finish(self) -> None:
@@ -77,9 +89,18 @@ class Saver:
     self.commit_finalized()
     self.ctx.flush()
 
+  def summary(self) -> dict:
+    """summary.json's train.checkpoints: the steps saved, committed and coalesced (replaced by a
+    newer save while the writer was busy: never written), the writes and their seconds, and the
+    seconds training waited in save calls."""
+    ckpt = self.ckpt
+    return {"saved": list(self.saved), "committed": sorted(self.committed),
+            "coalesced": ckpt.coalesced, "refused": list(ckpt.refused), "writes": ckpt.writes, "write_s": round(ckpt.write_s, 3),
+            "blocked_s": round(ckpt.blocked_s, 3)}
+
   def preempt(self, state, lineage: lineage_lib.Lineage) -> None:
     """Saves and commits `lineage`'s state, then raises Preempted."""
-    self.save(state, lineage)
+    self.save(state, lineage, check_now=True)
     self.finish()
     raise Preempted(f"SIGTERM: checkpoint {lineage.global_step} saved and committed")
 

@@ -355,7 +355,8 @@ def _open(p: Prepared, ctx, run: paths.RunPaths, cursor: lineage_lib.Cursor,
       record_ids=manifest.record_ids, generation=ctx.generation, on_progress=on_progress,
       resume_hint=lambda: f"last good checkpoint: {saver.last_saved} in {run.checkpoints}")
   saver = saver_lib.Saver(ckpt, ctx, is_chief=is_chief, last_saved=last_good,
-                          before_save=reporter.check, after_save=reporter.write)
+                          before_save=reporter.check, after_save=reporter.write,
+                          guard=reporter.finite_guard)
   validator = None
   if stopping.wanted(config):
     validator = stopping.Validator(p, ctx, writer, is_chief=is_chief, make_trial=make_trial)
@@ -404,6 +405,7 @@ def _summarize(loop: _Loop, results: dict) -> dict:
                        "seconds": round(loop.train_seconds, 2), "parameters": p.num_params,
                        "devices": p.mesh.size, "processes": jax.process_count(),
                        "checkpoint_blocked_s": round(loop.ckpt.blocked_s, 3),
+                       "checkpoints": loop.saver.summary(),
                        "snapshots": loop.snapshots.counters()},
              "cache": host_lib.cache_summary(p.config.data, data.gathered_counters())}
   if loop.validator is not None:

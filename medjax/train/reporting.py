@@ -96,6 +96,18 @@ class Reporter:
         self.on_progress(p.global_step, p.epoch, p.partition)
         break
 
+  def finite_guard(self) -> Callable[[], bool]:
+    """A check, for the checkpoint writer's thread, that every queued step's loss is finite.
+
+    The steps before them were checked at earlier flushes. Called where the state is written
+    (`Checkpointer.save(guard=...)`), it waits for the device there instead of on the training
+    thread, which then keeps dispatching: a save no longer drains the device's queue. A
+    non-finite loss is still reported by the next flush (within the logging interval), as one
+    line naming the step and its records.
+    """
+    losses = [p.metrics["loss"] for p in self._pending]
+    return lambda: bool(np.all(np.isfinite(np.asarray(jax.device_get(losses), np.float64))))
+
   def flush(self) -> None:
     """Fetches the queued metrics (one device-to-host copy), checks and writes them."""
     self.check()
