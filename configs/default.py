@@ -69,6 +69,8 @@ def get_config(arg=None):
   data.decode_memory_mb = 2048
   data.decode_timeout_s = 120.0   # per file in a child (a 120-frame colour JPEG takes ~8 s)
   data.decode_workers = 2     # children at most (the cache decodes from up to 2 threads)
+  # Processes that decode a cache fill (the records of a host's first epoch); 0: one per CPU core.
+  data.decode_processes = 0
   data.cache_dir = ""         # node-local decoded cache; default <workdir>/cache
   data.cache_memory_mb = 1024  # also hold a host's cached records in memory when they fit
   data.prefetch = "auto"      # read ahead: 'thread', 'inline' (training thread), 'auto'

@@ -136,7 +136,7 @@ def _rules() -> dict[str, tuple[Check, ...]]:
        syn("image_size"))
   each(_at_least(2, " (vitals are a series)"), syn("vitals_steps"))
   each(_at_least(2), syn("num_classes"))
-  each(_at_least(0, " (0: one per CPU core)"), "data.scan_workers")
+  each(_at_least(0, " (0: one per CPU core)"), "data.scan_workers data.decode_processes")
   each(_at_least(1, " (100 is usual)"), "data.vnodes")
   each(_at_least(0, " (0: from the data)"), "model.num_analytes model.vitals_channels")
   each(lambda v: None if v == 0 or v >= 2 else "must be 0 (from the data) or >= 2",

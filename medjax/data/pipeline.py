@@ -23,6 +23,7 @@ from medjax.data import ingested as ingested_lib
 from medjax.data import manifest as manifest_lib
 from medjax.data import partition
 from medjax.data import records
+from medjax.data.cache import fill as fill_lib
 from medjax.data.cache import placement as placement_lib
 from medjax.data.cache import recache
 from medjax.data.dicom import decoder as decoder_lib
@@ -103,9 +104,11 @@ def open_cache(run: paths.RunPaths, prepared: Prepared, host: str, *,
   run_id = hashlib.blake2b(os.path.abspath(run.workdir).encode(), digest_size=8).hexdigest()
   decoder = (decoder_lib.Decoder.from_config(run.config.data) if run.config is not None
              else None)
+  processes = fill_lib.processes_for(run.config.data.get("decode_processes", 0)
+                                     if run.config is not None else 0)
   return cache_lib.Cache(run.cache(host), prepared.manifest, prepared.ingested.tables,
                          prepared.shapes, prepared.root, read_only=read_only, process=process,
-                         run=run_id, decoder=decoder)
+                         run=run_id, decoder=decoder, fill_processes=processes)
 
 
 def fill_cache(cache: cache_lib.Cache, rows: np.ndarray, desc: str, on_progress=None) -> int:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 
 import numpy as np
 from PIL import Image
@@ -83,13 +84,23 @@ def decode(manifest, row: int, tables: dict[str, np.ndarray], data_root: str, sh
   Returns:
     (record, rejected files as quarantine entries, bytes read from storage).
   """
+  images, rejected, nbytes = decode_images(manifest.image_files[row], data_root, shapes, decoder)
+  return with_tables(images, tables, row), rejected, nbytes
+
+
+def decode_images(image_files, data_root: str, shapes: Shapes,
+                  decoder: decoder_lib.Decoder | None = None
+                  ) -> tuple[dict[str, np.ndarray], list[dict], int]:
+  """A record's images ({'images', 'image_mask'}) from its files, the files rejected, and the
+  bytes read."""
   decoder = decoder or decoder_lib.default()
   # A symlinked image must resolve inside the cohort (or its dicom/ folder, which may itself be
   # a link to another disk), as at scan time.
   roots = (data_root, os.path.join(data_root, "dicom"))
-  record = {k: v[0] for k, v in empty(shapes, 1).items()}
+  images = np.zeros((shapes.max_images, shapes.image_size, shapes.image_size), np.float32)
+  mask = np.zeros(shapes.max_images, bool)
   rejected, nbytes, slot = [], 0, 0
-  for rel in manifest.image_files[row]:
+  for rel in image_files:
     if slot >= shapes.max_images:
       break
     path = os.path.join(data_root, rel)
@@ -101,13 +112,27 @@ def decode(manifest, row: int, tables: dict[str, np.ndarray], data_root: str, sh
       continue
     frames = pixels[None] if pixels.ndim == 2 else pixels
     for frame in frames[:shapes.max_images - slot]:
-      record["images"][slot] = letterbox(frame, shapes.image_size)
-      record["image_mask"][slot] = True
+      images[slot] = letterbox(frame, shapes.image_size)
+      mask[slot] = True
       slot += 1
-  for key in ("labs", "vitals"):   # finite values, 0 where missing, and the masks (tables.npz)
+  return {"images": images, "image_mask": mask}, rejected, nbytes
+
+
+def decode_images_timed(args: tuple) -> tuple[dict[str, np.ndarray], list[dict], int, float]:
+  """`decode_images(*args)` and its seconds: a process pool's job (`medjax.data.cache.fill`)."""
+  t0 = time.perf_counter()
+  images, rejected, nbytes = decode_images(*args)
+  return images, rejected, nbytes, time.perf_counter() - t0
+
+
+def with_tables(images: dict[str, np.ndarray], tables: dict[str, np.ndarray],
+                row: int) -> dict[str, np.ndarray]:
+  """A whole record: its images and its table values (finite, 0 where missing) and masks."""
+  record = dict(images)
+  for key in ("labs", "vitals"):
     record[key + "_mask"] = tables[key + "_mask"][row].copy()
     record[key] = tables[key][row].astype(np.float32)
-  return record, rejected, nbytes
+  return record
 
 
 def stack(records: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:

@@ -131,7 +131,8 @@ class Recacher:
   def _run(self) -> None:
     t0 = time.perf_counter()
     try:
-      self.decoded = self.cache.ensure(self.rows, batch=self.chunk, stop=self._stop)
+      self.decoded = self.cache.ensure(self.rows, batch=self.chunk, stop=self._stop,
+                                       processes=1)   # beside training: one core
     except Exception:  # pylint: disable=broad-except  (training reads decode what they need)
       logging.exception("recache: failed; training reads will decode what they need")
     finally:

@@ -34,6 +34,7 @@ import numpy as np
 from medjax import schema
 from medjax.data import records
 from medjax.data.cache import disk as disk_lib
+from medjax.data.cache import fill as fill_lib
 from medjax.data.dicom import decoder as decoder_lib
 
 FORMAT_VERSION = disk_lib.FORMAT_VERSION
@@ -77,15 +78,17 @@ class Cache:
       before decoding it itself.
     decoder: DICOM budgets and decoder isolation (`medjax.data.dicom.decoder`; default: the config
       defaults).
+    fill_processes: processes that decode a large `ensure` (a fill; `medjax.data.cache.fill`).
   """
 
   def __init__(self, path, manifest, tables, shapes: records.Shapes, data_root: str, *,
                read_only: bool = False, process: int = 0, run: str = "",
                memory_mb: int = 256, wait_limit_s: float = 300.0,
-               decoder: decoder_lib.Decoder | None = None):
+               decoder: decoder_lib.Decoder | None = None, fill_processes: int = 1):
     self.path, self.manifest, self.tables, self.shapes = path, manifest, tables, shapes
     self.data_root, self.read_only = data_root, read_only
     self.decoder = decoder or decoder_lib.default()
+    self.fill_processes = fill_processes
     self.wait_limit_s = wait_limit_s
     self.rejected: dict[str, dict] = {}
     self._row_of = {rid: i for i, rid in enumerate(manifest.record_ids)}
@@ -221,12 +224,25 @@ class Cache:
   def _decode(self, row: int) -> dict[str, np.ndarray]:
     """Reads one record from shared storage (called without the lock held); a record without
     images is built from the tables instead."""
-    if self._table_only(row):
-      return {k: v[0] for k, v in self._from_tables([row]).items()}
-    t0 = time.perf_counter()
-    rec, rejected, nbytes = records.decode(self.manifest, row, self.tables, self.data_root,
-                                           self.shapes, self.decoder)
-    seconds = time.perf_counter() - t0
+    return self._decode_many([row])[0]
+
+  def _decode_many(self, rows: list[int], pool: fill_lib.DecodePool | None = None
+                   ) -> list[dict[str, np.ndarray]]:
+    """`_decode` of each row, the images in `pool`'s processes when given."""
+    out = {r: {k: v[0] for k, v in self._from_tables([r]).items()}
+           for r in rows if self._table_only(r)}
+    jobs = [r for r in rows if not self._table_only(r)]
+    args = [(self.manifest.image_files[r], self.data_root, self.shapes, self.decoder)
+            for r in jobs]
+    decoded = (pool.decode(args) if pool is not None
+               else [records.decode_images_timed(a) for a in args])
+    for row, (images, rejected, nbytes, seconds) in zip(jobs, decoded):
+      out[row] = records.with_tables(images, self.tables, row)
+      self._account(row, rejected, nbytes, seconds)
+    return [out[r] for r in rows]
+
+  def _account(self, row: int, rejected: list[dict], nbytes: int, seconds: float) -> None:
+    """Counts a record decoded from shared storage; quarantines its files that were rejected."""
     with self._cond:
       c = self.counters
       c["decode_s"] += seconds
@@ -242,7 +258,6 @@ class Cache:
           if not self.read_only:
             with open(os.path.join(self.path, "decode_quarantine.jsonl"), "a") as f:
               f.write(json.dumps(entry) + "\n")
-    return rec
 
   def _write(self, rows: list[int], recs: list[dict[str, np.ndarray]]) -> None:
     """Stores decoded records. Called without the lock: readers and the other decoding thread go
@@ -314,12 +329,21 @@ class Cache:
     self._inflight.difference_update(rows)
     self._cond.notify_all()
 
-  def ensure(self, rows, *, batch: int = 64, progress=None, stop=None) -> int:
+  def ensure(self, rows, *, batch: int = 64, progress=None, stop=None,
+             processes: int | None = None) -> int:
     """Decodes and caches the rows that are not cached yet; returns how many this call decoded.
 
     Rows another thread is decoding are left to it; `stop` (a threading.Event) ends early.
+    `processes`: decoding processes (`medjax.data.cache.fill`; default `fill_processes`).
     """
     todo = [int(r) for r in rows if not self._no_cache_N[r]]
+    with fill_lib.DecodePool(self.fill_processes if processes is None else processes,
+                             len(todo)) as pool:
+      return self._ensure(todo, batch=max(batch, 16 * pool.processes), progress=progress,
+                          stop=stop, pool=pool)
+
+  def _ensure(self, todo: list[int], *, batch: int, progress, stop,
+              pool: fill_lib.DecodePool) -> int:
     done = 0
     if not self.read_only:   # records without images first, all at once: nothing to decode
       with self._cond:
@@ -341,7 +365,7 @@ class Cache:
       try:
         self._note_table_only([r for r in chunk if self._table_only(r)])
         chunk_images = [r for r in chunk if not self._table_only(r)]
-        self._write(chunk_images, [self._decode(r) for r in chunk_images])
+        self._write(chunk_images, self._decode_many(chunk_images, pool))
       finally:
         with self._cond:
           self._release(chunk)
@@ -399,7 +423,8 @@ class Cache:
           logging.warning("cache %s: the writer process did not cache %d records in %.0f s; "
                           "decoding them here", self.path, len(wait), self.wait_limit_s)
       try:
-        decoded = {r: self._decode(r) for r in dict.fromkeys(r for _, r in mine)}
+        unique = list(dict.fromkeys(r for _, r in mine))
+        decoded = dict(zip(unique, self._decode_many(unique)))
         self._write(claimed, [decoded[r] for r in claimed])
       finally:
         with self._cond:

@@ -1,0 +1,53 @@
+"""Decoding a cache fill on all of the host's cores.
+
+Decoding a record is mostly Python (pydicom's parsing, the pixel arithmetic, the letterbox), so
+threads would take turns on one core: a fill decodes in a pool of processes instead, one per
+core by default (config.data.decode_processes), each handed the record's file names and the
+decoder's budgets, and returning its images. The cache itself (the index, the writes, the
+counters, the quarantine) stays in the calling process. Compressed files are still decoded in
+the decoder's own isolated children (`medjax.data.dicom.decoder`), now from every pool process.
+
+Small fills decode in-process: starting the pool (a forkserver, then one import of pydicom per
+process) costs about a second.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import multiprocessing
+import os
+
+from medjax.data import records
+
+MIN_RECORDS = 256   # fewer records than this decode in the calling process
+
+
+def processes_for(configured: int) -> int:
+  """config.data.decode_processes: 0 means one per core."""
+  return int(configured) if configured and configured > 0 else (os.cpu_count() or 1)
+
+
+class DecodePool:
+  """`decode(jobs)`: `records.decode_images_timed` of each job, in order; in a process pool when
+  `processes` > 1 and the fill has at least MIN_RECORDS records, else here."""
+
+  def __init__(self, processes: int, records_to_decode: int):
+    self.processes = processes if records_to_decode >= MIN_RECORDS else 1
+    self._pool = None
+    if self.processes > 1:
+      # Not fork: the caller may have started JAX's threads (a forked copy can deadlock on them).
+      self._pool = concurrent.futures.ProcessPoolExecutor(
+          self.processes, mp_context=multiprocessing.get_context("forkserver"))
+
+  def decode(self, jobs: list[tuple]) -> list[tuple]:
+    if self._pool is None:
+      return [records.decode_images_timed(job) for job in jobs]
+    chunk = max(1, len(jobs) // (4 * self.processes))
+    return list(self._pool.map(records.decode_images_timed, jobs, chunksize=chunk))
+
+  def __enter__(self) -> DecodePool:
+    return self
+
+  def __exit__(self, *exc) -> None:
+    if self._pool is not None:
+      self._pool.shutdown(wait=True, cancel_futures=True)
