@@ -12,7 +12,9 @@ import pytest
 from configs import default as default_config
 from medjax.data import cache as cache_lib
 from medjax.data import ingest
+from medjax.data import loader
 from medjax.data import records
+from medjax.data.cache import fill
 from tests import cohorts
 
 
@@ -298,3 +300,40 @@ def test_a_reader_keeps_its_index_when_the_writers_is_damaged(tmp_path, ingested
     reader.disk.follow_writer()
   assert reader.index == held and "keeping the entries read before" in caplog.text
   assert reader.read(rows) is not None and reader.counters["pfs_reads"] == 0
+
+
+def test_a_fill_decoded_in_processes_equals_one_decoded_here(tmp_path, ingested, monkeypatch):
+  """A fill decodes on every core (`cache.fill`): the same records, counters and quarantined
+  files as decoding in this process, a file damaged after ingest included."""
+  config, result, root = ingested
+  monkeypatch.setattr(fill, "MIN_RECORDS", 0)   # the tiny cohort is far below it
+  rows = np.arange(len(result.manifest))
+  damaged = next(f for files in result.manifest.image_files for f in files)
+  with open(os.path.join(root, damaged), "r+b") as f:
+    f.truncate(os.path.getsize(os.path.join(root, damaged)) - 100)
+  here = _open(tmp_path / "here", config, result, root)
+  pooled = _open(tmp_path / "pooled", config, result, root, fill_processes=2)
+  assert here.ensure(rows) == pooled.ensure(rows) == len(rows)
+  a, b = here.read(rows), pooled.read(rows)
+  for k in a:
+    np.testing.assert_array_equal(a[k], b[k])
+  for k in ("pfs_reads", "pfs_files", "pfs_bytes", "records_written"):
+    assert here.counters[k] == pooled.counters[k], k
+  assert list(pooled.rejected) == list(here.rejected) == [damaged]
+
+
+def test_prefetch_threads_yield_the_steps_in_order_as_read_inline(tmp_path, ingested):
+  """The 'thread' path (accelerators) reads several steps at once and keeps their order."""
+  config, result, root = ingested
+  cache = _open(tmp_path, config, result, root)
+  reader = loader.BatchReader(cache, result.manifest, result.tables)
+  n = len(result.manifest)
+  rng = np.random.default_rng(0)
+  steps = np.stack([rng.choice(np.arange(-1, n), (1, 4)) for _ in range(9)]).astype(np.int32)
+  inline = list(loader.prefetched(reader, steps, threads=1))
+  threaded = list(loader.prefetched(reader, steps, start=2, threads=3))
+  assert [s for s, _, _ in threaded] == list(range(2, 9))
+  for (s, a, _), (t, b, _) in zip(inline[2:], threaded):
+    assert s == t
+    for k in a:
+      np.testing.assert_array_equal(a[k], b[k])
