@@ -111,6 +111,26 @@ def test_paper_model_has_about_31m_parameters():
   assert 29e6 < n < 33e6, n
 
 
+def test_bfloat16_computes_in_bfloat16_and_keeps_parameters_and_optimizer_in_float32():
+  """model.dtype is the compute dtype: every parameter, the optimizer's state and the loss stay
+  float32 (mixed precision), and training steps run with finite losses."""
+  config = default_config.get_config()
+  config.model.dtype = "bfloat16"
+  mesh = state_lib.make_mesh(config.mesh, jax.devices()[:1])
+  tx, _ = optim.make(config.optim, 100)
+  state, built = state_lib.build(config.model, tx, mesh, num_classes=5, shapes=SHAPES, seed=0)
+  floats = [x.dtype for x in jax.tree.leaves((state["params"], state["opt"]))
+            if jnp.issubdtype(x.dtype, jnp.floating)]
+  assert floats and set(floats) == {jnp.dtype(jnp.float32)}
+  train_step = step_lib.make_train_step(built.graphdef, tx, built, mesh, seed=0)
+  batch = jax.device_put(_batch(np.random.default_rng(1), n=16), state_lib.batch_sharding(mesh))
+  assert "xbf16>" in train_step.lower(state, batch).as_text()   # the compute
+  for _ in range(3):
+    state, metrics = train_step(state, batch)
+  assert metrics["loss"].dtype == jnp.float32 and np.isfinite(float(metrics["loss"]))
+  assert {x.dtype for x in jax.tree.leaves(state["params"])} == {jnp.dtype(jnp.float32)}
+
+
 def test_same_global_batch_same_loss_and_grads_on_1_and_8_devices():
   assert len(jax.devices()) == 8
   config = default_config.get_config()

@@ -75,7 +75,7 @@ class VitalsEncoder(nnx.Module):
   def __init__(self, steps: int, channels: int, hidden: int, d_model: int, *, rngs: nnx.Rngs,
                dtype=jnp.float32, layers: int = 1):
     self.embed = nnx.Linear(2 * channels, hidden, dtype=dtype, rngs=rngs)
-    self.time = nnx.Param(0.02 * jax.random.normal(rngs.params(), (steps, hidden), dtype))
+    self.time = nnx.Param(0.02 * jax.random.normal(rngs.params(), (steps, hidden), jnp.float32))
     self.conv = nnx.Conv(hidden, hidden, kernel_size=(3,), padding="SAME", dtype=dtype, rngs=rngs)
     self.deeper = nnx.List([nnx.Conv(hidden, hidden, kernel_size=(3,), padding="SAME",
                                      dtype=dtype, rngs=rngs) for _ in range(layers - 1)])
@@ -86,7 +86,8 @@ class VitalsEncoder(nnx.Module):
     x = jnp.concatenate([jnp.where(vitals_mask_BxTxC, vitals_BxTxC, 0),
                          vitals_mask_BxTxC.astype(vitals_BxTxC.dtype)], axis=-1)
     step_mask_BxT = jnp.any(vitals_mask_BxTxC, axis=-1)
-    h_BxTxH = nnx.gelu(self.embed(x) + self.time[...])
+    e_BxTxH = self.embed(x)
+    h_BxTxH = nnx.gelu(e_BxTxH + self.time[...].astype(e_BxTxH.dtype))
     h_BxTxH = jnp.where(step_mask_BxT[..., None], h_BxTxH, 0)
     h_BxTxH = h_BxTxH + nnx.gelu(self.conv(h_BxTxH))
     for conv in self.deeper:

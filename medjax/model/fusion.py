@@ -81,15 +81,18 @@ class FusionModel(nnx.Module):
     self.vitals = encoders.VitalsEncoder(vitals_steps, vitals_channels, cfg.vitals_hidden, d,
                                          rngs=rngs, dtype=dtype,
                                          layers=cfg.get("vitals_layers", 1))
+    # Parameters are float32 whatever the compute dtype (as nnx.Linear's param_dtype keeps
+    # them): `dtype` (e.g. bfloat16) is what they are cast to where they are used.
     init = jax.nn.initializers.normal(0.02)
-    self.missing_embed = nnx.Param(init(rngs.params(), (NUM_MODALITIES, d), dtype))
-    self.modality_embed = nnx.Param(init(rngs.params(), (NUM_MODALITIES, d), dtype))
+    self.dtype = dtype
+    self.missing_embed = nnx.Param(init(rngs.params(), (NUM_MODALITIES, d), jnp.float32))
+    self.modality_embed = nnx.Param(init(rngs.params(), (NUM_MODALITIES, d), jnp.float32))
     # Set by the trainer from training statistics (see `set_fill_values`).
     self.image_fill = FillValue(jnp.zeros((image_size, image_size), dtype))
     self.labs_fill = FillValue(jnp.zeros((num_analytes,), dtype))
     self.vitals_fill = FillValue(jnp.zeros((vitals_channels,), dtype))
     if cfg.fusion == "attention":
-      self.cls = nnx.Param(init(rngs.params(), (1, 1, d), dtype))
+      self.cls = nnx.Param(init(rngs.params(), (1, 1, d), jnp.float32))
       self.blocks = nnx.List([FusionBlock(d, cfg.heads, cfg.mlp_dim, rngs=rngs, dtype=dtype)
                               for _ in range(cfg.fusion_layers)])
     else:
@@ -144,10 +147,11 @@ class FusionModel(nnx.Module):
                               self.labs(batch["labs"], batch["labs_mask"]),
                               self.vitals(batch["vitals"], batch["vitals_mask"])], axis=1)
     if self.missing == "learned":
-      tokens_Bx3xD = jnp.where(present_Bx3[..., None], tokens_Bx3xD, self.missing_embed[...])
-    tokens_Bx3xD = tokens_Bx3xD + self.modality_embed[...]
+      tokens_Bx3xD = jnp.where(present_Bx3[..., None], tokens_Bx3xD,
+                               self.missing_embed[...].astype(self.dtype))
+    tokens_Bx3xD = tokens_Bx3xD + self.modality_embed[...].astype(self.dtype)
     if self.fusion == "attention":
-      cls_Bx1xD = jnp.broadcast_to(self.cls[...], (tokens_Bx3xD.shape[0], 1,
+      cls_Bx1xD = jnp.broadcast_to(self.cls[...].astype(self.dtype), (tokens_Bx3xD.shape[0], 1,
                                                    tokens_Bx3xD.shape[-1]))
       x_BxTxD = jnp.concatenate([cls_Bx1xD, tokens_Bx3xD], axis=1)
       for block in self.blocks:

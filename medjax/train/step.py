@@ -18,7 +18,7 @@ from medjax.train import state as state_lib
 
 def loss_and_metrics(graphdef, params, fill, batch, rng, *, train: bool):
   model = nnx.merge(graphdef, params, fill)
-  logits_BxK = model(batch, train=train, rng=rng)
+  logits_BxK = model(batch, train=train, rng=rng).astype(jnp.float32)   # the loss in float32
   ce_B = optax.softmax_cross_entropy_with_integer_labels(logits_BxK, batch["label"])
   weight_B = batch["weight"]
   total = jnp.maximum(jnp.sum(weight_B), 1e-9)
@@ -77,7 +77,7 @@ def make_predict_step(graphdef, built: state_lib.Built, mesh):
 
   def predict(state, batch):
     model = nnx.merge(graphdef, state["params"], state["fill"])
-    return jax.nn.softmax(model(batch, train=False), axis=-1)
+    return jax.nn.softmax(model(batch, train=False).astype(jnp.float32), axis=-1)
 
   return programs.cached(jax.jit(
       predict, in_shardings=(built.shardings, state_lib.batch_sharding(mesh)),
