@@ -103,9 +103,9 @@ def test_checkpointer_saves_do_not_wait_for_a_slow_write(tmp_path, monkeypatch):
   real = checkpointer.Checkpointer._save_now   # pylint: disable=protected-access
   written = []
 
-  def slow(self, packed, layout, saved):
+  def slow(self, packed, layout, saved, guard=None):
     time.sleep(0.4)
-    real(self, packed, layout, saved)
+    real(self, packed, layout, saved, guard)
     written.append(saved.global_step)
   monkeypatch.setattr(checkpointer.Checkpointer, "_save_now", slow)
   ckpt = checkpointer.Checkpointer(str(tmp_path / "ckpt"))
@@ -135,9 +135,9 @@ SCRIPT = textwrap.dedent("""
     from medjax.checkpoint import checkpointer
     real, written = checkpointer.Checkpointer._save_now, []
     rng = random.Random(process)
-    def slow(self, packed, layout, saved):
+    def slow(self, packed, layout, saved, guard=None):
       time.sleep(rng.choice([0.05, 0.3]) if process == 1 else 0.1)   # process 1 lags at times
-      real(self, packed, layout, saved)
+      real(self, packed, layout, saved, guard)
       written.append(saved.global_step)
     checkpointer.Checkpointer._save_now = slow
     mesh = jax.make_mesh((2,), ("d",))
