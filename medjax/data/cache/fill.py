@@ -16,6 +16,7 @@ from __future__ import annotations
 import concurrent.futures
 import multiprocessing
 import os
+from typing import Callable
 
 from medjax.data import records
 
@@ -40,10 +41,16 @@ class DecodePool:
           self.processes, mp_context=multiprocessing.get_context("forkserver"))
 
   def decode(self, jobs: list[tuple]) -> list[tuple]:
+    return self.start(jobs)()
+
+  def start(self, jobs: list[tuple]) -> Callable[[], list[tuple]]:
+    """Starts decoding `jobs` (in the pool: they are under way when this returns); the returned
+    function waits for and returns their results, in order."""
     if self._pool is None:
-      return [records.decode_images_timed(job) for job in jobs]
+      return lambda: [records.decode_images_timed(job) for job in jobs]
     chunk = max(1, len(jobs) // (4 * self.processes))
-    return list(self._pool.map(records.decode_images_timed, jobs, chunksize=chunk))
+    results = self._pool.map(records.decode_images_timed, jobs, chunksize=chunk)
+    return lambda: list(results)
 
   def __enter__(self) -> DecodePool:
     return self

@@ -19,6 +19,7 @@ process that misses a record the writer has promised (`expect`) waits for the wr
 decoding it again. Counters (`COUNTERS`) are cumulative over the cache's life on this node, per
 process, and kept in `counters.<process>.json` beside the cache.
 """
+# long: one class, the cache; its validation, writing and reading share one lock, index and counters
 
 from __future__ import annotations
 
@@ -229,14 +230,21 @@ class Cache:
   def _decode_many(self, rows: list[int], pool: fill_lib.DecodePool | None = None
                    ) -> list[dict[str, np.ndarray]]:
     """`_decode` of each row, the images in `pool`'s processes when given."""
-    out = {r: {k: v[0] for k, v in self._from_tables([r]).items()}
-           for r in rows if self._table_only(r)}
+    return self._finish_decode(self._start_decode(rows, pool))
+
+  def _start_decode(self, rows: list[int], pool: fill_lib.DecodePool | None):
+    """Starts decoding `rows`' images (in `pool`'s processes: under way when this returns);
+    `_finish_decode` collects them."""
     jobs = [r for r in rows if not self._table_only(r)]
     args = [(self.manifest.image_files[r], self.data_root, self.shapes, self.decoder)
             for r in jobs]
-    decoded = (pool.decode(args) if pool is not None
-               else [records.decode_images_timed(a) for a in args])
-    for row, (images, rejected, nbytes, seconds) in zip(jobs, decoded):
+    return rows, jobs, (pool or fill_lib.DecodePool(1, 0)).start(args)
+
+  def _finish_decode(self, started) -> list[dict[str, np.ndarray]]:
+    rows, jobs, results = started
+    out = {r: {k: v[0] for k, v in self._from_tables([r]).items()}
+           for r in rows if self._table_only(r)}
+    for row, (images, rejected, nbytes, seconds) in zip(jobs, results()):
       out[row] = records.with_tables(images, self.tables, row)
       self._account(row, rejected, nbytes, seconds)
     return [out[r] for r in rows]
@@ -357,23 +365,45 @@ class Cache:
       if progress is not None and tables_only:
         progress(len(tables_only))
       todo = [r for r in todo if not self._table_only(r)]
-    for start in range(0, len(todo), batch):
-      if stop is not None and stop.is_set():
-        break
-      with self._cond:
-        chunk = self._claim(todo[start:start + batch])
-      try:
-        self._note_table_only([r for r in chunk if self._table_only(r)])
-        chunk_images = [r for r in chunk if not self._table_only(r)]
-        self._write(chunk_images, self._decode_many(chunk_images, pool))
-      finally:
+    # Chunk k+1 decodes (in the pool's processes) while chunk k is written here.
+    ahead = None   # (rows claimed, their images' rows, the decode started, rows asked)
+    try:
+      for start in range(0, len(todo), batch):
+        if stop is not None and stop.is_set():
+          break
         with self._cond:
-          self._release(chunk)
-      done += len(chunk)
-      if progress is not None:
-        progress(len(todo[start:start + batch]))
+          chunk = self._claim(todo[start:start + batch])
+        try:
+          self._note_table_only([r for r in chunk if self._table_only(r)])
+          chunk_images = [r for r in chunk if not self._table_only(r)]
+          started = self._start_decode(chunk_images, pool)
+        except BaseException:
+          with self._cond:
+            self._release(chunk)
+          raise
+        if ahead is not None:
+          done += self._complete(ahead, progress)
+        ahead = (chunk, chunk_images, started, len(todo[start:start + batch]))
+      if ahead is not None:
+        done, ahead = done + self._complete(ahead, progress), None
+    finally:
+      if ahead is not None:   # an error: what was claimed is another thread's to decode
+        with self._cond:
+          self._release(ahead[0])
     self.flush()
     return done
+
+  def _complete(self, ahead, progress) -> int:
+    """Writes a chunk whose decode `_ensure` started, and releases it."""
+    chunk, chunk_images, started, asked = ahead
+    try:
+      self._write(chunk_images, self._finish_decode(started))
+    finally:
+      with self._cond:
+        self._release(chunk)
+    if progress is not None:
+      progress(asked)
+    return len(chunk)
 
   # -- reading ---------------------------------------------------------------------------------
 
