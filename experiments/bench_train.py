@@ -3,9 +3,10 @@
   python -m experiments.bench_train [--config quickstart] [--patients 1500]
       [--batch-sizes 32,128,512] [--rounds 5]
 
-1. Achieved FLOP/s of a config's training step (FLOPs from the compiled step's XLA cost
-   analysis, time from chained donated steps) over the FLOP/s of a large jitted f32 matmul on the
-   same CPU (target: >= 0.3). The first batch size should be the config's global batch (32 for
+1. Achieved FLOP/s of a config's training step (FLOPs from the lowered step's XLA cost
+   analysis: one count for every dtype and platform; time from chained donated steps) over the
+   FLOP/s of a large jitted matmul in the model's dtype on the same device (target on CPU:
+   >= 0.3), and beside the chip's data-sheet peak where one is known (`PEAK_TFLOPS`). The first batch size should be the config's global batch (32 for
    quickstart and default, 512 for paper); other batch sizes show how the fraction scales.
 2. Step time fed by the real input pipeline (BatchReader on a filled cache held in memory,
    `loader.batches` per partition and `to_global`, exactly as `loop.train_and_evaluate` does)
@@ -20,6 +21,7 @@ given too.
 """
 
 import argparse
+import ast
 import importlib
 import json
 import os
@@ -38,39 +40,82 @@ from medjax.train import state as state_lib
 from medjax.train import step as step_lib
 
 
+def apply_overrides(config, items: list[str]) -> None:
+  """`--set field.path=value` items (values as Python literals, else strings) onto `config`."""
+  for item in items:
+    key, value = item.split("=", 1)
+    *path, leaf = key.split(".")
+    node = config
+    for name in path:
+      node = getattr(node, name)
+    try:
+      value = ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+      pass
+    setattr(node, leaf, value)
+
+
 def log(msg: str) -> None:
   print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def cost_flops(compiled) -> float:
-  """'flops' from a compiled computation's cost analysis (a dict, or a list of one per module)."""
-  cost = compiled.cost_analysis()
+def cost_flops(lowered) -> float:
+  """'flops' from a computation's cost analysis (a dict, or a list of one per module).
+
+  Pass the *lowered* computation (`jit(f).lower(...)`): its HLO is the program as written, the
+  same on every platform and for every dtype. A compiled one's count depends on the backend: on
+  a GPU, XLA counted 28.5 GFLOP for the paper step in float32 (convolutions and matmuls become
+  library calls it does not count) and 200 in bfloat16, for the same model.
+  """
+  cost = lowered.cost_analysis()
   if isinstance(cost, (list, tuple)):
-    return float(sum(c.get("flops", 0.0) for c in cost if c))
-  return float(cost.get("flops", 0.0)) if cost else 0.0
+    return float(sum(max(c.get("flops", 0.0), 0.0) for c in cost if c))
+  return max(float(cost.get("flops", 0.0)), 0.0) if cost else 0.0
+
+
+# Dense peak TFLOP/s by device kind and dtype, from the vendor's data sheets (NVIDIA H100 and
+# H200 Tensor Core GPU datasheets, SXM5 form factor; float32 is the non-tensor-core rate, bfloat16
+# the tensor-core rate without sparsity). Other devices: no peak (reported as such).
+PEAK_TFLOPS = {
+    "H100 80GB HBM3": {"float32": 67.0, "bfloat16": 989.0},     # H100 SXM5
+    "H100 PCIe": {"float32": 51.0, "bfloat16": 756.0},
+    "H100 NVL": {"float32": 60.0, "bfloat16": 835.0},
+    "H200": {"float32": 67.0, "bfloat16": 989.0},                # H200 SXM
+}
+
+
+def peak_tflops(device, dtype: str) -> float | None:
+  kind = getattr(device, "device_kind", "")
+  for name, peaks in PEAK_TFLOPS.items():
+    if name in kind:
+      return peaks.get(dtype)
+  return None
 
 
 # -- side 1: matmul peak ------------------------------------------------------------------------
 
 class Matmul:
-  """A jitted n x n f32 matmul; `run(k)` times k chained products (seconds per product)."""
+  """A jitted n x n matmul in `dtype`; `run(k)` times k chained products (seconds per product).
 
-  def __init__(self, n: int):
-    self.n = n
+  Its FLOPs are counted, not asked of XLA (2 n^3, whatever the backend calls): a compiled
+  matmul's cost analysis on a GPU gave a negative count, hence negative GFLOP/s.
+  """
+
+  def __init__(self, n: int, dtype: str = "float32"):
+    self.n, self.dtype = n, dtype
     keys = jax.random.split(jax.random.key(0), 2)
-    self.a = jax.random.normal(keys[0], (n, n), jnp.float32)
-    self.b = jax.random.normal(keys[1], (n, n), jnp.float32) / np.sqrt(n)  # keeps values bounded
+    self.a = jax.random.normal(keys[0], (n, n), dtype)
+    self.b = (jax.random.normal(keys[1], (n, n), jnp.float32) / np.sqrt(n)).astype(dtype)
     self.fn = jax.jit(jnp.dot)
-    compiled = self.fn.lower(self.a, self.b).compile()
-    self.flops = cost_flops(compiled) or 2.0 * n ** 3
+    self.flops = 2.0 * n ** 3
     self.run(2)  # warm up
 
   def run(self, k: int) -> float:
-    x = self.a
+    x = jax.block_until_ready(self.a)
     t0 = time.perf_counter()
     for _ in range(k):
       x = self.fn(x, self.b)
-    x.block_until_ready()
+    jax.block_until_ready(x)   # the products run asynchronously: time them to the last one
     return (time.perf_counter() - t0) / k
 
 
@@ -93,8 +138,9 @@ class Trainer:
 
   def compile(self, batch) -> float:
     t0 = time.perf_counter()
-    self.compiled = self.step.lower(self.state, batch).compile()
-    self.flops = cost_flops(self.compiled)
+    lowered = self.step.lower(self.state, batch)
+    self.flops = cost_flops(lowered)
+    self.compiled = lowered.compile()
     return time.perf_counter() - t0
 
   def run_on_device(self, batches) -> float:
@@ -178,6 +224,10 @@ def bench_flops(config, prepared, reader, batch_sizes, rounds: int, matmul: Matm
              "matmul_gflops_per_s": round(matmul.flops / float(np.median(mm_s)) / 1e9, 3),
              "fraction_of_matmul": spread(ratios),
              "fraction_best_round_each_side": round(best, 4), "target_fraction": 0.3}
+    peak = peak_tflops(jax.devices()[0], str(config.model.dtype))
+    entry["achieved_tflops"] = round(entry["step_gflops_per_s"] / 1e3, 4)
+    entry["peak_tflops"] = peak   # None: no data-sheet peak for this device
+    entry["fraction_of_peak"] = round(entry["achieved_tflops"] / peak, 4) if peak else None
     log(f"flops: batch {bs}: step {entry['step_ms_median']} ms, "
         f"{entry['step_flops'] / 1e9:.3f} GFLOP/step -> {entry['step_gflops_per_s']} GFLOP/s vs "
         f"matmul {entry['matmul_gflops_per_s']} GFLOP/s: "
@@ -280,7 +330,7 @@ def bench_convs(config, batch_sizes, repeats: int) -> list[dict]:
                "out_channels": c_out}
       for name, fn, fn_args in (("fwd", fwd, (x, w)), ("dx", dx, (x, w, g)),
                                 ("dw", dw, (x, w, g))):
-        flops = cost_flops(fn.lower(*fn_args).compile())
+        flops = cost_flops(fn.lower(*fn_args))
         jax.block_until_ready(fn(*fn_args))
         times = []
         for _ in range(repeats):
@@ -309,6 +359,8 @@ def main():
                       help="interleaved rounds per comparison (pipeline: one epoch per round)")
   parser.add_argument("--chunk-s", type=float, default=0.5,
                       help="FLOP/s comparison: seconds of work per round and side")
+  parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                      help="config override, e.g. model.dtype=bfloat16 (repeatable)")
   parser.add_argument("--workdir", default="", help="default: a temporary directory")
   parser.add_argument("--parts", default="flops,pipeline,convs",
                       help="which of flops, pipeline, convs to run")
@@ -318,12 +370,13 @@ def main():
   config = importlib.import_module(f"configs.{args.config}").get_config()
   if args.patients:
     config.data.synthetic.num_patients = args.patients
+  apply_overrides(config, args.set)
   batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
   t_start = time.perf_counter()
   with tempfile.TemporaryDirectory() as tmp:
     workdir = args.workdir or tmp
     prepared, reader = prepare_data(config, workdir)
-    matmul = Matmul(args.matmul)
+    matmul = Matmul(args.matmul, str(config.model.dtype))
     parts = args.parts.split(",")
     flops = (bench_flops(config, prepared, reader, batch_sizes, args.rounds, matmul,
                          args.chunk_s) if "flops" in parts else [])
@@ -336,7 +389,8 @@ def main():
       "load_average_at_end": list(os.getloadavg()),
       "config": f"configs/{args.config}.py",
       "patients": int(config.data.synthetic.num_patients),
-      "matmul": {"n": args.matmul, "dtype": "float32", "flops": matmul.flops},
+      "matmul": {"n": args.matmul, "dtype": matmul.dtype, "flops": matmul.flops},
+      "model_dtype": str(config.model.dtype),
       "step_vs_matmul_flops": flops, "pipeline_vs_in_memory": pipe, "conv_breakdown": convs,
       "wall_seconds": round(time.perf_counter() - t_start, 1)}
   os.makedirs(os.path.dirname(args.out), exist_ok=True)

@@ -15,6 +15,12 @@
 # logged to OUTDIR and skipped once DEADLINE_S (default 480) seconds have passed (STAGES, a
 # space-separated list, picks some):
 #   env        the GPU, driver and library versions, what medjax's layout sees
+#   loop       experiments.bench_loop on configs/paper.py (batch 512, 6,000 patients, 2 partitions
+#              an epoch so that each holds several steps): the real loop with the default
+#              checkpoint policy beside the in-memory step, float32 then bfloat16 (issue 33)
+#   train      experiments.bench_train's FLOP/s part on configs/paper.py at batch 512, float32
+#              and bfloat16, beside the chip's data-sheet peak
+#   startup    experiments.bench_data: the cache fill's records/s in one process and on every core
 #   tiny       the tests' tiny config end to end, supervised, in the auto layout (one worker
 #              process per GPU), on the GPU
 #   probe      experiments.live_devices_probe on the GPU(s) (issue 12, item 6)
@@ -30,7 +36,7 @@ start=$SECONDS
 left() { echo $(( deadline - (SECONDS - start) )); }
 stage() {  # stage NAME SECONDS COMMAND...: runs COMMAND under a timeout, if there is time
   local name=$1 limit=$2; shift 2
-  if [[ " ${STAGES:-env tiny probe recovery} " != *" $name "* ]]; then return 0; fi
+  if [[ " ${STAGES:-env loop train startup tiny} " != *" $name "* ]]; then return 0; fi
   local budget; budget=$(left)
   if (( budget < 20 )); then echo "$name: skipped (deadline)" | tee -a "$out/stages.txt"; return 1; fi
   (( limit > budget )) && limit=$budget
@@ -67,6 +73,16 @@ print("layout accelerators", layout.accelerators())
 EOF'
 
 export JAX_PLATFORMS=cuda
+loop_args="--config paper --patients 6000 --epochs 2 --set data.num_partitions=2 --workdir /tmp/gpu_loop"
+# shellcheck disable=SC2086  (loop_args is a list of arguments)
+stage loop 300 bash -c "python3 -m experiments.bench_loop $loop_args --out $out/bench_loop_f32.json \
+  && python3 -m experiments.bench_loop $loop_args --set model.dtype=bfloat16 \
+       --out $out/bench_loop_bf16.json"
+stage train 120 bash -c "python3 -m experiments.bench_train --config paper --patients 1500 \
+    --batch-sizes 512 --parts flops --rounds 5 --out $out/bench_train_f32.json \
+  && python3 -m experiments.bench_train --config paper --patients 1500 --batch-sizes 512 \
+    --parts flops --rounds 5 --set model.dtype=bfloat16 --out $out/bench_train_bf16.json"
+stage startup 150 python3 -m experiments.bench_data --patients 3000 --out "$out/bench_data.json"
 rm -rf /tmp/gpu_tiny
 stage tiny 180 python3 launch.py --config configs/quickstart.py:tiny --workdir /tmp/gpu_tiny
 tiny=$?

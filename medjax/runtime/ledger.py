@@ -30,8 +30,9 @@ class Writer:
 
   def write(self, step: int, epoch: int, rows: np.ndarray) -> None:
     if self._f is not None:
+      rows = np.asarray(rows)
       self._f.write(json.dumps({"step": int(step), "epoch": int(epoch),
-                                "rows": [int(r) for r in rows if r >= 0]}) + "\n")
+                                "rows": rows[rows >= 0].tolist()}) + "\n")
       self._f.flush()
 
   def close(self) -> None:
