@@ -41,17 +41,47 @@ class Item:
   payload: Any
 
 
-class Leader:
+class _Handoff:
+  """What the two sides share: the lock, whether the writer is busy, closing."""
+
+  def __init__(self):
+    self._cond = threading.Condition()
+    self._busy = self._closed = False
+    self._saves = self._takes = 0
+    self.coalesced: list[int] = []   # steps replaced while waiting (never written)
+
+  def _waiting(self) -> bool:
+    raise NotImplementedError
+
+  def done(self) -> None:
+    """Writer thread: the item taken last is written (or failed)."""
+    with self._cond:
+      self._busy = False
+      self._cond.notify_all()
+
+  def join(self) -> None:
+    """Waits until nothing waits and the writer is idle."""
+    with self._cond:
+      while self._waiting() or self._busy:
+        self._cond.wait()
+
+  def close(self) -> None:
+    with self._cond:
+      self._closed = True
+      self._cond.notify_all()
+
+
+class Leader(_Handoff):
   """The hand-off of a single process, or process 0's (then `publish(kind, index, step)` tells
   the other processes)."""
 
   def __init__(self, publish: Callable[[str, int, int], None] | None = None):
-    self._cond = threading.Condition()
+    super().__init__()
     self._held: Item | None = None
-    self._busy = self._closed = False
     self._publish = publish
-    self._saves = self._takes = 0
-    self.coalesced: list[int] = []   # steps replaced while waiting (never written)
+
+  def _waiting(self) -> bool:
+    return self._held is not None
 
   def put(self, item: Item) -> None:
     """Training thread: `item` waits for the writer, replacing a waiting one."""
@@ -78,35 +108,18 @@ class Leader:
       self._takes += 1
       return item
 
-  def done(self) -> None:
-    """Writer thread: the item taken last is written (or failed)."""
-    with self._cond:
-      self._busy = False
-      self._cond.notify_all()
 
-  def join(self) -> None:
-    """Waits until nothing waits and the writer is idle."""
-    with self._cond:
-      while self._held is not None or self._busy:
-        self._cond.wait()
-
-  def close(self) -> None:
-    with self._cond:
-      self._closed = True
-      self._cond.notify_all()
-
-
-class Follower:
+class Follower(_Handoff):
   """A hand-off that applies process 0's decisions: `read(kind, index, timeout_s)` is the step
   process 0 published (None when it has not within `timeout_s`)."""
 
   def __init__(self, read: Callable[[str, int, float], int | None]):
-    self._cond = threading.Condition()
+    super().__init__()
     self._pending: list[Item] = []   # in save order; each is either replaced or written later
-    self._busy = self._closed = False
     self._read = read
-    self._saves = self._takes = 0
-    self.coalesced: list[int] = []
+
+  def _waiting(self) -> bool:
+    return bool(self._pending)
 
   def put(self, item: Item) -> None:
     replaced = self._read("save", self._saves, _READ_TIMEOUT_S)
@@ -140,21 +153,6 @@ class Follower:
         item, self._pending = self._pending[i], self._pending[i + 1:]
         self._busy = True
         return item
-
-  def done(self) -> None:
-    with self._cond:
-      self._busy = False
-      self._cond.notify_all()
-
-  def join(self) -> None:
-    with self._cond:
-      while self._pending or self._busy:
-        self._cond.wait()
-
-  def close(self) -> None:
-    with self._cond:
-      self._closed = True
-      self._cond.notify_all()
 
 
 def for_this_process(name: str):
