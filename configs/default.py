@@ -102,7 +102,9 @@ def get_config(arg=None):
   model.mlp_dim = 128
   model.missing = "learned"             # 'learned', 'zero', 'mean' or 'drop' (ablations)
   model.modality_dropout = 0.15         # per modality, never all of a record's
-  model.dtype = "float32"
+  # Compute dtype: 'auto' is bfloat16 on a GPU or TPU and float32 on CPU (README, "What to
+  # expect on one GPU"); parameters, optimiser state and the loss are float32 whatever it is.
+  model.dtype = "auto"
   model.num_classes = 0                 # 0: from the data; otherwise checked against it
   model.num_analytes = 0                # 0: from the data; otherwise checked against it
   model.vitals_channels = 0             # 0: from the data; otherwise checked against it

@@ -128,7 +128,7 @@ def test_types_accept_what_json_and_placeholders_give():
     ("model.missing", "impute",
      "config.model.missing='impute': use one of ('learned', 'zero', 'mean', 'drop')"),
     ("model.dtype", "float64",
-     "config.model.dtype='float64': use one of ('float32', 'bfloat16', 'float16') "
+     "config.model.dtype='float64': use one of ('auto', 'float32', 'bfloat16', 'float16') "
      "(did you mean 'float16'?)"),
     ("ckpt.if_all_damaged", "ignore",
      "config.ckpt.if_all_damaged='ignore': use one of ('stop', 'start_fresh')"),

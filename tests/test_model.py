@@ -111,15 +111,23 @@ def test_paper_model_has_about_31m_parameters():
   assert 29e6 < n < 33e6, n
 
 
+def test_auto_dtype_is_float32_on_cpu_and_bfloat16_elsewhere(monkeypatch):
+  assert fusion.compute_dtype("auto") == jnp.float32   # the tests run on CPU
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  assert fusion.compute_dtype("auto") == jnp.bfloat16
+  assert fusion.compute_dtype("float32") == jnp.float32
+
+
 def test_bfloat16_computes_in_bfloat16_and_keeps_parameters_and_optimizer_in_float32():
-  """model.dtype is the compute dtype: every parameter, the optimizer's state and the loss stay
-  float32 (mixed precision), and training steps run with finite losses."""
+  """model.dtype is the compute dtype: every parameter, the optimizer's state, the fill values
+  and the loss stay float32 (mixed precision: the state is the same whatever the compute dtype),
+  and training steps run with finite losses."""
   config = default_config.get_config()
   config.model.dtype = "bfloat16"
   mesh = state_lib.make_mesh(config.mesh, jax.devices()[:1])
   tx, _ = optim.make(config.optim, 100)
   state, built = state_lib.build(config.model, tx, mesh, num_classes=5, shapes=SHAPES, seed=0)
-  floats = [x.dtype for x in jax.tree.leaves((state["params"], state["opt"]))
+  floats = [x.dtype for x in jax.tree.leaves((state["params"], state["opt"], state["fill"]))
             if jnp.issubdtype(x.dtype, jnp.floating)]
   assert floats and set(floats) == {jnp.dtype(jnp.float32)}
   train_step = step_lib.make_train_step(built.graphdef, tx, built, mesh, seed=0)
