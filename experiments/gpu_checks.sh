@@ -21,6 +21,8 @@
 #   train      experiments.bench_train's FLOP/s part on configs/paper.py at batch 512, float32
 #              and bfloat16, beside the chip's data-sheet peak
 #   startup    experiments.bench_data: the cache fill's records/s in one process and on every core
+#   precision  the quickstart in float32 and in bfloat16 on one salt (the same split): test accuracy
+#              and macro F1 of each (model.dtype='auto' picks bfloat16 on a GPU)
 #   tiny       the tests' tiny config end to end, supervised, in the auto layout (one worker
 #              process per GPU), on the GPU
 #   probe      experiments.live_devices_probe on the GPU(s) (issue 12, item 6)
@@ -36,7 +38,7 @@ start=$SECONDS
 left() { echo $(( deadline - (SECONDS - start) )); }
 stage() {  # stage NAME SECONDS COMMAND...: runs COMMAND under a timeout, if there is time
   local name=$1 limit=$2; shift 2
-  if [[ " ${STAGES:-env loop train startup tiny} " != *" $name "* ]]; then return 0; fi
+  if [[ " ${STAGES:-env loop train startup precision tiny} " != *" $name "* ]]; then return 0; fi
   local budget; budget=$(left)
   if (( budget < 20 )); then echo "$name: skipped (deadline)" | tee -a "$out/stages.txt"; return 1; fi
   (( limit > budget )) && limit=$budget
@@ -73,16 +75,26 @@ print("layout accelerators", layout.accelerators())
 EOF'
 
 export JAX_PLATFORMS=cuda
-loop_args="--config paper --patients 6000 --epochs 2 --set data.num_partitions=2 --workdir /tmp/gpu_loop"
+loop_args="--config paper --patients 6000 --epochs 6 --set data.num_partitions=2 --workdir /tmp/gpu_loop"
 # shellcheck disable=SC2086  (loop_args is a list of arguments)
-stage loop 300 bash -c "python3 -m experiments.bench_loop $loop_args --out $out/bench_loop_f32.json \
+stage loop 300 bash -c "python3 -m experiments.bench_loop $loop_args --set model.dtype=float32 \
+    --out $out/bench_loop_f32.json \
   && python3 -m experiments.bench_loop $loop_args --set model.dtype=bfloat16 \
        --out $out/bench_loop_bf16.json"
 stage train 120 bash -c "python3 -m experiments.bench_train --config paper --patients 1500 \
-    --batch-sizes 512 --parts flops --rounds 5 --out $out/bench_train_f32.json \
+    --batch-sizes 512 --parts flops --rounds 5 --set model.dtype=float32 \
+    --out $out/bench_train_f32.json \
   && python3 -m experiments.bench_train --config paper --patients 1500 --batch-sizes 512 \
     --parts flops --rounds 5 --set model.dtype=bfloat16 --out $out/bench_train_bf16.json"
 stage startup 150 python3 -m experiments.bench_data --patients 3000 --out "$out/bench_data.json"
+rm -rf /tmp/gpu_p32 /tmp/gpu_p16
+stage precision 150 bash -c "python3 launch.py --config configs/quickstart.py --workdir /tmp/gpu_p32 \
+    --config.model.dtype=float32 --config.fault.supervised=False \
+  && cp /tmp/gpu_p32/summary.json $out/precision_f32.json \
+  && python3 launch.py --config configs/quickstart.py --workdir /tmp/gpu_p16 \
+    --config.model.dtype=bfloat16 --config.fault.supervised=False \
+    --config.data.salt_file=/tmp/gpu_p32/secrets/id_salt \
+  && cp /tmp/gpu_p16/summary.json $out/precision_bf16.json"
 rm -rf /tmp/gpu_tiny
 stage tiny 180 python3 launch.py --config configs/quickstart.py:tiny --workdir /tmp/gpu_tiny
 tiny=$?
