@@ -337,3 +337,22 @@ def test_prefetch_threads_yield_the_steps_in_order_as_read_inline(tmp_path, inge
     assert s == t
     for k in a:
       np.testing.assert_array_equal(a[k], b[k])
+
+
+def test_a_fill_whose_decoding_process_dies_goes_on_in_this_process(tmp_path, ingested, caplog):
+  """A pool process killed mid-fill (as the OOM killer would) costs the pool, not the fill."""
+  config, result, root = ingested
+  shapes = records.shapes_for(config.data, result.tables)
+  rows = [r for r in range(len(result.manifest)) if result.manifest.image_files[r]]
+  jobs = [(result.manifest.image_files[r], root, shapes, None) for r in rows]
+  expected = [records.decode_images_timed(j)[0]["images"] for j in jobs]
+  with fill.DecodePool(2, fill.MIN_RECORDS) as pool:
+    assert len(pool.decode(jobs[:2])) == 2   # the processes are up
+    for process in list(pool._pool._processes.values()):   # pylint: disable=protected-access
+      process.kill()
+      process.join()
+    with caplog.at_level(logging.WARNING):
+      got = pool.decode(jobs)
+    assert pool.processes == 1 and "a decoding process died" in caplog.text
+  for a, (b, *_) in zip(expected, got):
+    np.testing.assert_array_equal(a, b["images"])

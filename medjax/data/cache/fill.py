@@ -14,8 +14,10 @@ process) costs about a second.
 from __future__ import annotations
 
 import concurrent.futures
+import logging
 import multiprocessing
 import os
+from concurrent.futures.process import BrokenProcessPool
 from typing import Callable
 
 from medjax.data import records
@@ -45,12 +47,34 @@ class DecodePool:
 
   def start(self, jobs: list[tuple]) -> Callable[[], list[tuple]]:
     """Starts decoding `jobs` (in the pool: they are under way when this returns); the returned
-    function waits for and returns their results, in order."""
+    function waits for and returns their results, in order.
+
+    A pool process that dies (the kernel's OOM killer, a signal) breaks the pool: the fill goes
+    on in this process from the chunk that was lost, with a warning, instead of failing.
+    """
+    here = lambda: [records.decode_images_timed(job) for job in jobs]
     if self._pool is None:
-      return lambda: [records.decode_images_timed(job) for job in jobs]
+      return here
     chunk = max(1, len(jobs) // (4 * self.processes))
-    results = self._pool.map(records.decode_images_timed, jobs, chunksize=chunk)
-    return lambda: list(results)
+    try:
+      results = self._pool.map(records.decode_images_timed, jobs, chunksize=chunk)
+    except BrokenProcessPool:
+      self._broken()
+      return here
+
+    def collect() -> list[tuple]:
+      try:
+        return list(results)
+      except BrokenProcessPool:
+        self._broken()
+        return here()
+    return collect
+
+  def _broken(self) -> None:
+    logging.warning("cache fill: a decoding process died; decoding the rest in this process "
+                    "(one core)")
+    self._pool.shutdown(wait=False, cancel_futures=True)
+    self._pool, self.processes = None, 1
 
   def __enter__(self) -> DecodePool:
     return self
