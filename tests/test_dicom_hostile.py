@@ -19,8 +19,12 @@ import psutil
 import pydicom
 import pytest
 
+from configs import default as default_config
+from medjax.data import cache as cache_lib
 from medjax.data import dicom
 from medjax.data import ingest
+from medjax.data import records
+from medjax.data.cache import fill
 from medjax.data.dicom import decoder
 from medjax.data.dicom import limits as dicom_limits
 from medjax.data.dicom import scan as dicom_scan
@@ -503,3 +507,27 @@ def test_ingest_of_a_hostile_cohort_exits_0_and_accounts_for_every_file(tmp_path
           outputs += f.read().decode(errors="replace")
   for secret in ("MRN00", "MRN999", "HOSTILE-1", "OUTSIDE-9", "DOE^JOHN"):
     assert secret not in outputs
+
+
+@pytest.mark.slow
+def test_a_fill_on_every_core_keeps_the_decoders_isolated(tmp_path, monkeypatch):
+  """The cache fill's decoding processes (`cache.fill`) decode compressed files in isolated
+  children of their own: the JPEG-LS file that aborts its decoder and the RLE memory bomb cost
+  their own files, quarantined with the same reasons as in one process; the rest is cached."""
+  root = cohorts.tiny_cohort(str(tmp_path / "cohort"))
+  hostile.add_to_cohort(root, str(tmp_path / "outside"), "MRN001", memory_bomb_side=4096)
+  config = default_config.get_config()
+  config.data.decode_memory_mb = 512
+  result = ingest.run(config, str(tmp_path / "work"), root)
+  monkeypatch.setattr(fill, "MIN_RECORDS", 0)   # the tiny cohort is far below it
+  cache = cache_lib.Cache(str(tmp_path / "cache"), result.manifest, result.tables,
+                          records.shapes_for(config.data, result.tables), root,
+                          decoder=decoder.Decoder.from_config(config.data), fill_processes=2)
+  assert cache.ensure(np.arange(len(result.manifest))) == len(result.manifest)
+  assert cache.rejected["dicom/hostile/jpegls_late_sof.dcm"]["reason"] == (
+      "decoder crashed (SIGABRT) on JPEG-LS Lossless Image Compression")
+  assert cache.rejected["dicom/hostile/rle_memory_bomb.dcm"]["reason"].startswith(
+      "out of memory while decoding")
+  assert set(cache.rejected) == {"dicom/hostile/jpegls_late_sof.dcm",
+                                 "dicom/hostile/rle_memory_bomb.dcm"}
+  assert cache.counters["records_written"] == len(result.manifest)
