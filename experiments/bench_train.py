@@ -6,8 +6,9 @@
 1. Achieved FLOP/s of a config's training step (FLOPs from the lowered step's XLA cost
    analysis: one count for every dtype and platform; time from chained donated steps) over the
    FLOP/s of a large jitted matmul in the model's dtype on the same device (target on CPU:
-   >= 0.3), and beside the chip's data-sheet peak where one is known (`PEAK_TFLOPS`). The first batch size should be the config's global batch (32 for
-   quickstart and default, 512 for paper); other batch sizes show how the fraction scales.
+   >= 0.3), and beside the chip's data-sheet peak where one is known (`PEAK_TFLOPS`). The first
+   batch size should be the config's global batch (32 for quickstart and default, 512 for
+   paper); other batch sizes show how the fraction scales.
 2. Step time fed by the real input pipeline (BatchReader on a filled cache held in memory,
    `loader.batches` per partition and `to_global`, exactly as `loop.train_and_evaluate` does)
    over the same steps fed from batches already on device (target: within 5%, i.e. ratio <= 1.05).

@@ -11,8 +11,8 @@ lineage store (`medjax.lineage`); `medjax.checkpoint.restore` restores the newes
 from __future__ import annotations
 
 import dataclasses
-import logging
 import itertools
+import logging
 import os
 import threading
 import time
@@ -62,8 +62,9 @@ class Checkpointer:
   (their cross-process barriers, the device-to-host copy, the writes, the finalization) in order;
   training goes on meanwhile. A save that finds the saver busy waits, and a newer one replaces
   it (`medjax.checkpoint.handoff`: coalesced, listed in `coalesced`): a save never waits for a
-  write. Every process writes the same steps in the same order, so the barriers meet. The preemption sync point is asked by the training thread only
-  (`reached_preemption`): jax.distributed's protocol needs each process's steps in order.
+  write. Every process writes the same steps in the same order, so the barriers meet. The
+  preemption sync point is asked by the training thread only (`reached_preemption`):
+  jax.distributed's protocol needs each process's steps in order.
 
   Args:
     directory: where step directories go (shared storage in multi-host runs).

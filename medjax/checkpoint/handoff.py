@@ -23,6 +23,7 @@ it took. The others (`Follower`) apply the same decisions: a follower keeps a sa
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import threading
 from typing import Any, Callable
@@ -41,7 +42,7 @@ class Item:
   payload: Any
 
 
-class _Handoff:
+class _Handoff(abc.ABC):
   """What the two sides share: the lock, whether the writer is busy, closing."""
 
   def __init__(self):
@@ -50,8 +51,9 @@ class _Handoff:
     self._saves = self._takes = 0
     self.coalesced: list[int] = []   # steps replaced while waiting (never written)
 
+  @abc.abstractmethod
   def _waiting(self) -> bool:
-    raise NotImplementedError
+    """Whether a save waits for the writer (lock held)."""
 
   def done(self) -> None:
     """Writer thread: the item taken last is written (or failed)."""

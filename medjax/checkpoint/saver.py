@@ -70,7 +70,7 @@ class Saver:
     self.ctx.blocked_s = self.ckpt.blocked_s
     self.ctx.set_phase(phase)
 
-  def _commit(self, lineage: lineage_lib.Lineage, write_s: float) -> None:
+  def _commit(self, lineage: lineage_lib.Lineage, write_s: float | None) -> None:
     self.ctx.commit(lineage, write_s=write_s)
     self.committed.append(lineage.global_step)
 
@@ -79,8 +79,7 @@ class Saver:
     Checkpointer without `on_finalized` queued."""
     for lineage in self.ckpt.finalized():
       if self.is_chief:
-        self.ctx.commit(lineage)
-        self.committed.append(lineage.global_step)
+        self._commit(lineage, None)
     self.ctx.writes, self.ctx.write_s = self.ckpt.writes, self.ckpt.write_s
 
   def finish(self) -> None:
@@ -90,13 +89,13 @@ class Saver:
     self.ctx.flush()
 
   def summary(self) -> dict:
-    """summary.json's train.checkpoints: the steps saved, committed and coalesced (replaced by a
-    newer save while the writer was busy: never written), the writes and their seconds, and the
-    seconds training waited in save calls."""
+    """summary.json's train.checkpoints: the steps saved, committed, coalesced (replaced by a
+    newer save while the writer was busy: never written) and refused (their guard failed), the
+    writes and their seconds, and the seconds training waited in save calls."""
     ckpt = self.ckpt
     return {"saved": list(self.saved), "committed": sorted(self.committed),
-            "coalesced": ckpt.coalesced, "refused": list(ckpt.refused), "writes": ckpt.writes, "write_s": round(ckpt.write_s, 3),
-            "blocked_s": round(ckpt.blocked_s, 3)}
+            "coalesced": ckpt.coalesced, "refused": list(ckpt.refused), "writes": ckpt.writes,
+            "write_s": round(ckpt.write_s, 3), "blocked_s": round(ckpt.blocked_s, 3)}
 
   def preempt(self, state, lineage: lineage_lib.Lineage) -> None:
     """Saves and commits `lineage`'s state, then raises Preempted."""

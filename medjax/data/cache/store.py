@@ -222,19 +222,10 @@ class Cache:
       out[key] = self.tables[key][rows].astype(np.float32)
     return out
 
-  def _decode(self, row: int) -> dict[str, np.ndarray]:
-    """Reads one record from shared storage (called without the lock held); a record without
-    images is built from the tables instead."""
-    return self._decode_many([row])[0]
-
-  def _decode_many(self, rows: list[int], pool: fill_lib.DecodePool | None = None
-                   ) -> list[dict[str, np.ndarray]]:
-    """`_decode` of each row, the images in `pool`'s processes when given."""
-    return self._finish_decode(self._start_decode(rows, pool))
-
-  def _start_decode(self, rows: list[int], pool: fill_lib.DecodePool | None):
-    """Starts decoding `rows`' images (in `pool`'s processes: under way when this returns);
-    `_finish_decode` collects them."""
+  def _start_decode(self, rows: list[int], pool: fill_lib.DecodePool | None = None):
+    """Starts reading `rows` from shared storage (called without the lock held): their images
+    decoded in `pool`'s processes (under way when this returns) or, without one, here when
+    `_finish_decode` collects them; a record without images is built from the tables."""
     jobs = [r for r in rows if not self._table_only(r)]
     args = [(self.manifest.image_files[r], self.data_root, self.shapes, self.decoder)
             for r in jobs]
@@ -454,7 +445,7 @@ class Cache:
                           "decoding them here", self.path, len(wait), self.wait_limit_s)
       try:
         unique = list(dict.fromkeys(r for _, r in mine))
-        decoded = dict(zip(unique, self._decode_many(unique)))
+        decoded = dict(zip(unique, self._finish_decode(self._start_decode(unique))))
         self._write(claimed, [decoded[r] for r in claimed])
       finally:
         with self._cond:

@@ -5,7 +5,7 @@
   pixels         pixel arithmetic: stored values -> float32 in [0, 1]
   decoder        decoding where a crashing or runaway decoder costs one file, not the process
   decoder_child  the decoder's child process (`python -m medjax.data.dicom.decoder_child`)
-  scan           a dicom/ folder -> every file's header or its quarantine entry (ingest's first step)
+  scan           a dicom/ folder -> each file's header or its quarantine entry (ingest's first step)
 """
 
 from medjax.data.dicom.files import Header
