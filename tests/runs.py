@@ -1,4 +1,4 @@
-"""Running launch.py for real in tests: subprocesses, workdirs, events, ledgers."""
+"""Running launch.py for real in tests: subprocesses, workdirs, events, ledgers, snapshots."""
 
 import json
 import os
@@ -8,6 +8,7 @@ import sys
 import time
 
 from medjax import jsonl
+from medjax.checkpoint import snapshots
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAUNCH = os.path.join(ROOT, "launch.py")
@@ -65,3 +66,18 @@ def tail(workdir: str, name: str = "launcher.log", n: int = 40) -> str:
     return ""
   with open(path) as f:
     return "".join(f.readlines()[-n:])
+
+
+def rewrite_snapshot_header(path: str, change) -> dict:
+  """Rewrites a snapshot file's JSON header through `change(header)`, its vectors kept; returns
+  the header written."""
+  with open(path, "rb") as f:
+    data = f.read()
+  at = len(snapshots._MAGIC)  # pylint: disable=protected-access
+  size = int.from_bytes(data[at:at + 8], "little")
+  header = json.loads(data[at + 8:at + 8 + size])
+  change(header)
+  text = json.dumps(header).encode()
+  with open(path, "wb") as f:
+    f.write(data[:at] + len(text).to_bytes(8, "little") + text + data[at + 8 + size:])
+  return header

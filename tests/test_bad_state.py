@@ -491,19 +491,6 @@ def _spec_or_none(path: str):
   return spec if isinstance(spec, dict) and "jax_address" in spec else None
 
 
-def _rewrite_snapshot_header(path: str, change) -> dict:
-  with open(path, "rb") as f:
-    data = f.read()
-  at = len(snapshots._MAGIC)  # pylint: disable=protected-access
-  size = int.from_bytes(data[at:at + 8], "little")
-  header = json.loads(data[at + 8:at + 8 + size])
-  change(header)
-  text = json.dumps(header).encode()
-  with open(path, "wb") as f:
-    f.write(data[:at] + len(text).to_bytes(8, "little") + text + data[at + 8 + size:])
-  return header
-
-
 @pytest.mark.slow
 def test_snapshot_headers_of_another_shape_are_skipped_for_the_checkpoint(shared, tmp_path):
   """A run killed mid-epoch; the host-local snapshots it left (one or two: the kill may land
@@ -531,7 +518,7 @@ def test_snapshot_headers_of_another_shape_are_skipped_for_the_checkpoint(shared
              (lambda h: h["lineage"].update(generation="0"),
               "lineage field 'generation' is '0', not an int >= 0")]
   for step, (damage, _) in zip(reversed(held), damages):
-    _rewrite_snapshot_header(os.path.join(directory, f"step-{step}{snapshots.SUFFIX}"), damage)
+    runs.rewrite_snapshot_header(os.path.join(directory, f"step-{step}{snapshots.SUFFIX}"), damage)
   assert runs.run(work, *common, timeout=300) == 0, runs.tail(work)
   log = _log(work)
   for step, (_, problem) in zip(reversed(held), damages):

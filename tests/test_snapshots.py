@@ -104,20 +104,15 @@ def test_a_damaged_snapshot_falls_back_to_the_previous_one(tmp_path, caplog, dam
 
 
 def _rewrite_header(path: str, change) -> None:
-  """Rewrites a snapshot file's JSON header through `change(header)`, its vectors kept."""
-  with open(path, "rb") as f:
-    data = f.read()
-  at = len(snapshots._MAGIC)  # pylint: disable=protected-access
-  size = int.from_bytes(data[at:at + 8], "little")
-  header = json.loads(data[at + 8:at + 8 + size])
-  original = header["layout"]
-  layout = json.loads(original)
-  change(header, layout)
-  if header.get("layout") == original:   # (unless `change` replaced it)
-    header["layout"] = json.dumps(layout)
-  text = json.dumps(header).encode()
-  with open(path, "wb") as f:
-    f.write(data[:at] + len(text).to_bytes(8, "little") + text + data[at + 8 + size:])
+  """Rewrites a snapshot file's header through `change(header, layout)` (the layout parsed from
+  its JSON string, written back unless `change` replaced it), its vectors kept."""
+  def with_layout(header):
+    original = header["layout"]
+    layout = json.loads(original)
+    change(header, layout)
+    if header.get("layout") == original:   # (unless `change` replaced it)
+      header["layout"] = json.dumps(layout)
+  runs.rewrite_snapshot_header(path, with_layout)
 
 
 def _leaf(layout, path="['params']['w']"):

@@ -493,6 +493,12 @@ _UID = "1.2.826.0.1.3680043.8.498.77"
 _SHARED = "SOPInstanceUID is also in"
 
 
+def _both(a: str, b: str) -> list:
+  """Both files of one SOPInstanceUID under two patients, each quarantined naming the other."""
+  return [lib.Quarantined(a, f"{_SHARED} {b}", stage="link"),
+          lib.Quarantined(b, f"{_SHARED} {a}", stage="link")]
+
+
 def _shared_plan(ctx, root: str, quarantined, patients=10, more=()) -> lib.Plan:
   work = ctx.path("work")
   return lib.Plan(argv=lib.ingest_argv(root, work), workdir=work, raw_ids=[*IDS, *more],
@@ -505,9 +511,7 @@ def _(ctx):
   root = lib.cohort(ctx.path("cohort"))
   for name, pid in (("a.dcm", IDS[0]), ("b.dcm", IDS[1])):
     lib.small_image(os.path.join(root, "dicom", "hostile", name), pid, SOPInstanceUID=_UID)
-  return _shared_plan(ctx, root, [
-      lib.Quarantined("dicom/hostile/a.dcm", f"{_SHARED} dicom/hostile/b.dcm", stage="link"),
-      lib.Quarantined("dicom/hostile/b.dcm", f"{_SHARED} dicom/hostile/a.dcm", stage="link")])
+  return _shared_plan(ctx, root, _both("dicom/hostile/a.dcm", "dicom/hostile/b.dcm"))
 
 
 @case("dicom", "one SOPInstanceUID: patient 2's only image copies patient 1's", QUARANTINED)
@@ -516,9 +520,7 @@ def _(ctx):
   import pydicom  # pylint: disable=import-outside-toplevel
   uid = pydicom.dcmread(os.path.join(root, "dicom", "p0", "img.dcm")).SOPInstanceUID
   lib.small_image(os.path.join(root, "dicom", "p1", "img.dcm"), IDS[1], SOPInstanceUID=uid)
-  return _shared_plan(ctx, root, [
-      lib.Quarantined("dicom/p0/img.dcm", f"{_SHARED} dicom/p1/img.dcm", stage="link"),
-      lib.Quarantined("dicom/p1/img.dcm", f"{_SHARED} dicom/p0/img.dcm", stage="link")])
+  return _shared_plan(ctx, root, _both("dicom/p0/img.dcm", "dicom/p1/img.dcm"))
 
 
 @case("dicom", "one SOPInstanceUID: twice for one patient, once for another", QUARANTINED)
@@ -529,8 +531,7 @@ def _(ctx):
   return _shared_plan(ctx, root, [
       lib.Quarantined("dicom/hostile/a2.dcm", "duplicate SOPInstanceUID (same instance as "
                       "dicom/hostile/a.dcm)"),
-      lib.Quarantined("dicom/hostile/a.dcm", f"{_SHARED} dicom/hostile/b.dcm", stage="link"),
-      lib.Quarantined("dicom/hostile/b.dcm", f"{_SHARED} dicom/hostile/a.dcm", stage="link")])
+      *_both("dicom/hostile/a.dcm", "dicom/hostile/b.dcm")])
 
 
 @case("dicom", "one SOPInstanceUID: the image of a patient with nothing else", QUARANTINED)
@@ -544,8 +545,7 @@ def _(ctx):
   uid = pydicom.dcmread(os.path.join(root, "dicom", "p0", "img.dcm")).SOPInstanceUID
   lib.small_image(os.path.join(root, "dicom", "p9", "img.dcm"), extra, SOPInstanceUID=uid)
   return _shared_plan(ctx, root, more=[extra], quarantined=[
-      lib.Quarantined("dicom/p9/img.dcm", f"{_SHARED} dicom/p0/img.dcm", stage="link"),
-      lib.Quarantined("dicom/p0/img.dcm", f"{_SHARED} dicom/p9/img.dcm", stage="link"),
+      *_both("dicom/p9/img.dcm", "dicom/p0/img.dcm"),
       # Why: its one image was set aside (the chain names it), not "no image".
       lib.left_out(extra, "dicom/p9/img.dcm")])
 
