@@ -1,22 +1,41 @@
-"""python -m experiments.real_cohorts build OUTDIR: the four cohorts as medjax cohort folders
-(`cohorts.py` says what each label is). The comparison with gradient boosting and logistic
-regression is issue 34's next step."""
+"""The public cohorts and medjax's comparison with the baselines on them.
+
+  python -m experiments.real_cohorts build OUTDIR
+      the four cohorts as medjax cohort folders (`cohorts.py` says what each label is)
+  python -m experiments.real_cohorts compare OUTDIR [--seeds 10] [--config configs/tables.py]
+                                                    [--label NAME] [--cohorts a,b] [--set k=v]
+      medjax vs gradient boosting, logistic regression and the majority class on medjax's own
+      splits (`compare.py`); writes OUTDIR/real_cohorts_<label>.json and prints the table
+"""
 
 import argparse
 import json
 import os
 
-from experiments.real_cohorts import cohorts
+from experiments.real_cohorts import cohorts, compare, report
 
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("command", choices=["build"])
+  parser.add_argument("command", choices=["build", "compare"])
   parser.add_argument("outdir")
+  parser.add_argument("--seeds", type=int, default=10)
+  parser.add_argument("--config", default="configs/tables.py")
+  parser.add_argument("--label", default="")
+  parser.add_argument("--cohorts", default="", help="comma-separated; default all four")
+  parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                      help="a config override for medjax's runs, e.g. model.d_model=64")
   args = parser.parse_args()
-  for name in cohorts.COHORTS:
-    counts = cohorts.write(name, os.path.join(args.outdir, name))
-    print(name, json.dumps(counts))
+  if args.command == "build":
+    for name in cohorts.COHORTS:
+      counts = cohorts.write(name, os.path.join(args.outdir, name))
+      print(name, json.dumps(counts))
+    return
+  label = args.label or os.path.splitext(os.path.basename(args.config))[0]
+  result = compare.compare(args.outdir, args.seeds, label, args.config,
+                           [f"--config.{s}" for s in args.set],
+                           [c for c in args.cohorts.split(",") if c] or None)
+  print(report.table(result))
 
 
 if __name__ == "__main__":
