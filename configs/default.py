@@ -94,6 +94,20 @@ def get_config(arg=None):
   # d_model (mlp_dim wide).
   model.labs_hidden = 128
   model.labs_layers = 1
+  # Per-feature numeric embeddings of the labs (Gorishniy et al. 2022): 'none' (the raw z-scored
+  # values and the mask into the labs MLP), 'piecewise' (piecewise-linear over labs_bins bins
+  # between the training quantiles) or 'periodic' (labs_frequencies trained sin/cos frequencies
+  # drawn from N(0, labs_frequency_scale)); each feature gets its own labs_embed_width-dim
+  # embedding, and an unmeasured one its own learned missing embedding.
+  model.labs_embedding = "none"
+  model.labs_embed_width = 8
+  model.labs_bins = 16
+  model.labs_frequencies = 16
+  model.labs_frequency_scale = 0.1
+  # One d_model token per lab feature beside the image and vitals tokens (FT-Transformer's
+  # feature tokens), instead of one labs token from the MLP; with labs_embedding 'none' the
+  # features are embedded piecewise-linearly. configs/tables.py uses it.
+  model.labs_tokens = False
   model.vitals_hidden = 64
   model.vitals_layers = 1
   model.fusion = "attention"            # 'attention' over modality tokens, or 'gated'

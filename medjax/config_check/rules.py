@@ -20,6 +20,7 @@ PLACEMENT_METHODS = ("bounded", "ring", "modulo")          # data/cache/placemen
 CACHE_POLICIES = ("recache", "redirect")                   # data/cache/recache.py POLICIES
 FUSIONS = ("attention", "gated")                           # model/fusion.py FusionModel
 MISSING_POLICIES = ("learned", "zero", "mean", "drop")     # model/fusion.py MISSING_POLICIES
+NUMERIC_EMBEDDINGS = ("none", "piecewise", "periodic")     # model/encoders.py
 DTYPES = ("auto", "float32", "bfloat16", "float16")                # model/fusion.py jnp.dtype
 IF_ALL_DAMAGED = ("stop", "start_fresh")                   # configs/default.py ckpt
 CKPT_STRATEGIES = ("lineage", "epoch", "time", "none")      # checkpoint/policy.py STRATEGIES
@@ -99,6 +100,7 @@ def _rules() -> dict[str, tuple[Check, ...]]:
        "data.num_partitions data.batch_size data.max_pixels data.max_decoded_mb data.max_file_mb "
        "data.decode_workers model.d_model model.labs_hidden model.vitals_hidden "
        "model.heads model.mlp_dim model.labs_layers model.vitals_layers optim.epochs mesh.fsdp "
+       "model.labs_embed_width model.labs_bins model.labs_frequencies "
        "fault.local_hosts fault.devices_per_worker fault.min_hosts "
        "fault.jax_heartbeat_timeout_s " + syn("num_patients num_analytes max_images "
        "mean_images latent_dim_shared class_rank_shared image_latent_dim max_missing_panels"))
@@ -110,6 +112,7 @@ def _rules() -> dict[str, tuple[Check, ...]]:
            "seed model_seed class_prior_exponent rare_twins twin_offset latent_dim_image "
            "class_sep vitals_trend junk_files"))
   each(_above(0), "data.vitals_hours_per_step data.decode_timeout_s optim.lr optim.clip_norm "
+       "model.labs_frequency_scale "
        "fault.timeout_training_s fault.timeout_compile_s fault.host_timeout_s fault.stop_grace_s "
        "fault.agent_interval_s fault.coordinator_lost_s fault.hang_floor_s "
        + syn("lab_noise vitals_noise image_noise"))
@@ -123,7 +126,8 @@ def _rules() -> dict[str, tuple[Check, ...]]:
                        ("data.isolate_decoding", ISOLATE),
                        ("data.placement_method", PLACEMENT_METHODS), ("data.replicas", (1, 2)),
                        ("data.cache_policy", CACHE_POLICIES), ("model.fusion", FUSIONS),
-                       ("model.missing", MISSING_POLICIES), ("model.dtype", DTYPES),
+                       ("model.missing", MISSING_POLICIES),
+                       ("model.labs_embedding", NUMERIC_EMBEDDINGS), ("model.dtype", DTYPES),
                        ("ckpt.if_all_damaged", IF_ALL_DAMAGED),
                        ("ckpt.strategy", CKPT_STRATEGIES),
                        ("fault.warm_standby", WARM_STANDBY),

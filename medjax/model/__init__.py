@@ -7,6 +7,7 @@ from medjax.model import fusion
 FusionModel = fusion.FusionModel
 MISSING_POLICIES = fusion.MISSING_POLICIES
 present_modalities = fusion.present_modalities
+needs_statistics = fusion.needs_statistics
 
 
 def create(model_config, *, num_classes: int, shapes, seed: int) -> fusion.FusionModel:

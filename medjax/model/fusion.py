@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from medjax import errors
@@ -23,8 +24,17 @@ MISSING_POLICIES = ("learned", "zero", "mean", "drop")
 NUM_MODALITIES = 3
 
 
-class FillValue(nnx.Variable):
-  """Not trained: the values 'mean'/'zero' fill in (set from training data before training)."""
+FillValue = encoders.FillValue   # not trained: fills and bin edges, set from training data
+
+
+def needs_statistics(model_config) -> bool:
+  """Whether a fresh model takes values from the training data (`FusionModel.set_statistics`)."""
+  return model_config.missing != "learned" or _labs_embedding(model_config) == "piecewise"
+
+
+def _labs_embedding(cfg) -> str:
+  embedding = cfg.get("labs_embedding", "none")
+  return "piecewise" if embedding == "none" and cfg.get("labs_tokens", False) else embedding
 
 
 def compute_dtype(name: str) -> jnp.dtype:
@@ -85,8 +95,13 @@ class FusionModel(nnx.Module):
     self.missing, self.fusion, self.p_drop = cfg.missing, cfg.fusion, cfg.modality_dropout
     self.image = encoders.ImageEncoder(image_size, tuple(cfg.image_channels), d, rngs=rngs,
                                        dtype=dtype)
-    self.labs = encoders.LabsEncoder(num_analytes, cfg.labs_hidden, d, rngs=rngs, dtype=dtype,
-                                     layers=cfg.get("labs_layers", 1))
+    self.labs_tokens = bool(cfg.get("labs_tokens", False))
+    self.labs = encoders.LabsEncoder(
+        num_analytes, cfg.labs_hidden, d, rngs=rngs, dtype=dtype,
+        layers=cfg.get("labs_layers", 1), embedding=cfg.get("labs_embedding", "none"),
+        width=cfg.get("labs_embed_width", 8), bins=cfg.get("labs_bins", 16),
+        frequencies=cfg.get("labs_frequencies", 16), scale=cfg.get("labs_frequency_scale", 0.1),
+        tokens=self.labs_tokens)
     self.vitals = encoders.VitalsEncoder(vitals_steps, vitals_channels, cfg.vitals_hidden, d,
                                          rngs=rngs, dtype=dtype,
                                          layers=cfg.get("vitals_layers", 1))
@@ -96,7 +111,7 @@ class FusionModel(nnx.Module):
     self.dtype = dtype
     self.missing_embed = nnx.Param(init(rngs.params(), (NUM_MODALITIES, d), jnp.float32))
     self.modality_embed = nnx.Param(init(rngs.params(), (NUM_MODALITIES, d), jnp.float32))
-    # Set by the trainer from training statistics (see `set_fill_values`); float32 like the
+    # Set by the trainer from training statistics (see `set_statistics`); float32 like the
     # parameters, so that the state is the same whatever the compute dtype.
     self.image_fill = FillValue(jnp.zeros((image_size, image_size), jnp.float32))
     self.labs_fill = FillValue(jnp.zeros((num_analytes,), jnp.float32))
@@ -110,14 +125,23 @@ class FusionModel(nnx.Module):
     self.norm = nnx.LayerNorm(d, dtype=dtype, rngs=rngs)
     self.head = nnx.Linear(d, num_classes, dtype=dtype, rngs=rngs)
 
-  def set_fill_values(self, image_mean_SxS, labs_zero_L, vitals_zero_C) -> None:
-    """What 'zero'/'mean'/'drop' fill in, in the model's (z-scored) input space.
+  def set_statistics(self, image_mean_SxS, labs_zero_L, vitals_zero_C, labs_NxL,
+                     labs_mask_NxL) -> None:
+    """What 'zero'/'mean'/'drop' fill in and where piecewise-linear bins of the labs split, in
+    the model's (z-scored) input space.
 
     Args:
       image_mean_SxS: the training images' mean image ('mean').
       labs_zero_L: where a raw value of 0 lands after z-scoring, -mean/std ('zero', 'drop').
       vitals_zero_C: likewise for the vitals channels.
+      labs_NxL, labs_mask_NxL: the training records' z-scored lab values and their mask (the
+        piecewise-linear bins' edges are their quantiles).
     """
+    embed = self.labs.embed
+    if embed is not None and embed.kind == "piecewise":
+      bins = embed.edges.shape[-1] - 1
+      embed.set_edges(encoders.quantile_edges(np.asarray(labs_NxL), np.asarray(labs_mask_NxL),
+                                              bins))
     if self.missing == "mean":
       self.image_fill[...] = jnp.asarray(image_mean_SxS, self.image_fill.dtype)
     else:
@@ -159,15 +183,20 @@ class FusionModel(nnx.Module):
     if self.missing == "learned":
       tokens_Bx3xD = jnp.where(present_Bx3[..., None], tokens_Bx3xD,
                                self.missing_embed[...].astype(self.dtype))
-    tokens_Bx3xD = tokens_Bx3xD + self.modality_embed[...].astype(self.dtype)
+    tokens_BxTxD = tokens_Bx3xD + self.modality_embed[...].astype(self.dtype)
+    if self.labs_tokens:
+      # One token per lab feature beside the modality tokens (an unmeasured feature's, and every
+      # feature's of a record without labs, is that feature's learned missing embedding).
+      tokens_BxTxD = jnp.concatenate(
+          [tokens_BxTxD, self.labs.feature_tokens(batch["labs"], batch["labs_mask"])], axis=1)
     if self.fusion == "attention":
-      cls_Bx1xD = jnp.broadcast_to(self.cls[...].astype(self.dtype), (tokens_Bx3xD.shape[0], 1,
-                                                   tokens_Bx3xD.shape[-1]))
-      x_BxTxD = jnp.concatenate([cls_Bx1xD, tokens_Bx3xD], axis=1)
+      cls_Bx1xD = jnp.broadcast_to(self.cls[...].astype(self.dtype), (tokens_BxTxD.shape[0], 1,
+                                                   tokens_BxTxD.shape[-1]))
+      x_BxTxD = jnp.concatenate([cls_Bx1xD, tokens_BxTxD], axis=1)
       for block in self.blocks:
         x_BxTxD = block(x_BxTxD)
       pooled_BxD = x_BxTxD[:, 0]
     else:
-      gates_Bx3x1 = jax.nn.softmax(self.gate(tokens_Bx3xD), axis=1)
-      pooled_BxD = jnp.sum(gates_Bx3x1 * tokens_Bx3xD, axis=1)
+      gates_BxTx1 = jax.nn.softmax(self.gate(tokens_BxTxD), axis=1)
+      pooled_BxD = jnp.sum(gates_BxTx1 * tokens_BxTxD, axis=1)
     return self.head(self.norm(pooled_BxD)).astype(jnp.float32)

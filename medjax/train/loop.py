@@ -24,6 +24,7 @@ import jax
 import numpy as np
 
 from medjax import lineage as lineage_lib
+from medjax import model as model_lib
 from medjax import monitor as monitor_lib
 from medjax import monitor_plots
 from medjax import paths
@@ -320,11 +321,12 @@ def _restore_and_open(p: Prepared, ctx, phases: phases_lib.Phases,
                                 if state is not None else "start"),
                        "step": lineage.global_step}
     if state is None:
-      # A fresh start; the missing-modality ablations take their fill values from the data.
+      # A fresh start; the missing-modality ablations' fill values and the labs' bin edges
+      # come from the training data.
       state = p.built.create()
-      if config.model.missing != "learned":
-        state = state_lib.with_fill_values(state, p.built, p.reader, manifest.indices("train"),
-                                           data.tables)
+      if model_lib.needs_statistics(config.model):
+        state = state_lib.with_statistics(state, p.built, p.reader, manifest.indices("train"),
+                                          data.tables)
   p.packer.prime(state)
   cursor = lineage_lib.Cursor(lineage, len(manifest), generation=ctx.generation)
   return state, _open(p, ctx, run, cursor, ckpt, snapshots, last_good, phases, make_trial)

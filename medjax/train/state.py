@@ -133,21 +133,25 @@ def count_params(model_config, *, num_classes: int, shapes) -> int:
   return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(abstract, nnx.Param)))
 
 
-def fill_values(reader, rows: np.ndarray, tables) -> tuple:
-  """(mean training image, raw-zero in z-space for labs, for vitals) for 'mean'/'zero' fills."""
+def statistics(reader, rows: np.ndarray, tables) -> tuple:
+  """`FusionModel.set_statistics`'s arguments from the training rows: the mean training image,
+  raw zero in z-space for labs and for vitals ('mean'/'zero' fills), the z-scored training labs
+  and their mask (piecewise-linear bins)."""
   size = reader.cache.shapes.image_size
   sample = reader.cache.read(rows[:256])
   images = sample["images"][sample["image_mask"]]
   image_mean = images.mean(0) if len(images) else np.zeros((size, size), np.float32)
+  labs_z = (tables["labs"][rows] - tables["labs_mean"]) / tables["labs_std"]
   return (image_mean, -tables["labs_mean"] / tables["labs_std"],
-          -tables["vitals_mean"] / tables["vitals_std"])
+          -tables["vitals_mean"] / tables["vitals_std"], labs_z, tables["labs_mask"][rows])
 
 
-def with_fill_values(state: dict, built, reader, rows: np.ndarray, tables) -> dict:
-  """`state` with the 'zero'/'mean' fill values of the missing-modality ablations set from data."""
-  # Writable host copies: set_fill_values assigns into the fill variables.
+def with_statistics(state: dict, built, reader, rows: np.ndarray, tables) -> dict:
+  """`state` with the values a fresh model takes from the training data set (the ablations' fill
+  values, the labs' bin edges)."""
+  # Writable host copies: set_statistics assigns into the FillValue variables.
   host = lambda tree: jax.tree.map(np.array, jax.device_get(tree))
   model = nnx.merge(built.graphdef, host(state["params"]), host(state["fill"]))
-  model.set_fill_values(*fill_values(reader, rows, tables))
+  model.set_statistics(*statistics(reader, rows, tables))
   return dict(state, fill=jax.device_put(nnx.to_pure_dict(nnx.state(model, fusion.FillValue)),
                                          built.shardings["fill"]))
