@@ -107,3 +107,30 @@ def by_subset(test: dict, ceiling: dict | None):
   ax.legend()
   ax.set_title("Accuracy by available modalities (I images, L labs, V vitals)")
   return fig
+
+
+def reliability(test: dict):
+  """Reliability diagram of p(positive) on the test split: observed share of positives against
+  the mean predicted probability per bin (the diagonal is perfect calibration), with the
+  records per bin beneath."""
+  calibration = test["calibration"]
+  bins = [b for b in calibration["bins"] if b["count"]]
+  fig = figure(figsize=(5, 5.5))
+  ax, counts = fig.subplots(2, 1, height_ratios=(3, 1), sharex=True)
+  ax.plot([0, 1], [0, 1], ls="--", color="grey", lw=1, label="perfect calibration")
+  ax.plot([b["predicted"] for b in bins], [b["observed"] for b in bins], "o-",
+          color="tab:blue", label=f"model (ECE {calibration['ece']:.3f})")
+  if "validation_threshold" in test:
+    ax.axvline(test["validation_threshold"]["threshold"], color="tab:orange", ls=":",
+               label="validation threshold")
+  ax.set_ylabel(f"observed share of {test['positive_class']!r}")
+  ax.set_ylim(0, 1)
+  ax.legend(loc="upper left")
+  ax.set_title("Reliability (test split)")
+  width = calibration["bins"][0]["hi"] - calibration["bins"][0]["lo"]
+  counts.bar([b["lo"] + width / 2 for b in calibration["bins"]],
+             [b["count"] for b in calibration["bins"]], width=0.9 * width, color="tab:blue")
+  counts.set_xlabel(f"predicted p({test['positive_class']})")
+  counts.set_ylabel("records")
+  counts.set_xlim(0, 1)
+  return fig

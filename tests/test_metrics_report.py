@@ -344,3 +344,78 @@ def test_two_class_table_only_cohort_end_to_end(tmp_path):
   print(table)
   assert "nan" not in table.lower() and "top3" not in table and "AUPRC".lower() in table
   assert os.path.exists(os.path.join(workdir, "confusion.png"))
+
+
+def test_reliability_bins_and_ece_of_the_positive_probability():
+  score = np.array([0.05, 0.05, 0.15, 0.95, 0.95, 0.95, 0.95, 1.0])
+  positive = np.array([0, 0, 1, 1, 1, 1, 0, 1], bool)
+  got = metrics.reliability(score, positive)
+  filled = {round(b["lo"], 1): b for b in got["bins"] if b["count"]}
+  assert sorted(filled) == [0.0, 0.1, 0.9] and filled[0.9]["count"] == 5   # p = 1 in the top bin
+  assert filled[0.9]["observed"] == 0.8
+  np.testing.assert_allclose(filled[0.9]["predicted"], 0.96)
+  np.testing.assert_allclose(got["ece"], (2 * 0.05 + 1 * 0.85 + 5 * 0.16) / 8)
+  assert metrics.reliability(np.zeros(0), np.zeros(0, bool)) is None
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([0.0, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 1.0]),
+                          st.booleans()), min_size=2, max_size=30))
+def test_youden_threshold_is_the_best_cut_by_brute_force(pairs):
+  score = np.array([p for p, _ in pairs])
+  positive = np.array([y for _, y in pairs])
+  t = metrics.youden_threshold(score, positive)
+  if positive.all() or not positive.any():
+    assert t is None
+    return
+  j = lambda cut: (np.mean(score[positive] >= cut) - np.mean(score[~positive] >= cut))
+  best = max(j(c) for c in np.r_[score, 2.0])
+  assert j(t) == pytest.approx(best)
+  at = metrics.at_threshold(score, positive.astype(int), t)
+  assert at["sensitivity"] - (1 - at["specificity"]) == pytest.approx(best)
+
+
+def _imbalanced_manifest(rng, n=600, positive_share=0.1):
+  labels = (rng.random(n) < positive_share).astype(int)
+  split = rng.choice(["train", "val", "test"], n, p=[0.6, 0.2, 0.2])
+  return _manifest(labels, split, ["L"] * n, ["negative", "positive"])
+
+
+def test_an_imbalanced_binary_task_is_also_decided_at_the_validation_threshold():
+  rng = np.random.default_rng(0)
+  manifest = _imbalanced_manifest(rng)
+  # An informative but badly calibrated score: p(positive) never reaches 0.5.
+  score = np.clip(0.05 + 0.2 * manifest.labels + rng.normal(0, 0.05, len(manifest)), 0, 0.45)
+  probs = np.stack([1 - score, score], 1)
+  val = manifest.indices("val")
+  threshold = splits.validation_threshold(manifest, probs[val])
+  assert 0.05 < threshold[0] < 0.3
+  test_rows = manifest.indices("test")
+  test = splits.split_metrics(manifest, test_rows, probs[test_rows], bootstrap=10,
+                              threshold=threshold)
+  assert test["sensitivity"] == 0.0   # argmax never says positive
+  chosen = test["validation_threshold"]
+  assert chosen["sensitivity"] > 0.75 and chosen["specificity"] > 0.75
+  assert test["calibration"]["ece"] > 0.05
+  text = table_lib.format_summary({"test": test, "ceiling": None})
+  assert "at the validation threshold p >= " in text and "calibration: ECE of p(positive)" in text
+  assert json.loads(json.dumps(summary_lib.strict_json(test)))["validation_threshold"]
+
+
+def test_a_balanced_binary_task_keeps_the_argmax_and_says_why():
+  rng = np.random.default_rng(1)
+  manifest = _imbalanced_manifest(rng, positive_share=0.45)
+  probs = np.full((len(manifest), 2), 0.5)
+  threshold = splits.validation_threshold(manifest, probs[manifest.indices("val")])
+  assert threshold[0] is None and "balanced classes" in threshold[1]
+  rows = manifest.indices("test")
+  test = splits.split_metrics(manifest, rows, probs[rows], bootstrap=10, threshold=threshold)
+  assert "validation_threshold" not in test
+  assert "balanced" in test["not_applicable"]["validation_threshold"]
+  assert "validation threshold n/a (balanced" in table_lib.format_summary(
+      {"test": test, "ceiling": None})
+
+
+def test_binary_figures_include_the_reliability_diagram():
+  figures = summary_lib.figures_for(_binary_summary(), ["no", "yes"], [])
+  assert "reliability" in figures

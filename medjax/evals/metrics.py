@@ -137,6 +137,61 @@ def expected_calibration_error(probs_NxK: np.ndarray, labels_N: np.ndarray,
   return float(ece)
 
 
+IMBALANCED_BELOW = 1 / 3   # binary: a class under this share of training records is the minority
+RELIABILITY_BINS = 10
+
+
+def reliability(score_N: np.ndarray, positive_N: np.ndarray,
+                bins: int = RELIABILITY_BINS) -> dict | None:
+  """Calibration of p(positive): per equal-width bin of it, the records, their mean predicted
+  probability and the observed share of positives; ECE over those bins (the count-weighted mean
+  |observed - predicted|). None without records."""
+  if len(score_N) == 0:
+    return None
+  edges = np.linspace(0.0, 1.0, bins + 1)
+  which = np.clip(np.searchsorted(edges, score_N, side="right") - 1, 0, bins - 1)
+  rows, ece = [], 0.0
+  for b in range(bins):
+    inside = which == b
+    n = int(inside.sum())
+    predicted = float(score_N[inside].mean()) if n else None
+    observed = float(positive_N[inside].mean()) if n else None
+    if n:
+      ece += n / len(score_N) * abs(observed - predicted)
+    rows.append({"lo": float(edges[b]), "hi": float(edges[b + 1]), "count": n,
+                 "predicted": predicted, "observed": observed})
+  return {"ece": float(ece), "bins": rows}
+
+
+def youden_threshold(score_N: np.ndarray, positive_N: np.ndarray) -> float | None:
+  """The threshold t (positive when p >= t) with the highest sensitivity + specificity - 1 on
+  these records, the midpoint between two neighbouring scores (the lower one on ties); None
+  without both classes."""
+  if positive_N.all() or not positive_N.any():
+    return None
+  order = np.argsort(-score_N, kind="stable")
+  s, pos = score_N[order], positive_N[order]
+  # Cut after each distinct score: positives and negatives at or above it.
+  last = np.flatnonzero(np.r_[s[1:] != s[:-1], True])
+  tp, fp = np.cumsum(pos)[last], np.cumsum(~pos)[last]
+  j = tp / pos.sum() - fp / (~pos).sum()
+  k = int(np.argmax(j))
+  below = s[last[k] + 1] if last[k] + 1 < len(s) else 0.0
+  return float((s[last[k]] + below) / 2)
+
+
+def at_threshold(score_N: np.ndarray, labels_N: np.ndarray, threshold: float) -> dict:
+  """Binary metrics of the decision p(positive) >= threshold."""
+  positive = labels_N == POSITIVE
+  predicted = score_N >= threshold
+  preds = predicted.astype(np.int64)
+  return {"threshold": float(threshold),
+          "sensitivity": float(np.mean(predicted[positive])) if positive.any() else None,
+          "specificity": float(np.mean(~predicted[~positive])) if (~positive).any() else None,
+          "accuracy": float(np.mean(preds == labels_N)) if len(labels_N) else None,
+          "macro_f1": macro_f1(labels_N, preds, 2)}
+
+
 def top_k_accuracy(probs_NxK: np.ndarray, labels_N: np.ndarray, k: int) -> float | None:
   """True class among the k most probable; None when k >= K (1.0 by construction) or no rows."""
   if k >= probs_NxK.shape[1] or len(labels_N) == 0:

@@ -67,13 +67,16 @@ def evaluate_splits(splits, predict_fn, state, reader: loader.BatchReader, data,
   """
   manifest = data.manifest
   ceiling = ingested_lib.load_ceiling(data.run.workdir)
-  results, probs_by_split = {}, {}
+  probs_by_split = {split: predict(predict_fn, state, reader, data.placement,
+                                   manifest.indices(split), host_batch=data.host_batch,
+                                   sharding=sharding, global_batch=global_batch, seed=seed)
+                    for split in splits}
+  threshold = validation_threshold(manifest, probs_by_split.get("val"))
+  results = {}
   for split in splits:
     rows = manifest.indices(split)
-    probs = probs_by_split[split] = predict(
-        predict_fn, state, reader, data.placement, rows, host_batch=data.host_batch,
-        sharding=sharding, global_batch=global_batch, seed=seed)
-    results[split] = split_metrics(manifest, rows, probs, bootstrap=bootstrap, seed=seed)
+    results[split] = split_metrics(manifest, rows, probs_by_split[split], bootstrap=bootstrap,
+                                   seed=seed, threshold=threshold)
     if split == "test" and ceiling is not None:
       results["ceiling"] = ceiling_metrics(manifest, rows, ceiling, bootstrap=bootstrap,
                                            seed=seed)
@@ -83,13 +86,34 @@ def evaluate_splits(splits, predict_fn, state, reader: loader.BatchReader, data,
   return results, probs_by_split
 
 
+def validation_threshold(manifest, val_probs_NxK: np.ndarray | None) -> tuple[float | None, str]:
+  """(threshold, reason): a binary task whose minority class is under a third of the training
+  records decides p(positive) >= the threshold chosen on the validation split (highest
+  sensitivity + specificity - 1); otherwise (None, why not)."""
+  if len(manifest.class_names) != 2:
+    return None, "not a binary task"
+  share = float(np.mean(manifest.labels[manifest.indices("train")] == metrics_lib.POSITIVE))
+  if min(share, 1 - share) >= metrics_lib.IMBALANCED_BELOW:
+    return None, (f"balanced classes ({share:.0%} of training records positive): the argmax "
+                  "decision stands")
+  if val_probs_NxK is None:
+    return None, "no validation split evaluated (config.evals.splits)"
+  rows = manifest.indices("val")
+  score = val_probs_NxK.reshape(len(rows), 2)[:, metrics_lib.POSITIVE] if len(rows) else []
+  t = metrics_lib.youden_threshold(np.asarray(score),
+                                   manifest.labels[rows] == metrics_lib.POSITIVE)
+  return (t, "") if t is not None else (None, "the validation split holds one class only")
+
+
 def _subsets(manifest, rows) -> np.ndarray:
   return np.array([manifest_lib.group_name(m) for m in manifest.modality_mask[rows]])
 
 
 def split_metrics(manifest, rows: np.ndarray, probs_NxK: np.ndarray, *, bootstrap: int = 1000,
-                  seed: int = 0) -> dict:
-  """All metrics for `rows`: overall, per class, per modality subset, Table IV rows, 95% CIs."""
+                  seed: int = 0, threshold: tuple[float | None, str] = (None, "")) -> dict:
+  """All metrics for `rows`: overall, per class, per modality subset, Table IV rows, 95% CIs;
+  binary tasks add the calibration of p(positive) and, with `threshold` from
+  `validation_threshold`, the decision at it."""
   labels = manifest.labels[rows]
   probs_NxK = probs_NxK.reshape(len(rows), len(manifest.class_names))  # (0, 0) when no rows
   rare = metrics_lib.rare_classes(manifest.labels[manifest.indices("train")],
@@ -104,6 +128,15 @@ def split_metrics(manifest, rows: np.ndarray, probs_NxK: np.ndarray, *, bootstra
     positive = manifest.class_names[metrics_lib.POSITIVE]
     out["positive_class"] = positive
     out["decision"] = f"argmax, i.e. p({positive}) > 0.5"
+    score, is_positive = probs_NxK[:, metrics_lib.POSITIVE], labels == metrics_lib.POSITIVE
+    out["calibration"] = metrics_lib.reliability(score, is_positive)
+    t, why = threshold
+    if t is not None and len(rows):
+      out["validation_threshold"] = {
+          **metrics_lib.at_threshold(score, labels, t),
+          "rule": "highest sensitivity + specificity - 1 on the validation split"}
+    else:
+      out["not_applicable"]["validation_threshold"] = why or "no records"
   return out
 
 

@@ -42,7 +42,8 @@ def write_summary(workdir: str, summary: dict, class_names: list[str],
 
 def write_plots(workdir: str, summary: dict, class_names: list[str], metrics_rows: list[dict],
                 events=None) -> list[str]:
-  """PNG files in the workdir: loss curve, per-class F1, confusion matrix, accuracy by subset."""
+  """PNG files in the workdir: loss curve, per-class F1, confusion matrix, accuracy by subset,
+  and for binary tasks the reliability diagram."""
   figures = figures_for(summary, class_names, metrics_rows, events)
   written = []
   for name, fig in figures.items():
@@ -63,4 +64,6 @@ def figures_for(summary, class_names, metrics_rows, events=None) -> dict:
     figures["per_class_f1"] = plots.per_class_f1(summary["test"], ceiling, class_names)
     figures["confusion"] = plots.confusion(summary["test"]["confusion"], class_names)
     figures["accuracy_by_subset"] = plots.by_subset(summary["test"], ceiling)
+    if summary["test"].get("calibration"):
+      figures["reliability"] = plots.reliability(summary["test"])
   return figures

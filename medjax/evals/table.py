@@ -30,6 +30,23 @@ def _cell(value, width: int) -> str:
   return "-".rjust(width) if value is None else f"{value:{width}.4f}"
 
 
+def _binary_extras(test: dict, reasons: dict) -> list[str]:
+  """Calibration of p(positive), and the decision at the validation threshold."""
+  lines = []
+  calibration = test.get("calibration")
+  if calibration:
+    lines.append(f"calibration: ECE of p({test['positive_class']}) {calibration['ece']:.4f} "
+                 f"over {len(calibration['bins'])} bins (reliability.png)")
+  chosen = test.get("validation_threshold")
+  if chosen:
+    cells = "  ".join(f"{k} {_cell(chosen[k], 0).strip()}"
+                      for k in ("sensitivity", "specificity", "accuracy", "macro_f1"))
+    lines.append(f"at the validation threshold p >= {chosen['threshold']:.4f}: {cells}")
+  elif "validation_threshold" in reasons:
+    lines.append(f"validation threshold n/a ({reasons['validation_threshold']})")
+  return lines
+
+
 def format_summary(summary: dict) -> str:
   """Model vs ceiling, overall and by subset, as a plain-text table.
 
@@ -57,6 +74,7 @@ def format_summary(summary: dict) -> str:
     lines.append(f"positive class {test['positive_class']!r}: {test['positives']} of {n} "
                  f"records{share}; the second class name (config.data.classes sets the order)")
     lines.append(f"decision: {test['decision']}")
+    lines += _binary_extras(test, reasons)
   if not ceil:
     why = summary.get("not_applicable", {}).get("ceiling", NO_ORACLE)
     lines.append(f"Bayes ceiling n/a ({why})")
