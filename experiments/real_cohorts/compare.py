@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -42,8 +43,11 @@ def salt_file(outdir: str, seed: int) -> str:
 
 def run_medjax(cohort_dir: str, workdir: str, seed: int, salt: str, config: str,
                overrides: list[str]) -> dict:
-  """Trains and evaluates medjax (resumes nothing: a finished run is read back)."""
+  """Trains and evaluates medjax; a finished run (its wall time written last) is read back,
+  an unfinished one started again."""
   summary_path = os.path.join(workdir, "summary.json")
+  if not os.path.exists(os.path.join(workdir, "wall_s")):
+    shutil.rmtree(workdir, ignore_errors=True)   # never finished (or its timing was lost)
   if not os.path.exists(summary_path):
     cmd = [sys.executable, os.path.join(REPO, "launch.py"), "--config", config,
            "--workdir", workdir, f"--config.data.root={cohort_dir}", f"--config.seed={seed}",

@@ -30,3 +30,35 @@ def test_labels_leave_out_patients_censored_before_five_years():
   assert counts["left_out_without_label"] > 0 and len(ids) == len(set(ids)) == len(features)
   for outcome in ("rtime", "recur", "dtime", "death"):
     assert outcome not in features.columns
+
+
+def test_baselines_fit_on_the_split_medjax_ingested(tmp_path):
+  # The comparison's plumbing without training medjax: the seed's salt, medjax's ingest of the
+  # cohort, every patient's split read back through its pseudonym, the baselines on that split.
+  from experiments.real_cohorts import baselines, compare
+  cohorts.write("pbc", str(tmp_path / "pbc"))
+  salt = compare.salt_file(str(tmp_path), seed=3)
+  config = default_config.get_config()
+  config.data.salt_file, config.seed = salt, 3
+  result = ingest.run(config, str(tmp_path / "work"), str(tmp_path / "pbc"))
+  ids, labels, features, _ = cohorts.table("pbc")
+  split = compare.split_of(str(tmp_path / "work"), ids, salt)
+  for name in ("train", "val", "test"):
+    assert (split == name).sum() == len(result.manifest.indices(name))
+  y = (labels == "died_5y").astype(int)
+  x = features.to_numpy(np.float64)
+  parts = [x[split == "train"], y[split == "train"], x[split == "val"], y[split == "val"],
+           x[split == "test"]]
+  for method, least in (("majority", 0.5), ("logistic", 0.75), ("trees", 0.75)):
+    p, _ = baselines.METHODS[method](*parts, seed=0)
+    score = baselines.scores(p, y[split == "test"])
+    assert score["auroc"] >= least and 0 <= score["ece"] <= 1, (method, score)
+
+
+def test_paired_interval_is_students_t_over_seeds():
+  from experiments.real_cohorts import compare
+  got = compare.paired([0.80, 0.82, 0.81, 0.79, 0.83], [0.79, 0.80, 0.80, 0.80, 0.80])
+  d = np.array([0.01, 0.02, 0.01, -0.01, 0.03])
+  half = 2.7764451 * d.std(ddof=1) / np.sqrt(5)
+  np.testing.assert_allclose([got["mean"], got["lo"], got["hi"]],
+                             [d.mean(), d.mean() - half, d.mean() + half], rtol=1e-6)
