@@ -4,6 +4,9 @@ Run (again, with the same --workdir, to resume a sweep that was stopped or kille
   python launch.py --config configs/sweep.py --workdir runs/sweep
 Variants:
   configs/sweep.py:tiny   3 trials of 3 epochs on the tiny quickstart cohort (the tests' sweep)
+  configs/sweep.py:tables configs/tables.py's labs path on a table cohort, by validation AUROC:
+    python launch.py --config configs/sweep.py:tables --workdir runs/sweep-tables \
+        --config.overrides.data.root=COHORT
 Watch it (optuna-dashboard is not pinned: pip install optuna-dashboard):
   optuna-dashboard sqlite:///runs/sweep/study.db
 A sweep spread over machines: the same command on each, with a shared --workdir and
@@ -16,6 +19,7 @@ report (trials.md, trials.csv, PNGs) is in the workdir. docs/sweeps.md has the d
 """
 
 import ml_collections
+from ml_collections import config_dict
 
 
 def get_config(arg=None):
@@ -98,6 +102,23 @@ def get_config(arg=None):
     pruner.reduction_factor = 2
     trials.heartbeat_s = 2
     trials.grace_s = 6
+  elif arg == "tables":
+    # How configs/tables.py's values were chosen (experiments/results/real_cohorts.md).
+    config.base = "configs/tables.py"
+    config.overrides = ml_collections.ConfigDict()
+    config.overrides.data = ml_collections.ConfigDict({"root": config_dict.placeholder(str)})
+    config.space = space = ml_collections.ConfigDict()
+    space.optim = ml_collections.ConfigDict({
+        "lr": ("loguniform", 3e-4, 1e-2), "weight_decay": ("loguniform", 1e-5, 1e-1)})
+    space.model = ml_collections.ConfigDict({
+        "labs_bins": ("categorical", 4, 8, 16, 32),
+        "labs_embed_width": ("categorical", 4, 8, 16),
+        "labs_hidden": ("categorical", 64, 128, 256),
+        "labs_layers": ("int", 1, 3),
+        "d_model": ("categorical", 64, 128)})
+    space.data = ml_collections.ConfigDict({"batch_size": ("categorical", 32, 64, 128)})
+    study.metric = "auroc_macro"
+    study.n_trials = 24
   elif arg:
-    raise ValueError(f"configs/sweep.py: unknown variant {arg!r}; use 'tiny' or none")
+    raise ValueError(f"configs/sweep.py: unknown variant {arg!r}; use 'tiny', 'tables' or none")
   return config

@@ -6,6 +6,9 @@
                                                     [--label NAME] [--cohorts a,b] [--set k=v]
       medjax vs gradient boosting, logistic regression and the majority class on medjax's own
       splits (`compare.py`); writes OUTDIR/real_cohorts_<label>.json and prints the table
+  python -m experiments.real_cohorts report OUTDIR --labels default,tables
+      the tables of those comparisons (AUROC, accuracy, ECE, medjax before vs after) as
+      markdown, and OUTDIR/real_cohorts.png
 """
 
 import argparse
@@ -17,11 +20,12 @@ from experiments.real_cohorts import cohorts, compare, report
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("command", choices=["build", "compare"])
+  parser.add_argument("command", choices=["build", "compare", "report"])
   parser.add_argument("outdir")
   parser.add_argument("--seeds", type=int, default=10)
   parser.add_argument("--config", default="configs/tables.py")
   parser.add_argument("--label", default="")
+  parser.add_argument("--labels", default="default,tables", help="report: before,after")
   parser.add_argument("--cohorts", default="", help="comma-separated; default all four")
   parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                       help="a config override for medjax's runs, e.g. model.d_model=64")
@@ -31,11 +35,33 @@ def main():
       counts = cohorts.write(name, os.path.join(args.outdir, name))
       print(name, json.dumps(counts))
     return
+  if args.command == "report":
+    print(_report(args.outdir, args.labels.split(",")))
+    return
   label = args.label or os.path.splitext(os.path.basename(args.config))[0]
   result = compare.compare(args.outdir, args.seeds, label, args.config,
                            [f"--config.{s}" for s in args.set],
                            [c for c in args.cohorts.split(",") if c] or None)
   print(report.table(result))
+
+
+def _report(outdir: str, labels: list[str]) -> str:
+  results = []
+  for label in labels:
+    with open(os.path.join(outdir, f"real_cohorts_{label}.json")) as f:
+      results.append(json.load(f))
+  parts = []
+  for r in results:
+    parts += [f"### medjax `{r['config']}` {' '.join(r['overrides'])} ({r['label']})",
+              "", "Test AUROC:", "", report.table(r, "auroc"), "", "Test accuracy:", "",
+              report.table(r, "accuracy"), "", "Test ECE (top class, 15 bins):", "",
+              report.means(r, "ece"), "", "Wall time per run, s:", "",
+              report.means(r, "wall_s"), ""]
+  if len(results) > 1:
+    parts += [f"### medjax {results[-1]['label']} - {results[0]['label']}, same splits", "",
+              report.paired_runs(results[0], results[-1]), ""]
+  report.plot(results, os.path.join(outdir, "real_cohorts.png"))
+  return "\n".join(parts)
 
 
 if __name__ == "__main__":

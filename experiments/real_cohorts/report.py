@@ -1,6 +1,8 @@
-"""The comparison as a markdown table and a plot."""
+"""The comparison as markdown tables and a plot."""
 
 from __future__ import annotations
+
+import numpy as np
 
 METHODS = ("majority", "logistic", "trees", "medjax")
 
@@ -19,3 +21,50 @@ def table(result: dict, metric: str = "auroc") -> str:
                  f"{_interval(s['medjax_vs_trees'][metric])} | "
                  f"{_interval(s['medjax_vs_logistic'][metric])} |")
   return "\n".join(lines)
+
+
+def means(result: dict, metric: str) -> str:
+  """Cohorts x methods: mean test `metric` (ECE, wall time) over seeds."""
+  lines = [f"| cohort | {' | '.join(METHODS)} |", "|---" * (len(METHODS) + 1) + "|"]
+  for name, s in result["summary"].items():
+    lines.append(f"| {name} | {' | '.join(f'{s[m][metric]:.3f}' for m in METHODS)} |")
+  return "\n".join(lines)
+
+
+def paired_runs(before: dict, after: dict, metric: str = "auroc") -> str:
+  """medjax after - medjax before, paired by cohort and seed (the same splits)."""
+  from experiments.real_cohorts import compare  # pylint: disable=import-outside-toplevel
+  lines = [f"| cohort | seeds | {before['label']} | {after['label']} | difference [95%] |",
+           "|---|---|---|---|---|"]
+  for name in after["per_seed"]:
+    seeds = sorted(set(after["per_seed"][name]) & set(before["per_seed"].get(name, {})))
+    if not seeds:
+      continue
+    a = [after["per_seed"][name][k]["medjax"][metric] for k in seeds]
+    b = [before["per_seed"][name][k]["medjax"][metric] for k in seeds]
+    lines.append(f"| {name} | {len(seeds)} | {np.mean(b):.3f} | {np.mean(a):.3f} | "
+                 f"{_interval(compare.paired(a, b))} |")
+  return "\n".join(lines)
+
+
+def plot(results: list[dict], path: str, metric: str = "auroc") -> None:
+  """Per cohort, each method's mean test `metric` with its seeds' spread (one panel per cohort),
+  medjax once per result (before/after)."""
+  from matplotlib import figure  # pylint: disable=import-outside-toplevel
+  names = list(results[-1]["summary"])
+  fig = figure.Figure(figsize=(3.2 * len(names), 3.6))
+  axes = fig.subplots(1, len(names), squeeze=False)[0]
+  for ax, name in zip(axes, names):
+    rows = [("majority", results[-1]), ("logistic", results[-1]), ("trees", results[-1])]
+    rows += [("medjax", r) for r in results]
+    labels, values = [], []
+    for method, r in rows:
+      seeds = r["per_seed"].get(name, {})
+      values.append([s[method][metric] for s in seeds.values()])
+      labels.append(method if method != "medjax" else f"medjax\n{r['label']}")
+    ax.boxplot(values[1:], tick_labels=labels[1:], widths=0.6)
+    ax.set_title(name)
+    ax.tick_params(axis="x", labelsize=7)
+  axes[0].set_ylabel(f"test {metric.upper()} over seeds")
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
