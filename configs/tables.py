@@ -4,13 +4,18 @@ scores, indicators), few or no images and series.
 Run:
   python launch.py --config configs/tables.py --config.data.root=COHORT --workdir runs/NAME
 
-Each lab (table) column gets its own piecewise-linear embedding between its training quantiles
-(Gorishniy et al. 2022), an unmeasured one its own learned missing embedding, and the labs MLP
-reads the embeddings instead of the raw z-scored values: a skewed lab (bilirubin, copper) is
-split where its values lie, as a tree would. Chosen on the public cohorts' benchmark
-(experiments/real_cohorts; experiments/results/real_cohorts.md), where it beat the default
-config on every cohort and feature tokens (model.labs_tokens) and the best-on-validation
-checkpoint with 30 epochs did worse than either.
+Chosen on the public cohorts' benchmark (experiments/real_cohorts; the measurements are in
+experiments/results/real_cohorts.md):
+- Each lab (table) column gets its own piecewise-linear embedding between its training
+  quantiles (Gorishniy et al. 2022), an unmeasured one its own learned missing embedding, and
+  the labs MLP reads the embeddings instead of the raw z-scored values: a skewed lab
+  (bilirubin, copper) is split where its values lie, as a tree would.
+- Gated fusion: on covid_testing (an interaction of age and pandemic day that trees find at
+  once) it reached 0.85 AUROC in 30 epochs where attention fusion reached 0.79.
+- Up to 60 epochs, stopped when validation AUROC has not improved for 10, the test split scored
+  on the best-on-validation checkpoint: covid_testing needed 60 epochs (10 gave 0.66), while
+  60 fixed epochs overfit rotterdam (0.61) and pbc.
+Feature tokens (model.labs_tokens) measured worse than these on every cohort where they differed.
 """
 
 from configs import default
@@ -20,5 +25,10 @@ def get_config(arg=None):
   config = default.get_config(arg)
   config.model.labs_embedding = "piecewise"
   config.model.labs_bins = 16
-  config.model.labs_embed_width = 8
+  config.model.labs_embed_width = 16
+  config.model.fusion = "gated"
+  config.optim.epochs = 60
+  config.optim.early_stopping_patience = 10
+  config.ckpt.keep_best = True
+  config.evals.validation_metric = "auroc_macro"
   return config

@@ -43,7 +43,8 @@ def _error(config, role="local") -> str:
 
 @pytest.mark.parametrize("name,arg", [("quickstart", None), ("quickstart", "ingest"),
                                       ("quickstart", "tiny"), ("default", None),
-                                      ("default", "ingest"), ("paper", None), ("paper", "ingest")])
+                                      ("default", "ingest"), ("paper", None), ("paper", "ingest"),
+                                      ("tables", None)])
 def test_shipped_configs_validate_clean(name, arg):
   config = importlib.import_module(f"configs.{name}").get_config(arg)
   assert config_check.problems(config) == []

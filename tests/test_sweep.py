@@ -43,7 +43,7 @@ def _refused(config) -> str:
 
 # -- the sweep config --------------------------------------------------------------------------
 
-def test_sweep_configs_load_with_their_base():
+def test_sweep_configs_load_with_their_base(tmp_path):
   full = spec.load(sweep_config.get_config())
   assert full.base.data.synthetic.num_patients == 6000 and full.base.ckpt.keep_best
   assert {p.field for p in full.params} >= {"optim.lr", "model.d_model", "model.image_channels",
@@ -54,6 +54,12 @@ def test_sweep_configs_load_with_their_base():
   assert tiny.epochs == 3 and tiny.base.data.synthetic.num_patients == 300
   assert tiny.base_file.endswith("configs/quickstart.py:tiny") and os.path.isabs(tiny.base_file)
   assert spec.eval_splits(tiny.base) == ("val", "test")   # the tiny base evaluates test only
+  tables = sweep_config.get_config("tables")
+  (tmp_path / "labels.csv").write_text("patient_id,diagnosis\n")
+  tables.overrides.data.root = str(tmp_path)
+  tables = spec.load(tables)
+  assert tables.base.data.root == str(tmp_path) and tables.metric == "auroc_macro"
+  assert {p.field for p in tables.params} >= {"model.labs_bins", "model.labs_embed_width"}
 
 
 def test_fields_that_shape_the_shared_ingest_cannot_be_searched():

@@ -4,6 +4,7 @@
       the four cohorts as medjax cohort folders (`cohorts.py` says what each label is)
   python -m experiments.real_cohorts compare OUTDIR [--seeds 10] [--config configs/tables.py]
                                                     [--label NAME] [--cohorts a,b] [--set k=v]
+                                                    [--first-seed 0]
       medjax vs gradient boosting, logistic regression and the majority class on medjax's own
       splits (`compare.py`); writes OUTDIR/real_cohorts_<label>.json and prints the table
   python -m experiments.real_cohorts report OUTDIR --labels default,tables
@@ -23,6 +24,7 @@ def main():
   parser.add_argument("command", choices=["build", "compare", "report"])
   parser.add_argument("outdir")
   parser.add_argument("--seeds", type=int, default=10)
+  parser.add_argument("--first-seed", type=int, default=0, help="seeds first..first+seeds-1")
   parser.add_argument("--config", default="configs/tables.py")
   parser.add_argument("--label", default="")
   parser.add_argument("--labels", default="default,tables", help="report: before,after")
@@ -39,7 +41,8 @@ def main():
     print(_report(args.outdir, args.labels.split(",")))
     return
   label = args.label or os.path.splitext(os.path.basename(args.config))[0]
-  result = compare.compare(args.outdir, args.seeds, label, args.config,
+  result = compare.compare(args.outdir, range(args.first_seed, args.first_seed + args.seeds),
+                           label, args.config,
                            [f"--config.{s}" for s in args.set],
                            [c for c in args.cohorts.split(",") if c] or None)
   print(report.table(result))

@@ -125,7 +125,7 @@ def summarise(per_seed: dict) -> dict:
   return out
 
 
-def compare(outdir: str, seeds: int, label: str, config: str, overrides: list[str],
+def compare(outdir: str, seeds, label: str, config: str, overrides: list[str],
             names=None) -> dict:
   names = names or list(cohorts.COHORTS)
   per_seed = {}
@@ -133,12 +133,12 @@ def compare(outdir: str, seeds: int, label: str, config: str, overrides: list[st
     if not os.path.exists(os.path.join(outdir, "cohorts", name, "labels.csv")):
       cohorts.write(name, os.path.join(outdir, "cohorts", name))
     per_seed[name] = {}
-    for seed in range(seeds):
+    for seed in seeds:
       r = per_seed[name][seed] = one_seed(name, outdir, seed, label, config, overrides)
       print(f"{label} {name} seed {seed}: AUROC medjax {r['medjax']['auroc']:.4f} trees "
             f"{r['trees']['auroc']:.4f} logistic {r['logistic']['auroc']:.4f} "
             f"({r['medjax']['wall_s']:.0f} s)", flush=True)
-  result = {"label": label, "config": config, "overrides": overrides, "seeds": seeds,
+  result = {"label": label, "config": config, "overrides": overrides, "seeds": list(seeds),
             "per_seed": per_seed, "summary": summarise(per_seed)}
   with open(os.path.join(outdir, f"real_cohorts_{label}.json"), "w") as f:
     json.dump(result, f, indent=1)

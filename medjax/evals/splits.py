@@ -8,6 +8,10 @@ What is reported depends on the cohort (conventions in `medjax.evals.metrics`):
                 the second class name: the second of config.data.classes when set, else of the
                 sorted label names ('1' of 0/1, 'yes' of no/yes); set config.data.classes to
                 choose it. No top-3 (1.0 by construction with 3 classes or fewer).
+                The calibration of p(positive) (`calibration`: 10 equal-width bins, ECE over
+                them; reliability.png), and when the minority class is under a third of the
+                training records, the decision at the validation split's threshold with the
+                highest sensitivity + specificity - 1 (`validation_threshold`).
   more classes  top-3 accuracy (above 3 classes) and the one-vs-rest macro AUROC.
   synthetic     the same metrics of the Bayes-optimal posterior ('ceiling'); other cohorts have
                 no oracle, so summary.json has "ceiling": null and the reason under
