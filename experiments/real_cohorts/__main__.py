@@ -28,6 +28,7 @@ def main():
   parser.add_argument("--config", default="configs/tables.py")
   parser.add_argument("--label", default="")
   parser.add_argument("--labels", default="default,tables", help="report: before,after")
+  parser.add_argument("--variants", default="", help="report: more labels, as one AUROC table")
   parser.add_argument("--cohorts", default="", help="comma-separated; default all four")
   parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                       help="a config override for medjax's runs, e.g. model.d_model=64")
@@ -38,7 +39,8 @@ def main():
       print(name, json.dumps(counts))
     return
   if args.command == "report":
-    print(_report(args.outdir, args.labels.split(",")))
+    print(_report(args.outdir, args.labels.split(","),
+                  [v for v in args.variants.split(",") if v]))
     return
   label = args.label or os.path.splitext(os.path.basename(args.config))[0]
   result = compare.compare(args.outdir, range(args.first_seed, args.first_seed + args.seeds),
@@ -48,11 +50,13 @@ def main():
   print(report.table(result))
 
 
-def _report(outdir: str, labels: list[str]) -> str:
-  results = []
-  for label in labels:
-    with open(os.path.join(outdir, f"real_cohorts_{label}.json")) as f:
-      results.append(json.load(f))
+def _load(outdir: str, label: str) -> dict:
+  with open(os.path.join(outdir, f"real_cohorts_{label}.json")) as f:
+    return json.load(f)
+
+
+def _report(outdir: str, labels: list[str], variants: list[str]) -> str:
+  results = [_load(outdir, label) for label in labels]
   parts = []
   for r in results:
     parts += [f"### medjax `{r['config']}` {' '.join(r['overrides'])} ({r['label']})",
@@ -63,6 +67,9 @@ def _report(outdir: str, labels: list[str]) -> str:
   if len(results) > 1:
     parts += [f"### medjax {results[-1]['label']} - {results[0]['label']}, same splits", "",
               report.paired_runs(results[0], results[-1]), ""]
+  if variants:
+    parts += ["### Variants: medjax's mean test AUROC, and trees' on the same seeds", "",
+              report.variants(results[0], [_load(outdir, v) for v in variants]), ""]
   report.plot(results, os.path.join(outdir, "real_cohorts.png"))
   return "\n".join(parts)
 

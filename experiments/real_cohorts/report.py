@@ -68,3 +68,19 @@ def plot(results: list[dict], path: str, metric: str = "auroc") -> None:
   axes[0].set_ylabel(f"test {metric.upper()} over seeds")
   fig.tight_layout()
   fig.savefig(path, dpi=110)
+
+
+def variants(before: dict, others: list[dict]) -> str:
+  """Per variant and cohort: medjax's mean AUROC, before's on the same seeds, and the trees'."""
+  lines = ["| variant | overrides | cohort | seeds | medjax | before | trees |",
+           "|---|---|---|---|---|---|---|"]
+  for r in others:
+    for name, seeds in r["per_seed"].items():
+      keys = sorted(seeds)
+      mean = lambda run, m, ks=keys: np.mean([run["per_seed"][name][k][m]["auroc"] for k in ks])
+      base = [k for k in keys if k in before["per_seed"].get(name, {})]
+      lines.append(f"| {r['label']} | `{' '.join(o.replace('--config.', '') for o in r['overrides'])}` "
+                   f"| {name} | {len(keys)} | {mean(r, 'medjax'):.3f} | "
+                   f"{mean(before, 'medjax', base) if base else float('nan'):.3f} | "
+                   f"{mean(r, 'trees'):.3f} |")
+  return "\n".join(lines)
