@@ -15,7 +15,8 @@ experiments/results/real_cohorts.md):
 - Up to 60 epochs, stopped when validation AUROC has not improved for 10, the test split scored
   on the best-on-validation checkpoint: covid_testing needed 60 epochs (10 gave 0.66), while
   60 fixed epochs overfit rotterdam (0.61) and pbc.
-Feature tokens (model.labs_tokens) measured worse than these on every cohort where they differed.
+Feature tokens (model.labs_tokens) measured worse than the piecewise MLP on pbc and rotterdam
+and level with it on nwtco. configs/sweep.py:tables searches these fields.
 """
 
 from configs import default
