@@ -1,5 +1,6 @@
 """experiments/real_cohorts: the four public cohorts convert and ingest with every patient kept."""
 
+import json
 import os
 
 import numpy as np
@@ -8,6 +9,7 @@ import pytest
 from configs import default as default_config
 from experiments.real_cohorts import cohorts
 from medjax.data import ingest
+from tests import runs
 
 
 @pytest.mark.parametrize("name", sorted(cohorts.COHORTS))
@@ -62,3 +64,21 @@ def test_paired_interval_is_students_t_over_seeds():
   half = 2.7764451 * d.std(ddof=1) / np.sqrt(5)
   np.testing.assert_allclose([got["mean"], got["lo"], got["hi"]],
                              [d.mean(), d.mean() - half, d.mean() + half], rtol=1e-6)
+
+
+def test_the_tables_config_trains_on_a_public_cohort_and_reports_calibration(tmp_path):
+  # End to end, as a user runs it (shortened): the labs' bin edges from the training data, the
+  # best checkpoint by validation AUROC, and for nwtco (14% relapses) the validation threshold.
+  cohorts.write("nwtco", str(tmp_path / "nwtco"))
+  work = str(tmp_path / "work")
+  rc = runs.run(work, f"--config.data.root={tmp_path / 'nwtco'}", "--config.optim.epochs=3",
+                "--config.fault.supervised=False", "--config.evals.bootstrap=20",
+                config="configs/tables.py")
+  assert rc == 0, runs.tail(work)
+  with open(os.path.join(work, "summary.json")) as f:
+    test = json.load(f)["test"]
+  assert test["auroc"] > 0.65
+  assert 0 <= test["calibration"]["ece"] <= 1 and len(test["calibration"]["bins"]) == 10
+  assert 0 < test["validation_threshold"]["threshold"] < 1
+  assert test["validation_threshold"]["sensitivity"] > test["sensitivity"]
+  assert os.path.exists(os.path.join(work, "reliability.png"))
