@@ -1,4 +1,5 @@
-"""experiments/real_cohorts: the four public cohorts convert and ingest with every patient kept."""
+"""experiments/real_cohorts: the four public cohorts convert and ingest with every patient kept; the
+comparison's plumbing; configs/tables.py end to end on one of them."""
 
 import json
 import os
@@ -7,7 +8,7 @@ import numpy as np
 import pytest
 
 from configs import default as default_config
-from experiments.real_cohorts import cohorts
+from experiments.real_cohorts import baselines, cohorts, compare
 from medjax.data import ingest
 from tests import runs
 
@@ -37,7 +38,6 @@ def test_labels_leave_out_patients_censored_before_five_years():
 def test_baselines_fit_on_the_split_medjax_ingested(tmp_path):
   # The comparison's plumbing without training medjax: the seed's salt, medjax's ingest of the
   # cohort, every patient's split read back through its pseudonym, the baselines on that split.
-  from experiments.real_cohorts import baselines, compare
   cohorts.write("pbc", str(tmp_path / "pbc"))
   salt = compare.salt_file(str(tmp_path), seed=3)
   config = default_config.get_config()
@@ -58,7 +58,6 @@ def test_baselines_fit_on_the_split_medjax_ingested(tmp_path):
 
 
 def test_paired_interval_is_students_t_over_seeds():
-  from experiments.real_cohorts import compare
   got = compare.paired([0.80, 0.82, 0.81, 0.79, 0.83], [0.79, 0.80, 0.80, 0.80, 0.80])
   d = np.array([0.01, 0.02, 0.01, -0.01, 0.03])
   half = 2.7764451 * d.std(ddof=1) / np.sqrt(5)
