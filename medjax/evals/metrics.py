@@ -121,20 +121,31 @@ def binary(probs_Nx2: np.ndarray, labels_N: np.ndarray) -> tuple[dict, dict]:
   return out, {k: r for k, r in why.items() if out[k] is None}
 
 
+def _calibration_bins(confidence_N: np.ndarray, outcome_N: np.ndarray, bins: int,
+                      side: str) -> tuple[list[dict], float]:
+  """Per equal-width bin of `confidence_N` in [0, 1]: its records, their mean confidence and
+  mean outcome; and the ECE, the count-weighted mean |outcome - confidence| over the bins. `side`:
+  which bin a confidence on an edge goes to ('left': the lower, 'right': the upper)."""
+  edges = np.linspace(0.0, 1.0, bins + 1)
+  which = np.clip(np.searchsorted(edges, confidence_N, side=side) - 1, 0, bins - 1)
+  rows, ece = [], 0.0
+  for b in range(bins):
+    inside = which == b
+    n = int(inside.sum())
+    predicted = float(confidence_N[inside].mean()) if n else None
+    observed = float(outcome_N[inside].mean()) if n else None
+    if n:
+      ece += inside.mean() * abs(observed - predicted)
+    rows.append({"lo": float(edges[b]), "hi": float(edges[b + 1]), "count": n,
+                 "predicted": predicted, "observed": observed})
+  return rows, float(ece)
+
+
 def expected_calibration_error(probs_NxK: np.ndarray, labels_N: np.ndarray,
                                bins: int = 15) -> float | None:
   if len(labels_N) == 0:
     return None
-  confidence = probs_NxK.max(1)
-  correct = probs_NxK.argmax(1) == labels_N
-  edges = np.linspace(0.0, 1.0, bins + 1)
-  which = np.clip(np.searchsorted(edges, confidence, side="left") - 1, 0, bins - 1)
-  ece = 0.0
-  for b in range(bins):
-    in_bin = which == b
-    if in_bin.any():
-      ece += in_bin.mean() * abs(correct[in_bin].mean() - confidence[in_bin].mean())
-  return float(ece)
+  return _calibration_bins(probs_NxK.max(1), probs_NxK.argmax(1) == labels_N, bins, "left")[1]
 
 
 IMBALANCED_BELOW = 1 / 3   # binary: a class under this share of training records is the minority
@@ -148,19 +159,8 @@ def reliability(score_N: np.ndarray, positive_N: np.ndarray,
   |observed - predicted|). None without records."""
   if len(score_N) == 0:
     return None
-  edges = np.linspace(0.0, 1.0, bins + 1)
-  which = np.clip(np.searchsorted(edges, score_N, side="right") - 1, 0, bins - 1)
-  rows, ece = [], 0.0
-  for b in range(bins):
-    inside = which == b
-    n = int(inside.sum())
-    predicted = float(score_N[inside].mean()) if n else None
-    observed = float(positive_N[inside].mean()) if n else None
-    if n:
-      ece += n / len(score_N) * abs(observed - predicted)
-    rows.append({"lo": float(edges[b]), "hi": float(edges[b + 1]), "count": n,
-                 "predicted": predicted, "observed": observed})
-  return {"ece": float(ece), "bins": rows}
+  rows, ece = _calibration_bins(score_N, positive_N, bins, "right")
+  return {"ece": ece, "bins": rows}
 
 
 def youden_threshold(score_N: np.ndarray, positive_N: np.ndarray) -> float | None:
