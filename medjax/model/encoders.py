@@ -117,6 +117,14 @@ def quantile_edges(values_NxL: np.ndarray, mask_NxL: np.ndarray, bins: int) -> n
   return edges
 
 
+def labs_embedding_kind(embedding: str, tokens: bool) -> str | None:
+  """The labs' NumericEmbedding kind (None: none): feature tokens need one, piecewise unless
+  config.model.labs_embedding names another."""
+  if embedding == "none":
+    return "piecewise" if tokens else None
+  return embedding
+
+
 class LabsEncoder(nnx.Module):
   """Lab values and their per-analyte mask -> one d_model token.
 
@@ -134,10 +142,10 @@ class LabsEncoder(nnx.Module):
       raise ValueError(f"config.model.labs_embedding={embedding!r}: use one of "
                        f"{NUMERIC_EMBEDDINGS}")
     self.tokens = tokens
+    kind = labs_embedding_kind(embedding, tokens)
     self.embed = (NumericEmbedding(
-        num_analytes, "piecewise" if embedding == "none" else embedding,
-        d_model if tokens else width, bins=bins, frequencies=frequencies, scale=scale,
-        rngs=rngs, dtype=dtype) if embedding != "none" or tokens else None)
+        num_analytes, kind, d_model if tokens else width, bins=bins, frequencies=frequencies,
+        scale=scale, rngs=rngs, dtype=dtype) if kind else None)
     if tokens:
       self.feature_embed = nnx.Param(
           0.02 * jax.random.normal(rngs.params(), (num_analytes, d_model), jnp.float32))

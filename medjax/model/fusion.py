@@ -29,12 +29,9 @@ FillValue = encoders.FillValue   # not trained: fills and bin edges, set from tr
 
 def needs_statistics(model_config) -> bool:
   """Whether a fresh model takes values from the training data (`FusionModel.set_statistics`)."""
-  return model_config.missing != "learned" or _labs_embedding(model_config) == "piecewise"
-
-
-def _labs_embedding(cfg) -> str:
-  embedding = cfg.get("labs_embedding", "none")
-  return "piecewise" if embedding == "none" and cfg.get("labs_tokens", False) else embedding
+  kind = encoders.labs_embedding_kind(model_config.get("labs_embedding", "none"),
+                                      model_config.get("labs_tokens", False))
+  return model_config.missing != "learned" or kind == "piecewise"
 
 
 def compute_dtype(name: str) -> jnp.dtype:
