@@ -139,13 +139,17 @@ def stack(records: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
   return {k: np.stack([r[k] for r in records]) for k in KEYS}
 
 
+def zscore(key: str, values: np.ndarray, mask: np.ndarray,
+           tables: dict[str, np.ndarray]) -> np.ndarray:
+  """`values` of 'labs' or 'vitals' z-scored with the training split's statistics, float32, 0
+  where `mask` says missing: what the model sees."""
+  return np.where(mask, (values - tables[key + "_mean"]) / tables[key + "_std"], 0
+                  ).astype(np.float32)
+
+
 def normalize(batch: dict[str, np.ndarray], tables: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
   """z-scores labs and vitals with the training split's statistics; 0 where missing."""
   out = dict(batch)
-  out["labs"] = np.where(batch["labs_mask"],
-                         (batch["labs"] - tables["labs_mean"]) / tables["labs_std"], 0
-                         ).astype(np.float32)
-  out["vitals"] = np.where(batch["vitals_mask"],
-                           (batch["vitals"] - tables["vitals_mean"]) / tables["vitals_std"], 0
-                           ).astype(np.float32)
+  for key in ("labs", "vitals"):
+    out[key] = zscore(key, batch[key], batch[key + "_mask"], tables)
   return out

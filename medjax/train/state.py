@@ -25,6 +25,7 @@ from jax.sharding import PartitionSpec as P
 from medjax import errors
 from medjax import model as model_lib
 from medjax import programs
+from medjax.data import records
 from medjax.model import fusion
 
 DATA_AXES = ("data", "fsdp")
@@ -141,9 +142,10 @@ def statistics(reader, rows: np.ndarray, tables) -> tuple:
   sample = reader.cache.read(rows[:256])
   images = sample["images"][sample["image_mask"]]
   image_mean = images.mean(0) if len(images) else np.zeros((size, size), np.float32)
-  labs_z = (tables["labs"][rows] - tables["labs_mean"]) / tables["labs_std"]
+  labs_mask = tables["labs_mask"][rows]
   return (image_mean, -tables["labs_mean"] / tables["labs_std"],
-          -tables["vitals_mean"] / tables["vitals_std"], labs_z, tables["labs_mask"][rows])
+          -tables["vitals_mean"] / tables["vitals_std"],
+          records.zscore("labs", tables["labs"][rows], labs_mask, tables), labs_mask)
 
 
 def with_statistics(state: dict, built, reader, rows: np.ndarray, tables) -> dict:
