@@ -20,6 +20,8 @@ import numpy as np
 import threadpoolctl
 from sklearn import ensemble, impute, linear_model, metrics, pipeline, preprocessing
 
+from medjax.evals import metrics as medjax_metrics
+
 TREE_GRID = list(itertools.product((0.03, 0.1), (7, 15, 31), (10, 40)))
 MAX_ITER, EVERY = 500, 10
 LOGISTIC_C = np.logspace(-3, 2, 6)
@@ -85,7 +87,6 @@ METHODS = {"majority": majority, "logistic": logistic, "trees": trees}
 
 def scores(p_positive: np.ndarray, y: np.ndarray) -> dict:
   """Test AUROC, accuracy, macro F1 (at p > 0.5, medjax's argmax) and ECE (medjax's bins)."""
-  from medjax.evals import metrics as medjax_metrics
   probs = np.stack([1 - p_positive, p_positive], axis=1)
   pred = (p_positive > 0.5).astype(int)
   return {"auroc": float(metrics.roc_auc_score(y, p_positive)),

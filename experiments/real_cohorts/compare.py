@@ -22,8 +22,8 @@ import sys
 import time
 
 import numpy as np
-from scipy import stats
 
+from experiments import ablation_missing
 from experiments.real_cohorts import baselines, cohorts
 from medjax.data import ingest
 from medjax.data import manifest as manifest_lib
@@ -101,11 +101,10 @@ def one_seed(name: str, outdir: str, seed: int, label: str, config: str, overrid
 
 
 def paired(a: list[float], b: list[float]) -> dict:
-  """Mean of a - b over seeds and its 95% t-interval."""
-  d = np.asarray(a) - np.asarray(b)
-  half = (stats.t.ppf(0.975, len(d) - 1) * d.std(ddof=1) / np.sqrt(len(d))
-          if len(d) > 1 else float("nan"))
-  return {"mean": float(d.mean()), "lo": float(d.mean() - half), "hi": float(d.mean() + half)}
+  """Mean of a - b over seeds and its 95% t-interval (NaN with one seed)."""
+  d = ablation_missing.mean_std(np.subtract(a, b))
+  lo, hi = d["ci95"] or (float("nan"), float("nan"))
+  return {"mean": d["mean"], "lo": lo, "hi": hi}
 
 
 def summarise(per_seed: dict) -> dict:

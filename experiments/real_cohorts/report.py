@@ -77,10 +77,11 @@ def variants(before: dict, others: list[dict]) -> str:
   for r in others:
     for name, seeds in r["per_seed"].items():
       keys = sorted(seeds)
-      mean = lambda run, m, ks=keys: np.mean([run["per_seed"][name][k][m]["auroc"] for k in ks])
+      mean = lambda run, m, ks=keys, c=name: np.mean([run["per_seed"][c][k][m]["auroc"] for k in ks])
       base = [k for k in keys if k in before["per_seed"].get(name, {})]
-      lines.append(f"| {r['label']} | `{' '.join(o.replace('--config.', '') for o in r['overrides'])}` "
-                   f"| {name} | {len(keys)} | {mean(r, 'medjax'):.3f} | "
+      overrides = " ".join(o.replace("--config.", "") for o in r["overrides"])
+      lines.append(f"| {r['label']} | `{overrides}` | {name} | {len(keys)} | "
+                   f"{mean(r, 'medjax'):.3f} | "
                    f"{mean(before, 'medjax', base) if base else float('nan'):.3f} | "
                    f"{mean(r, 'trees'):.3f} |")
   return "\n".join(lines)
