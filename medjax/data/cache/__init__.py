@@ -7,7 +7,7 @@
 
 from medjax.data.cache.store import Cache
 from medjax.data.cache.store import COUNTERS
-from medjax.data.cache.store import fingerprint
+from medjax.data.cache.disk import fingerprint
 from medjax.data.cache.store import FORMAT_VERSION
 from medjax.data.cache.store import TABLES
 from medjax.data.cache.store import write_json

@@ -11,6 +11,7 @@ writer adds (`follow_writer`). `medjax.data.cache.store` decides what goes in an
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -56,6 +57,14 @@ def write_json(path: str, value) -> None:
   with open(path + ".tmp", "w") as f:
     json.dump(value, f)
   os.replace(path + ".tmp", path)
+
+
+def fingerprint(manifest, row: int, tables: dict[str, np.ndarray]) -> str:
+  """Changes whenever what record `row` decodes to could change."""
+  h = hashlib.blake2b(manifest.row_fingerprint(row).encode(), digest_size=12)
+  for key in ("labs", "labs_mask", "vitals", "vitals_mask"):
+    h.update(np.ascontiguousarray(tables[key][row]).tobytes())
+  return h.hexdigest()
 
 
 class Disk:

@@ -19,11 +19,9 @@ process that misses a record the writer has promised (`expect`) waits for the wr
 decoding it again. Counters (`COUNTERS`) are cumulative over the cache's life on this node, per
 process, and kept in `counters.<process>.json` beside the cache.
 """
-# long: one class, the cache; its validation, writing and reading share one lock, index and counters
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -52,14 +50,6 @@ _PERSIST_S = 1.0   # how often a fill rewrites index.json and the counters
 COUNTERS_FILE = schema.Object(
     {}, optional={**dict.fromkeys(COUNTERS, schema.Num(min=0)), "run": schema.STR,
                   "membership": schema.COUNT}, extra=False)
-
-
-def fingerprint(manifest, row: int, tables: dict[str, np.ndarray]) -> str:
-  """Changes whenever what record `row` decodes to could change."""
-  h = hashlib.blake2b(manifest.row_fingerprint(row).encode(), digest_size=12)
-  for key in ("labs", "labs_mask", "vitals", "vitals_mask"):
-    h.update(np.ascontiguousarray(tables[key][row]).tobytes())
-  return h.hexdigest()
 
 
 class Cache:
@@ -193,7 +183,7 @@ class Cache:
     stale = []
     for rid, (slot, fp, _) in self.index.items():
       row = self._row_of.get(rid)
-      if (row is None or fp != fingerprint(self.manifest, row, self.tables)
+      if (row is None or fp != disk_lib.fingerprint(self.manifest, row, self.tables)
           or slot >= self.disk.capacity):
         stale.append(rid)
     for rid in stale:
@@ -281,7 +271,7 @@ class Cache:
       with self._cond:
         for row, slot, (im, tb) in zip(rows, slots, packed):
           rid = self.manifest.record_ids[row]
-          self.disk.index[rid] = [slot, fingerprint(self.manifest, row, self.tables),
+          self.disk.index[rid] = [slot, disk_lib.fingerprint(self.manifest, row, self.tables),
                                   self.disk.crc(im, tb)]
         self.counters["records_written"] += len(rows)
     finally:
@@ -293,8 +283,8 @@ class Cache:
     """Index entries (slot TABLES) for records without images: nothing to store."""
     if self.read_only or not rows:
       return
-    entries = {self.manifest.record_ids[r]: [TABLES, fingerprint(self.manifest, r, self.tables), 0]
-               for r in rows}
+    fp = lambda r: disk_lib.fingerprint(self.manifest, r, self.tables)
+    entries = {self.manifest.record_ids[r]: [TABLES, fp(r), 0] for r in rows}
     with self._cond:
       self.disk.index.update(entries)
       self.counters["records_written"] += len(entries)
