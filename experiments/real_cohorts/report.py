@@ -77,7 +77,8 @@ def variants(before: dict, others: list[dict]) -> str:
   for r in others:
     for name, seeds in r["per_seed"].items():
       keys = sorted(seeds)
-      mean = lambda run, m, ks=keys, c=name: np.mean([run["per_seed"][c][k][m]["auroc"] for k in ks])
+      mean = lambda run, m, ks=keys, c=name: np.mean(
+          [run["per_seed"][c][k][m]["auroc"] for k in ks])
       base = [k for k in keys if k in before["per_seed"].get(name, {})]
       overrides = " ".join(o.replace("--config.", "") for o in r["overrides"])
       lines.append(f"| {r['label']} | `{overrides}` | {name} | {len(keys)} | "
