@@ -44,6 +44,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from experiments import bench_train
+from experiments import loop_timeline
 from medjax import lineage as lineage_lib
 from medjax import paths
 from medjax.runtime import context
@@ -105,6 +106,19 @@ def null_step(prepared):
                  donate_argnums=(0,))
 
 
+def step_flops(prepared) -> float:
+  """The model's step FLOPs (`bench_train.model_flops`, from its jaxpr: the same for every
+  platform and dtype), traced on the shapes of the state and of one batch."""
+  p = prepared
+  state = jax.eval_shape(p.built.create)
+  plan = p.data.plan(0)
+  part = next(steps for steps in plan.steps if len(steps))
+  _, _, batch = next(iter(prepare_lib.data_batches(p.config, p.reader, part, 0,
+                                                   p.batch_sharding)))
+  shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), batch)
+  return bench_train.model_flops(p.train_step, state, shapes)
+
+
 def in_memory(prepared, step_fn, steps: int, rounds: int) -> list[float]:
   """Seconds per step over `steps` chained steps on batches already on the device, per round."""
   p = prepared
@@ -135,8 +149,8 @@ class _Timed:
   """The loop's step function, recording when each step is dispatched; profiles from step
   `profile_from` on (the training thread only)."""
 
-  def __init__(self, fn, profile_from: int):
-    self.fn, self.profile_from = fn, profile_from
+  def __init__(self, fn, profile_from: int, timeline: loop_timeline.Timeline, warm: int):
+    self.fn, self.profile_from, self.timeline, self.warm = fn, profile_from, timeline, warm
     self.at: list[float] = []
     self.end: float | None = None
     self.profile = cProfile.Profile()
@@ -145,12 +159,17 @@ class _Timed:
     self.at.append(time.perf_counter())
     if len(self.at) == self.profile_from:
       self.profile.enable()
-    return self.fn(state, batch)
+    if len(self.at) == self.warm + 1:
+      self.timeline.active = True
+    self.timeline.dispatched()
+    with self.timeline.span("dispatch"):
+      return self.fn(state, batch)
 
   def stop(self) -> None:
     """The loop ended (its last step's metrics fetched): the profile stops, the clock too."""
     if self.end is None:
       self.profile.disable()
+      self.timeline.active = False
       self.end = time.perf_counter()
 
 
@@ -174,7 +193,9 @@ def run_loop(prepared, step_fn, *, warm: int, profile: bool) -> dict:
   ctx = context.Local(lineage_lib.LineageStore(run.lineage_store), run.checkpoints,
                       p.config.ckpt.max_to_keep, keep_best=p.config.ckpt.keep_best)
   total = p.total_steps
-  timed = _Timed(step_fn, profile_from=(warm + (total - warm) // 2) if profile else total + 1)
+  timeline = loop_timeline.Timeline()
+  timed = _Timed(step_fn, profile_from=(warm + (total - warm) // 2) if profile else total + 1,
+                 timeline=timeline, warm=warm)
   p.train_step = timed
   stop_training = loop_lib._Loop.stop_training   # pylint: disable=protected-access
 
@@ -186,7 +207,8 @@ def run_loop(prepared, step_fn, *, warm: int, profile: bool) -> dict:
     return stop_training(self, **kwargs)
   loop_lib._Loop.stop_training = stopped   # pylint: disable=protected-access
   try:
-    summary = loop_lib.run_prepared(p, ctx, phases=phases_lib.Phases())
+    with timeline.wrapped():
+      summary = loop_lib.run_prepared(p, ctx, phases=phases_lib.Phases())
   finally:
     loop_lib._Loop.stop_training = stop_training   # pylint: disable=protected-access
     timed.stop()
@@ -195,7 +217,12 @@ def run_loop(prepared, step_fn, *, warm: int, profile: bool) -> dict:
   at = np.asarray(timed.at + [timed.end])
   profiled = len(timed.at) - timed.profile_from + 1 if profile else 0
   split = len(timed.at) - max(profiled, 0)   # the first profiled step's dispatch
+  kinds = timeline.kinds
   return {"steps": len(timed.at), "timed": timed, "summary": summary,
+          # The training thread's wall time from the first step after the warm ones to the end.
+          "timeline": timeline.report(
+              wall_s=float(at[-1] - at[warm]), steps=len(timed.at) - warm,
+              intervals=[(kinds[i], float(at[i] - at[i - 1])) for i in range(warm + 1, len(at) - 1)]),
           "blocked_while_training_s": blocked[0] if blocked else None,
           # Seconds per step: unprofiled steps after the warm ones (to the first profiled
           # dispatch, or to the loop's end), each step's dispatch to the next's.
@@ -254,6 +281,7 @@ def measure(config, workdir: str, *, null: bool, warm: int, rounds: int, profile
       f"{prepared.steps_per_epoch} steps/epoch, {prepared.num_params:,} parameters "
       f"({dict(phases.seconds)})")
   step_fn = null_step(prepared) if null else prepared.train_step
+  flops = 0.0 if null else step_flops(prepared)
   n = max(8, min(prepared.steps_per_epoch, 64))
   before = in_memory(prepared, step_fn, n, rounds)
   loop = run_loop(prepared, step_fn, warm=warm, profile=profile)
@@ -266,6 +294,9 @@ def measure(config, workdir: str, *, null: bool, warm: int, rounds: int, profile
   mean_loop_s = float(np.mean(unprofiled))
   summary = loop["summary"]["train"]
   batch = config.data.batch_size
+  validation_s = loop["timeline"]["ms_per_step"].get("validation", 0.0) * loop["timeline"][
+      "steps"] / 1e3
+  peak = bench_train.peak_tflops(jax.devices()[0], str(config.model.dtype))
   breakdown = (profile_breakdown(loop["timed"].profile, loop["profiled_steps"])
                if profile and loop["profiled_steps"] else None)
   host_ms = None
@@ -297,13 +328,29 @@ def measure(config, workdir: str, *, null: bool, warm: int, rounds: int, profile
       "checkpoints": {k: (v if not isinstance(v, list) else len(v))
                       for k, v in summary.get("checkpoints", {}).items()},
       "snapshots": summary["snapshots"],
+      # The training thread's wall time by activity, and the loop without its validations
+      # (epoch ends: device work of their own, beside the training steps).
+      "timeline": loop["timeline"],
+      "loop_efficiency_without_validation": round(
+          mem_s * loop["timeline"]["steps"] / max(loop["timeline"]["wall_s"] - validation_s,
+                                                   1e-9), 4),
+      "model_flops_per_step": flops,
+      "achieved_tflops_in_memory": round(flops / mem_s / 1e12, 3),
+      "achieved_tflops_loop": round(flops / mean_loop_s / 1e12, 3),
+      "peak_tflops": peak if flops else None,
+      "fraction_of_peak_in_memory": (round(flops / mem_s / 1e12 / peak, 4) if peak and flops
+                                     else None),
       "profile": breakdown,
       "phases_s": dict(phases.seconds)}
   log(f"{result['step']}: in memory {result['in_memory_step_ms']} ms/step, loop "
       f"{result['loop_step_ms_mean']} ms/step (median {result['loop_step_ms_median']}): loop "
       f"efficiency {result['loop_efficiency']}; checkpoint blocking "
       f"{100 * result['checkpoint_blocking_fraction']:.2f}% "
-      f"({result['checkpoints']}); host {host_ms} ms/step (profiled)")
+      f"({result['checkpoints']}); host {host_ms} ms/step (profiled); without validation "
+      f"{result['loop_efficiency_without_validation']}; {result['achieved_tflops_in_memory']} "
+      f"TFLOP/s in memory (peak {peak}); training thread, ms/step: "
+      f"{result['timeline']['ms_per_step']}; by step kind: "
+      f"{result['timeline']['intervals_by_kind']}")
   return result
 
 

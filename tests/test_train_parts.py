@@ -5,6 +5,7 @@ import glob
 import os
 import struct
 import time
+import types
 
 import jax
 import jax.numpy as jnp
@@ -283,6 +284,36 @@ def test_reporter_writes_every_step_at_the_interval():
   assert kind == "train" and scalars["loss"] == pytest.approx(0.4)
   assert scalars["learning_rate"] == pytest.approx(1e-3) and "weight" not in scalars
   assert scalars["examples_per_s"] > 0 and scalars["partition"] == 1
+
+
+def test_reporters_interval_flush_leaves_the_steps_in_flight_queued():
+  """With a lag of 2 (the loop's max_steps_in_flight) an interval's flush fetches only the steps
+  older than the newest two, which the in-flight bound has already waited for: the device's queue
+  is never drained by logging. The end's flush fetches everything, in order."""
+  writer, bar = _Writer(), _Bar()
+  reporter = reporting.Reporter(writer, bar, every=3, processes=1, record_ids=np.array(["r-a"]),
+                                resume_hint=lambda: "", lag=2)
+  fetched = []
+  real_get = reporting.jax.device_get
+
+  def device_get(tree):
+    fetched.append(len(tree))
+    return real_get(tree)
+  reporting.jax.device_get = device_get
+  try:
+    written = []
+    for step in range(1, 10):
+      reporter.step(global_step=step, epoch=0, partition=0, offset=step, rows=np.array([0]),
+                    metrics=_metrics(step / 10))
+      written.append(len(writer.rows))
+    reporter.flush()
+  finally:
+    reporting.jax.device_get = real_get
+  # Step 1 at once; at 5 queued (steps 2-6) steps 2-4 are fetched and 5-6 stay; at 5 queued
+  # again (5-9) steps 5-7; the end's flush fetches 8-9.
+  assert written == [1, 1, 1, 1, 1, 4, 4, 4, 7]
+  assert fetched == [1, 3, 3, 2]
+  assert [r[1] for r in writer.rows] == list(range(1, 10)) and bar.done == 9
 
 
 class _NotReady:
@@ -670,3 +701,80 @@ def test_tensorboard_gets_each_intervals_mean_and_metrics_jsonl_every_step(tmp_p
   assert sorted(_tensorboard_scalars(str(tmp_path / "tensorboard"))) == [
       ("monitor/cpu_percent", 7, 50.0), ("train/epoch", 2, 1.0), ("train/grad_norm", 2, 3.0),
       ("train/loss", 2, 3.0)]
+
+
+class _Plans:
+  """`HostData.plan` of a fixed layout: epoch e, partition k holds steps of rows 100e + 10k + s
+  (one host, host batch 1); partition 1 of every epoch is empty."""
+
+  def __init__(self, steps_per_partition=(3, 0, 2)):
+    self.sizes = steps_per_partition
+
+  def plan(self, epoch, base_N=None):
+    steps = [np.array([[[100 * epoch + 10 * k + s]] for s in range(n)], np.int32).reshape(n, 1, 1)
+             for k, n in enumerate(self.sizes)]
+    return types.SimpleNamespace(steps=steps, num_partitions=len(steps))
+
+
+class _Reader:
+  def __init__(self, log):
+    self.log = log
+
+  def local_rows(self, step):
+    return step[0]
+
+  def read(self, rows):
+    self.log.append(("read", int(rows[0])))
+    return {"x": rows.astype(np.float32), "row": rows}
+
+
+def _walk(prefetch, cursor, epochs=2, log=None):
+  """Runs PlannedSteps as the loop does (dispatch, read_ahead, then advance the cursor)."""
+  from medjax.train import loop as loop_lib  # pylint: disable=import-outside-toplevel
+  log = [] if log is None else log
+  config = ml_collections.ConfigDict({"data": {"batch_size": 1, "prefetch": prefetch}})
+  prepared = types.SimpleNamespace(config=config, reader=_Reader(log), batch_sharding=object(),
+                                   data=_Plans())
+  plan = loop_lib.PlannedSteps(prepared, cursor, epochs, on_partition=lambda *a: None)
+  for step in plan:
+    if step.batch is not None:
+      log.append(("step", int(step.rows[0, 0])))
+      plan.read_ahead()
+      cursor.offset += 1
+    if step.ends_partition:
+      log.append(("end", step.epoch, step.partition))
+      cursor.partition, cursor.offset = cursor.partition + 1, 0
+      if cursor.partition == step.num_partitions:
+        cursor.epoch, cursor.partition = cursor.epoch + 1, 0
+        cursor.base_N = np.zeros(8, bool)
+  return log
+
+
+def _cursor(epoch=0, partition=0, offset=0):
+  return types.SimpleNamespace(epoch=epoch, partition=partition, offset=offset, base_N=None,
+                               stopped=False, global_step=0)
+
+
+@pytest.mark.parametrize("prefetch", ["inline", "thread"])
+def test_planned_steps_read_one_reader_across_partitions_and_the_next_epoch_ahead(prefetch):
+  """Every planned step once, in order, an empty partition still ending; on the inline path the
+  reads show that each batch is read while the step before it runs, across a partition's
+  boundary and into the next epoch (its first batch read during the epoch's last step)."""
+  log = _walk(prefetch, _cursor())
+  steps = [e[1] for e in log if e[0] == "step"]
+  assert steps == [0, 1, 2, 20, 21, 100, 101, 102, 120, 121]
+  ends = [e[1:] for e in log if e[0] == "end"]
+  assert ends == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]
+  assert sorted(e[1] for e in log if e[0] == "read") == steps   # each batch read once
+  if prefetch == "inline":
+    order = [e for e in log if e[0] in ("read", "step")]
+    # After the first, each batch is read right after the step before it was dispatched.
+    assert order[:2] == [("read", 0), ("step", 0)]
+    assert order[order.index(("step", 2)) + 1] == ("read", 20)        # across the boundary
+    assert order[order.index(("step", 21)) + 1] == ("read", 100)      # into the next epoch
+    assert log.index(("read", 100)) < log.index(("end", 0, 2))
+
+
+def test_planned_steps_resume_inside_a_partition():
+  log = _walk("inline", _cursor(epoch=0, partition=0, offset=2))
+  assert [e[1] for e in log if e[0] == "step"] == [2, 20, 21, 100, 101, 102, 120, 121]

@@ -41,11 +41,13 @@ def predict(predict_fn, state, reader: loader.BatchReader, placement, rows: np.n
   """
   steps = partition.partition_steps(rows, placement, host_batch_size=host_batch, seed=seed)
   flat = steps.reshape(len(steps), -1)
+  # Every batch is dispatched before any result is fetched (one transfer at the end), so the
+  # device runs them back to back while the next ones are read.
+  dispatched = [(s, predict_fn(state, batch)) for s, _, batch in loader.prefetched(
+      reader, steps, sharding=sharding, global_batch=global_batch)]
   probs = {}
-  for s, _, batch in loader.prefetched(reader, steps, sharding=sharding,
-                                       global_batch=global_batch):
-    out = np.asarray(jax.device_get(predict_fn(state, batch)))
-    for r, p in zip(flat[s], out):
+  for (s, _), out in zip(dispatched, jax.device_get([out for _, out in dispatched])):
+    for r, p in zip(flat[s], np.asarray(out)):
       if r >= 0:
         probs[int(r)] = p
   return np.stack([probs[int(r)] for r in rows]) if len(rows) else np.zeros((0, 0))

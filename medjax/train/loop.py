@@ -134,38 +134,68 @@ class Step:
 class PlannedSteps:
   """The planned steps from the cursor's position, epoch by epoch, each batch read ahead.
 
-  Each epoch is planned when it starts (`HostData.plan` of the cursor's epoch and segment); each
-  partition's batches come from `prepare.data_batches`, and `read_ahead` reads the next one while
-  a step runs. `on_partition(partition, global_step, epoch)` is called as a partition starts.
-  A partition the plan left empty still ends (one `Step` without a batch).
+  Each epoch is planned when it starts (`HostData.plan` of the cursor's epoch and segment), or
+  as the epoch before it reaches its last step (the next epoch starts a segment with nothing
+  processed, so its plan is known), when its reading starts; its partitions' batches come from
+  one `prepare.data_batches` reader, and `read_ahead` reads the next one while a step runs (the
+  epoch's last step: the next epoch's first). `on_partition(partition, global_step, epoch)` is
+  called as a partition starts. A partition the plan left empty still ends (one `Step` without a
+  batch).
   """
 
   def __init__(self, prepared: Prepared, cursor: lineage_lib.Cursor, epochs: int,
                on_partition: Callable[[int, int, int], None]):
     self.p, self.cursor, self.epochs, self.on_partition = prepared, cursor, epochs, on_partition
-    self._batches = None
+    self._batches = self._next = None
 
   def __iter__(self):
     p, cursor = self.p, self.cursor
+    ahead = None   # the next epoch's (plan, reader), started as this epoch's last step ran
     while cursor.epoch < self.epochs and not cursor.stopped:
-      plan = p.data.plan(cursor.epoch, cursor.base_N)
-      for part in range(cursor.partition, plan.num_partitions):
+      if ahead is not None and cursor.partition == 0 and cursor.offset == 0 and not (
+          cursor.base_N is not None and cursor.base_N.any()):
+        plan, self._batches = ahead
+      else:
+        plan = p.data.plan(cursor.epoch, cursor.base_N)
+        self._batches = self._reader(plan, cursor.partition, cursor.offset)
+      ahead = self._next = None
+      parts = range(cursor.partition, plan.num_partitions)
+      starts = [cursor.offset if part == cursor.partition else 0 for part in parts]
+      batches = iter(self._batches)
+      last = max((part for part in parts if len(plan.steps[part])), default=None)
+      for part, start in zip(parts, starts):
         if cursor.stopped:
           return
         self.on_partition(part, cursor.global_step, cursor.epoch)
         steps = plan.steps[part]
-        self._batches = prepare_lib.data_batches(p.config, p.reader, steps, cursor.offset,
-                                                 p.batch_sharding)
         at = dict(epoch=cursor.epoch, partition=part, num_partitions=plan.num_partitions,
                   partition_steps=len(steps))
-        if cursor.offset >= len(steps):
+        if start >= len(steps):
           yield Step(**at, rows=steps[:0], local=None, batch=None, ends_partition=True)
-        for s, local, batch in self._batches:
+        for s in range(start, len(steps)):
+          _, local, batch = next(batches)
+          if part == last and s == len(steps) - 1 and cursor.epoch + 1 < self.epochs:
+            # The epoch's last step: the next epoch (a new segment, nothing processed yet) is
+            # planned and its reading starts while this step and the boundary run.
+            following = p.data.plan(cursor.epoch + 1, None)
+            ahead = (following, self._reader(following, 0, 0))
+            self._next = ahead[1]
           yield Step(**at, rows=steps[s], local=local, batch=batch,
                      ends_partition=s == len(steps) - 1)
 
+  def _reader(self, plan, partition: int, offset: int):
+    """One reader over the plan's partitions from (`partition`, `offset`) on, so that reading
+    ahead crosses their boundaries (a reader per partition started cold at each: its first batch
+    read while the device waited, at ~5 steps a partition on a GPU at the paper's size)."""
+    chunks = [plan.steps[part][offset if part == partition else 0:]
+              for part in range(partition, plan.num_partitions)]
+    steps = np.concatenate(chunks) if chunks else np.zeros((0, 0, 0), np.int32)
+    return prepare_lib.data_batches(self.p.config, self.p.reader, steps, 0, self.p.batch_sharding)
+
   def read_ahead(self) -> None:
     self._batches.read_ahead()
+    if self._next is not None:
+      self._next.read_ahead()
 
 
 @dataclasses.dataclass
@@ -355,7 +385,8 @@ def _open(p: Prepared, ctx, run: paths.RunPaths, cursor: lineage_lib.Cursor,
   reporter = reporting.Reporter(
       writer, bar, every=config.log_every_steps, processes=jax.process_count(),
       record_ids=manifest.record_ids, generation=ctx.generation, on_progress=on_progress,
-      resume_hint=lambda: f"last good checkpoint: {saver.last_saved} in {run.checkpoints}")
+      resume_hint=lambda: f"last good checkpoint: {saver.last_saved} in {run.checkpoints}",
+      lag=int(config.get("max_steps_in_flight", 0)) or 2)
   saver = saver_lib.Saver(ckpt, ctx, is_chief=is_chief, last_saved=last_good,
                           before_save=reporter.check, after_save=reporter.write,
                           guard=reporter.finite_guard)

@@ -60,6 +60,10 @@ class Reporter:
     writer: the `writers.MetricWriter` (enabled on process 0 only).
     bar: the `progress.Progress` bar of training steps.
     every: logging interval in steps (>= 1).
+    lag: steps the interval's flush leaves queued, the newest ones (the loop passes its
+      config.max_steps_in_flight): those older are finished already, so fetching them does not
+      wait for the device, which keeps the steps queued behind them (a flush of every queued
+      step would drain its queue once per interval). Checkpoints and the end flush all.
     processes: jax.process_count(), to turn this process's examples into the global rate.
     record_ids: the manifest's pseudonymous record ids, for the non-finite-loss error.
     resume_hint: text naming the last good checkpoint, for the non-finite-loss error.
@@ -70,8 +74,9 @@ class Reporter:
 
   def __init__(self, writer, bar, *, every: int, processes: int, record_ids: np.ndarray,
                resume_hint: Callable[[], str], generation: int = 0,
-               on_progress: Callable[..., None] = lambda *_: None):
+               on_progress: Callable[..., None] = lambda *_: None, lag: int = 0):
     self.writer, self.bar, self.every, self.processes = writer, bar, max(int(every), 1), processes
+    self.lag = max(int(lag), 0)
     self.record_ids, self.resume_hint, self.generation = record_ids, resume_hint, generation
     self.on_progress = on_progress
     self._pending: list[_Pending] = []
@@ -85,8 +90,11 @@ class Reporter:
     """Queues one dispatched step; flushes at the interval, and in between reports progress for
     the newest queued step that has finished (asked without waiting for the device)."""
     self._pending.append(_Pending(global_step, epoch, partition, offset, rows, metrics))
-    if len(self._pending) >= self.every or not self._flushed:
+    if not self._flushed:
       self.flush()
+      return
+    if len(self._pending) >= self.every + self.lag:
+      self.flush(keep=self.lag)
       return
     for p in reversed(self._pending[:-1]):
       if p.global_step <= self._reported:
@@ -108,19 +116,21 @@ class Reporter:
     losses = [p.metrics["loss"] for p in self._pending]
     return lambda: bool(np.all(np.isfinite(np.asarray(jax.device_get(losses), np.float64))))
 
-  def flush(self) -> None:
-    """Fetches the queued metrics (one device-to-host copy), checks and writes them."""
-    self.check()
+  def flush(self, keep: int = 0) -> None:
+    """Fetches the queued metrics (one device-to-host copy), checks and writes them; the newest
+    `keep` steps stay queued (the interval's flush: see `lag`)."""
+    self.check(keep)
     self.write()
 
-  def check(self) -> None:
+  def check(self, keep: int = 0) -> None:
     """Fetches the queued metrics and checks that every loss is finite (a TrainingError names
     the first step whose loss is not); `write` writes them. A checkpoint is saved in between:
     writing wakes TensorBoard's writer thread, whose Python would hold the GIL while the save
     dispatches its packing."""
-    if not self._pending:
+    cut = len(self._pending) - max(keep, 0)
+    if cut <= 0:
       return
-    pending, self._pending, self._flushed = self._pending, [], True
+    pending, self._pending, self._flushed = self._pending[:cut], self._pending[cut:], True
     fetched = jax.device_get([p.metrics for p in pending])
     now = time.perf_counter()
     examples = sum(int(np.sum(p.rows >= 0)) for p in pending) * self.processes
