@@ -161,6 +161,13 @@ def get_config(arg=None):
   # memory, which a crashed or hung worker's replacement on the same host resumes from (0: off).
   ckpt.snapshot_every_steps = 4
   ckpt.snapshot_dir = ""                # default /dev/shm (else the temporary directory)
+  # The most of the wall time each background writer (checkpoints, snapshots) spends writing:
+  # after a write of w seconds the checkpoint writer rests w * (1/duty - 1) (boundaries reached
+  # meanwhile coalesce, the newest written), and snapshots space out in powers of two of
+  # snapshot_every_steps. A writer that never rests slowed an H100's loop to a quarter of its
+  # speed (README, "What to expect on one GPU"); a failure's replay grows by at most a rest.
+  # 1.0: write whenever due (every boundary the writer is free for, every k steps).
+  ckpt.writer_duty = 0.02
   ckpt.lineage_store = ""               # TensorStore kvstore path or URL; default <workdir>/lineage
   # When every committed checkpoint is damaged: 'stop' (one line naming the damage) or
   # 'start_fresh' (train from step 0; the damaged checkpoints are moved aside, not deleted).

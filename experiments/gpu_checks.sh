@@ -16,10 +16,13 @@
 # space-separated list, picks some):
 #   env        the GPU, driver and library versions, what medjax's layout sees
 #   loop       experiments.bench_loop on configs/paper.py (batch 512, 6,000 patients, 2 partitions
-#              an epoch so that each holds several steps): the real loop with the default
-#              checkpoint policy beside the in-memory step, float32 then bfloat16 (issue 33)
-#   train      experiments.bench_train's FLOP/s part on configs/paper.py at batch 512, float32
-#              and bfloat16, beside the chip's data-sheet peak
+#              an epoch so that each holds several steps, 60 epochs: ~600 steps, long enough for
+#              the writers' rests to matter): the real loop with the default checkpoint policy
+#              beside the in-memory step, float32 then bfloat16, then bfloat16 with writers that
+#              never rest (ckpt.writer_duty=1, the policy before it); the model's TFLOP/s beside
+#              the chip's peak (issue 33)
+#   train      (not by default: `loop` reports the TFLOP/s) experiments.bench_train's FLOP/s part
+#              on configs/paper.py at batch 512, float32 and bfloat16
 #   startup    experiments.bench_data: the cache fill's records/s in one process and on every core
 #   precision  the quickstart in float32 and in bfloat16 on one salt (the same split): test accuracy
 #              and macro F1 of each (model.dtype='auto' picks bfloat16 on a GPU)
@@ -29,7 +32,8 @@
 #   recovery   experiments.bench_recovery: three faults on the quickstart (part B, auto
 #              layout), then supervised vs unsupervised (part A, one repeat); RECOVERY_ARGS
 #              replaces those arguments, RECOVERY_LIMIT (seconds) the stage's limit
-# The workdirs' logs, events and summaries end up in OUTDIR/runs.tgz.
+# The workdirs' logs, events and summaries end up in OUTDIR/runs.tgz. The device tool brings back
+# at most 8 files: run it as `bash experiments/gpu_checks.sh /tmp/g; tar czf $OUT/gpu.tgz -C /tmp g`.
 set -u
 out=${1:?usage: gpu_checks.sh OUTDIR [DEADLINE_S]}
 deadline=${2:-480}
@@ -38,7 +42,7 @@ start=$SECONDS
 left() { echo $(( deadline - (SECONDS - start) )); }
 stage() {  # stage NAME SECONDS COMMAND...: runs COMMAND under a timeout, if there is time
   local name=$1 limit=$2; shift 2
-  if [[ " ${STAGES:-env loop train startup precision tiny} " != *" $name "* ]]; then return 0; fi
+  if [[ " ${STAGES:-env loop startup precision tiny} " != *" $name "* ]]; then return 0; fi
   local budget; budget=$(left)
   if (( budget < 20 )); then echo "$name: skipped (deadline)" | tee -a "$out/stages.txt"; return 1; fi
   (( limit > budget )) && limit=$budget
@@ -75,12 +79,15 @@ print("layout accelerators", layout.accelerators())
 EOF'
 
 export JAX_PLATFORMS=cuda
-loop_args="--config paper --patients 6000 --epochs 6 --set data.num_partitions=2 --workdir /tmp/gpu_loop"
+loop_args="--config paper --patients 6000 --epochs 60 --set data.num_partitions=2 --no-profile \
+  --workdir /tmp/gpu_loop"
 # shellcheck disable=SC2086  (loop_args is a list of arguments)
-stage loop 300 bash -c "python3 -m experiments.bench_loop $loop_args --set model.dtype=float32 \
+stage loop 330 bash -c "python3 -m experiments.bench_loop $loop_args --set model.dtype=float32 \
     --out $out/bench_loop_f32.json \
   && python3 -m experiments.bench_loop $loop_args --set model.dtype=bfloat16 \
-       --out $out/bench_loop_bf16.json"
+       --out $out/bench_loop_bf16.json \
+  && python3 -m experiments.bench_loop $loop_args --set model.dtype=bfloat16 \
+       --set ckpt.writer_duty=1.0 --out $out/bench_loop_bf16_duty1.json"
 stage train 120 bash -c "python3 -m experiments.bench_train --config paper --patients 1500 \
     --batch-sizes 512 --parts flops --rounds 5 --set model.dtype=float32 \
     --out $out/bench_train_f32.json \

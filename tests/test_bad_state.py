@@ -502,7 +502,7 @@ def test_snapshot_headers_of_another_shape_are_skipped_for_the_checkpoint(shared
   # test_snapshots.py's run killed in its third epoch).
   common = [*shared["common"], "--config.fault.supervised=False", "--config.optim.epochs=4",
             "--config.data.num_partitions=1", "--config.ckpt.every_steps=0",
-            "--config.ckpt.snapshot_every_steps=1"]
+            "--config.ckpt.snapshot_every_steps=1", "--config.ckpt.writer_duty=1.0"]
   code = runs.run(work, *common, "--config.fault.inject=kill@step=37:process=0", timeout=300)
   assert code == -signal.SIGKILL, (code, runs.tail(work))
   store = lineage.LineageStore(os.path.join(work, "lineage"))

@@ -83,8 +83,9 @@ EPOCHS = 4
 def clean_run(shared):
   """An uninterrupted supervised run: 1 host, 2 worker processes of 1 device each."""
   clean = str(shared["base"] / "clean")
-  assert runs.run(clean, *_common(shared), TWO_WORKERS,
-                  f"--config.optim.epochs={EPOCHS}") == 0, runs.tail(clean)
+  # Every boundary written (no rest between writes): the pruning test below needs commits.
+  assert runs.run(clean, *_common(shared), TWO_WORKERS, f"--config.optim.epochs={EPOCHS}",
+                  "--config.ckpt.writer_duty=1.0") == 0, runs.tail(clean)
   return clean
 
 
@@ -98,7 +99,8 @@ def test_signals_recovery_exactly_once_and_same_parameters(shared, clean_run):
   # only once the run has restarted), so every restart here takes one (prepared or not).
   code = runs.run(faulty, *_common(shared), TWO_WORKERS, f"--config.optim.epochs={EPOCHS}",
                   f"--config.fault.inject={faults}", "--config.fault.warm_standby=always",
-                  "--config.ckpt.snapshot_every_steps=2")
+                  # Snapshots every 2 steps, however little the writer rests between them.
+                  "--config.ckpt.snapshot_every_steps=2", "--config.ckpt.writer_duty=1.0")
   assert code == 0, runs.tail(faulty)
 
   ft = runs.summary(faulty)["fault_tolerance"]
@@ -552,6 +554,7 @@ def test_checkpoint_strategy_decides_where_a_crash_resumes(shared, strategy, com
   code = runs.run(workdir, *_common(shared), "--config.optim.epochs=3",
                   f"--config.ckpt.strategy={strategy}", "--config.ckpt.every_steps=0",
                   "--config.ckpt.snapshot_every_steps=0",   # the checkpoints alone
+                  "--config.ckpt.writer_duty=1.0",          # each one the strategy asks for
                   "--config.fault.inject=kill@step=25:process=0")
   assert code == 0, runs.tail(workdir)
   events = runs.events(workdir)

@@ -90,6 +90,97 @@ def test_a_busy_writer_coalesces_and_a_follower_writes_the_same_steps():
   assert slowest_put < 0.05                                 # a put never waits for a write
 
 
+def test_a_resting_writer_writes_at_most_its_duty_and_a_join_cuts_the_rest_short():
+  """A duty of 0.2 with 50 ms writes: 200 ms of rest after each, saves handed meanwhile
+  coalesce (the newest written); the leader's follower writes the same steps; the end's join
+  does not wait out the rest."""
+  store = _Store()
+  leader = handoff.Leader(publish=store.publish, duty=0.2)
+  follower = handoff.Follower(store.read)
+  written = {"leader": [], "follower": []}
+  threads = [_writer(leader, written["leader"], lambda: 0.05),
+             _writer(follower, written["follower"], lambda: 0.0)]
+  t0 = time.perf_counter()
+  times = []
+  for step in range(1, 61):       # a save every 10 ms for 0.6 s
+    for side in (leader, follower):
+      side.put(handoff.Item(step, payload=None))
+    if len(written["leader"]) > len(times):
+      times.append(time.perf_counter() - t0)
+    time.sleep(0.01)
+  joined = time.perf_counter()
+  for side in (leader, follower):
+    side.join()
+  join_s = time.perf_counter() - joined
+  for side in (leader, follower):
+    side.close()
+  for t in threads:
+    t.join(timeout=10)
+  assert written["leader"] == written["follower"] and written["leader"][-1] == 60
+  assert sorted(written["leader"] + leader.coalesced) == list(range(1, 61))
+  # 0.6 s of saves at 0.25 s a write-and-rest: 3 or 4 writes, then the end's; without the rest
+  # a 50 ms writer would have written about a dozen.
+  assert 3 <= len(written["leader"]) <= 5
+  assert join_s < 0.15   # the end's save is written at once (one 50 ms write), not after a rest
+
+
+def test_optional_saves_are_not_made_while_the_writer_writes_or_rests_past_the_next():
+  """Process 0 answers whether to make an optional save (and copy the state for it) from its
+  writer: not while it writes, nor while its rest outlasts the pace of the questions; a follower
+  gets the same answers from the key-value store. A duty of 1 always wants one."""
+  store, now = _Store(), [0.0]
+  leader = handoff.Leader(publish=store.publish, duty=0.2, clock=lambda: now[0])
+  follower = handoff.Follower(store.read)
+  answers = []
+
+  def ask(t):
+    now[0] = t
+    answers.append(leader.wanted())
+  ask(0.0)                       # idle: yes
+  leader.put(handoff.Item(1, payload=None))
+  assert leader.take().step == 1
+  ask(0.1)                       # writing: no
+  now[0] = 0.5
+  leader.done()                  # a 0.5 s write: rests 2 s, to 2.5
+  ask(0.6)                       # rests 1.9 s more, questions come every 0.5 s: no
+  ask(2.2)                       # 0.3 s more, at a pace of 1.6 s: yes (it waits out the rest)
+  assert answers == [True, False, False, True]
+  assert [follower.wanted() for _ in answers] == answers
+  assert handoff.Leader().wanted()
+
+
+def test_an_urgent_save_is_written_without_the_rest():
+  """An epoch's validated checkpoint (urgent) must exist for keep_best: it is not left waiting
+  out the writer's rest, where the next save would coalesce it."""
+  leader = handoff.Leader(duty=0.01)
+  written = []
+  thread = _writer(leader, written, lambda: 0.05)
+  leader.put(handoff.Item(1, payload=None))
+  time.sleep(0.2)                 # written; resting ~5 s
+  leader.put(handoff.Item(2, payload=None, urgent=True))
+  time.sleep(0.3)
+  assert written == [1, 2]
+  leader.put(handoff.Item(3, payload=None))   # an ordinary one rests
+  time.sleep(0.3)
+  assert written == [1, 2]
+  leader.close()
+  thread.join(timeout=10)
+  assert written == [1, 2, 3]     # closing cuts the rest short
+
+
+def test_a_duty_of_one_never_rests():
+  leader = handoff.Leader(duty=1.0)
+  written = []
+  thread = _writer(leader, written, lambda: 0.02)
+  for step in range(1, 21):
+    leader.put(handoff.Item(step, payload=None))
+    time.sleep(0.03)   # longer than a write: each is written
+  leader.join()
+  leader.close()
+  thread.join(timeout=10)
+  assert written == list(range(1, 21)) and not leader.coalesced
+
+
 def _state(value: float):
   return {"w": jnp.full((64,), value), "step": jnp.asarray(int(value), jnp.int32)}
 

@@ -56,7 +56,7 @@ def test_restores_the_newest_snapshot_and_deletes_the_others(tmp_path):
   # Two kept; the file of the oldest was written over, not left behind.
   assert snapshots.step_files(snaps.directory) == [6, 8]
   assert sorted(os.listdir(snaps.directory)) == ["step-6.snap", "step-8.snap"]
-  assert snaps.counters() == {"every_steps": 1, "written": 4, "skipped": 0,
+  assert snaps.counters() == {"every_steps": 1, "stride": 1, "written": 4, "skipped": 0,
                               "write_s": pytest.approx(snaps.write_s, abs=1e-3)}
   state, saved, step = snaps.restore(_abstract(_state(0.0)), after_step=5, placement="p")
   assert step == 8 and saved == _lineage(8)
@@ -188,6 +188,34 @@ def test_every_steps_says_which_steps_are_due(tmp_path):
   off.close(remove=False)
 
 
+def test_the_interval_widens_until_the_writer_works_at_most_its_duty(tmp_path):
+  """Steps of 10 ms, writes of (pretended) 0.5 s, every 4 steps, a duty of 5%: the writer may
+  write 0.5 s per 10 s, i.e. every 1000 steps; the stride is the smallest power-of-two multiple
+  of 4 at or above (1024). Slower steps (1 s) bring it back down to 16 (10 steps). A duty
+  of 1 keeps every 4 steps."""
+  now = [0.0]
+  snaps = snapshots.Snapshots(str(tmp_path / "run"), host="h", process=0, every_steps=4,
+                              duty=0.05, clock=lambda: now[0])
+  snaps._last_write_s = 0.5   # pylint: disable=protected-access  (the writer's measurement)
+  snaps._adapt(4)             # pylint: disable=protected-access  (the first: no pace yet)
+  assert snaps.stride == 4
+  now[0] += 0.04              # 4 steps of 10 ms
+  snaps._adapt(8)             # pylint: disable=protected-access
+  assert snaps.stride == 1024 and [s for s in range(1, 2049) if snaps.due(s)] == [1024, 2048]
+  now[0] += 1024 * 1.0        # steps of 1 s: 0.5 s per 10 s is 10 steps, the next power 16
+  snaps._adapt(8 + 1024)      # pylint: disable=protected-access
+  assert snaps.stride == 16
+  snaps.close(remove=True)
+  every = snapshots.Snapshots(str(tmp_path / "run2"), host="h", process=0, every_steps=4,
+                              clock=lambda: now[0])
+  every._last_write_s = 0.5   # pylint: disable=protected-access
+  for step in (4, 8, 12):
+    now[0] += 0.04
+    every._adapt(step)        # pylint: disable=protected-access
+  assert every.stride == 4
+  every.close(remove=True)
+
+
 def test_an_unwritable_snapshot_dir_leaves_training_to_the_checkpoints(tmp_path, caplog):
   (tmp_path / "file").write_text("not a folder")
   with caplog.at_level(logging.WARNING):
@@ -248,7 +276,7 @@ def test_a_killed_unsupervised_run_rerun_resumes_from_its_snapshot(tmp_path):
   # One partition per epoch (15 steps): a boundary checkpoint at every epoch end only.
   common = ["--config.fault.supervised=False", "--config.optim.epochs=4",
             "--config.data.num_partitions=1", "--config.ckpt.every_steps=0",
-            "--config.ckpt.snapshot_every_steps=1",
+            "--config.ckpt.snapshot_every_steps=1", "--config.ckpt.writer_duty=1.0",
             f"--config.mesh.compilation_cache_dir={tmp_path / 'jax_cache'}",
             f"--config.data.salt_file={tmp_path / 'id_salt'}"]
   clean, killed = str(tmp_path / "clean"), str(tmp_path / "killed")

@@ -603,7 +603,7 @@ def test_standby_lists_checkpoints_again_when_one_is_pruned_meanwhile(monkeypatc
   from medjax.train import prepare  # pylint: disable=import-outside-toplevel
   calls = []
 
-  def flaky(directory, *, async_save, packer):
+  def flaky(directory, *, async_save, packer, duty):
     calls.append(directory)
     if len(calls) < 3:
       raise FileNotFoundError(f"{directory}/208")
@@ -759,19 +759,22 @@ def _cursor(epoch=0, partition=0, offset=0):
 def test_planned_steps_read_one_reader_across_partitions_and_the_next_epoch_ahead(prefetch):
   """Every planned step once, in order, an empty partition still ending; on the inline path the
   reads show that each batch is read while the step before it runs, across a partition's
-  boundary and into the next epoch (its first batch read during the epoch's last step)."""
-  log = _walk(prefetch, _cursor())
+  boundary, and the next epoch's first batch a few steps before the epoch ends."""
+  log = _walk(prefetch, _cursor(), epochs=3)
   steps = [e[1] for e in log if e[0] == "step"]
-  assert steps == [0, 1, 2, 20, 21, 100, 101, 102, 120, 121]
+  assert steps == [0, 1, 2, 20, 21, 100, 101, 102, 120, 121, 200, 201, 202, 220, 221]
   ends = [e[1:] for e in log if e[0] == "end"]
-  assert ends == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]
+  assert ends == [(e, k) for e in range(3) for k in range(3)]
   assert sorted(e[1] for e in log if e[0] == "read") == steps   # each batch read once
   if prefetch == "inline":
     order = [e for e in log if e[0] in ("read", "step")]
     # After the first, each batch is read right after the step before it was dispatched.
     assert order[:2] == [("read", 0), ("step", 0)]
     assert order[order.index(("step", 2)) + 1] == ("read", 20)        # across the boundary
-    assert order[order.index(("step", 21)) + 1] == ("read", 100)      # into the next epoch
+    # The next epoch's first batch: read NEXT_EPOCH_AHEAD (4) steps before the epoch's end,
+    # here right after its first of five steps.
+    assert order[order.index(("step", 0)) + 1:][:2] == [("read", 1), ("read", 100)]
+    assert order[order.index(("step", 100)) + 1:][:2] == [("read", 101), ("read", 200)]
     assert log.index(("read", 100)) < log.index(("end", 0, 2))
 
 

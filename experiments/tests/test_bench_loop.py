@@ -1,7 +1,7 @@
 """The CPU proxy of a fast accelerator (issue 33): the real training loop's host time per step at
 batch 512, paper data shapes (four 64x64 images, 43 analytes, 24x6 vitals), with a step that does
 almost nothing, so that the loop's time per step is the host's; and every boundary save is
-committed or coalesced, none waited for.
+committed, coalesced or left to a resting writer, none waited for.
 
 experiments/bench_loop.py runs it as a CPU-only process with one device (the layout a CPU host
 trains in). BOUND_MS comes from its measurements on the 2-core development machine
@@ -39,6 +39,7 @@ def test_the_loops_host_time_per_step_at_batch_512_stays_bounded(tmp_path):
   assert result["global_batch"] == 512 and result["loop_steps"] == 8 * result["steps_per_epoch"]
   assert result["loop_step_ms_median"] < BOUND_MS, result
   saves = result["checkpoints"]
-  # One save per boundary (each epoch's end) and the end; none waited for the writer.
-  assert saves["saved"] == 8
+  # Each boundary (an epoch's end) saved or left to a resting writer (ckpt.writer_duty), the
+  # end saved; what was saved committed or coalesced, none waited for.
+  assert saves["saved"] + saves["rested"] == 8 and saves["saved"] >= 1
   assert saves["committed"] + saves["coalesced"] == saves["saved"] and saves["committed"] >= 1

@@ -72,10 +72,12 @@ class Checkpointer:
     packer: the `packing.StatePacker` to use (one warmed for the state's shape: the first save then
       only dispatches its program); None: a new one, which works out its layout at the first
       save.
+    duty: with `async_save`, the most of the time the saver thread writes: it rests between
+      writes (`handoff.Leader`; config.ckpt.writer_duty).
   """
 
   def __init__(self, directory: str, *, async_save: bool = True,
-               packer: packing.StatePacker | None = None):
+               packer: packing.StatePacker | None = None, duty: float = 1.0):
     self.directory = os.path.abspath(directory)
     # Orbax keeps everything; `prune` applies retention to committed steps only. Orbax saves
     # synchronously, on our saver thread when async.
@@ -91,7 +93,7 @@ class Checkpointer:
     self._error: BaseException | None = None
     if async_save:
       # At most two copies of the state: the one being written and the newest waiting.
-      self._handoff = handoff_lib.for_this_process(f"ckpt{next(_instances)}")
+      self._handoff = handoff_lib.for_this_process(f"ckpt{next(_instances)}", duty=duty)
       self._saver = threading.Thread(target=self._save_loop, name="checkpoint-saver",
                                      daemon=True)
       self._saver.start()
@@ -105,7 +107,13 @@ class Checkpointer:
     # saver thread when async), instead of queueing it for `finalized`: see `Saver`.
     self.on_finalized = None
 
-  def save(self, state, lineage: lineage_lib.Lineage, guard=None) -> None:
+  def wanted(self) -> bool:
+    """Whether an optional save should be made now (`handoff.Leader.wanted`: not while the
+    writer writes or rests past the next one); a synchronous checkpointer always wants it."""
+    return self._handoff is None or self._handoff.wanted()
+
+  def save(self, state, lineage: lineage_lib.Lineage, guard=None, *,
+           urgent: bool = False) -> None:
     """Starts saving `state` at `lineage.global_step`; returns at once (async) or once written.
 
     `guard`: called where the state is written (the saver thread when async); False means the
@@ -120,7 +128,8 @@ class Checkpointer:
     if self._handoff is None:
       self._save_now(packed, layout, lineage, guard)
     else:
-      self._handoff.put(handoff_lib.Item(lineage.global_step, (packed, layout, lineage, guard)))
+      self._handoff.put(handoff_lib.Item(lineage.global_step, (packed, layout, lineage, guard),
+                                         urgent=urgent))
     self.blocked_s += time.perf_counter() - t0
 
   def _save_now(self, packed, layout: dict, lineage: lineage_lib.Lineage, guard=None) -> None:

@@ -5,13 +5,16 @@ a save that finds the writer busy waits in one slot, and a newer save replaces i
 older one is *coalesced* (never written, never committed; the newest is written as soon as the
 writer frees). Training never blocks on a write, at any partition length, and at most two copies
 of the state are held: the one being written and the newest waiting (CheckFreq's and Gemini's
-answer; the lineage paper's 1.1% overhead assumes the writer keeps up).
+answer; the lineage paper's 1.1% overhead assumes the writer keeps up). A writer that never
+rests still slows training where steps are fast and the state large (its device-to-host copies,
+its Python under the GIL: on an H100 the paper's model trained at two-thirds speed beside it), so
+the writer rests between writes to work at most `duty` of the time (config.ckpt.writer_duty).
 
 Exactly-once does not depend on which saves were coalesced: every checkpoint carries its
 lineage, and steps after the newest committed one are replayed after a failure. What a failure
-can lose is bounded: the newest committed state is at most about two writes old (the write in
-progress, then the newest boundary's), or one write and one partition when partitions are
-longer than writes.
+can lose is bounded: the newest committed state is at most about two writes and a rest old (the
+write in progress, its rest, then the newest boundary's write), or one write, one rest and one
+partition when partitions are longer; a rest is a write's seconds times (1/duty - 1).
 
 Several processes save collectively (Orbax's barriers meet only if every process writes the
 same steps in the same order), so they must agree on what is coalesced. Process 0 decides
@@ -26,6 +29,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import threading
+import time
 from typing import Any, Callable
 
 import jax
@@ -40,6 +44,7 @@ _POLL_S = 0.5
 class Item:
   step: int
   payload: Any
+  urgent: bool = False   # written as soon as the writer is free, without its rest
 
 
 class _Handoff(abc.ABC):
@@ -48,24 +53,41 @@ class _Handoff(abc.ABC):
   def __init__(self):
     self._cond = threading.Condition()
     self._busy = self._closed = False
-    self._saves = self._takes = 0
+    self._joining = 0   # callers in `join`: the writer's rest is cut short for them
+    self._saves = self._takes = self._asks = 0
     self.coalesced: list[int] = []   # steps replaced while waiting (never written)
 
   @abc.abstractmethod
   def _waiting(self) -> bool:
     """Whether a save waits for the writer (lock held)."""
 
+  @abc.abstractmethod
+  def wanted(self) -> bool:
+    """Training thread, before an optional save (a boundary's, a k-step one): whether to make
+    it at all. Not while the writer writes or rests past the next such save (at the pace of
+    these questions): its state copy would only be coalesced, and a copy of a large state is
+    not free (a memcpy of 380 MB on a CPU host). Every process gets process 0's answer."""
+
   def done(self) -> None:
     """Writer thread: the item taken last is written (or failed)."""
     with self._cond:
       self._busy = False
+      self._finished()
       self._cond.notify_all()
 
+  def _finished(self) -> None:
+    """A write ended (lock held)."""
+
   def join(self) -> None:
-    """Waits until nothing waits and the writer is idle."""
+    """Waits until nothing waits and the writer is idle (a resting writer writes at once)."""
     with self._cond:
-      while self._waiting() or self._busy:
-        self._cond.wait()
+      self._joining += 1
+      self._cond.notify_all()
+      try:
+        while self._waiting() or self._busy:
+          self._cond.wait()
+      finally:
+        self._joining -= 1
 
   def close(self) -> None:
     with self._cond:
@@ -75,12 +97,45 @@ class _Handoff(abc.ABC):
 
 class Leader(_Handoff):
   """The hand-off of a single process, or process 0's (then `publish(kind, index, step)` tells
-  the other processes)."""
+  the other processes).
 
-  def __init__(self, publish: Callable[[str, int, int], None] | None = None):
+  `duty` < 1: after each write of w seconds the writer rests w * (1/duty - 1) seconds before it
+  takes the next save (those handed meanwhile coalesce: the newest is written), so that it writes
+  at most `duty` of the time; an urgent save (one that must not wait: an epoch's validated
+  checkpoint), a `join` (the end of training, a preemption) or `close` cuts the rest short.
+  Followers take what process 0 took, so they rest with it.
+  """
+
+  def __init__(self, publish: Callable[[str, int, int], None] | None = None, *,
+               duty: float = 1.0, clock=time.monotonic):
     super().__init__()
     self._held: Item | None = None
     self._publish = publish
+    self.duty, self._clock = min(max(float(duty), 1e-6), 1.0), clock
+    self._taken_at = self._rest_until = 0.0
+    self._asked_at: float | None = None
+
+  def wanted(self) -> bool:
+    with self._cond:
+      now = self._clock()
+      pace = now - self._asked_at if self._asked_at is not None else 0.0
+      self._asked_at = now
+      want = self.duty >= 1.0 or (not self._busy and self._rest_until - now <= pace)
+      if self._publish is not None:
+        self._publish("want", self._asks, int(want))
+      self._asks += 1
+      return want
+
+  def _finished(self) -> None:
+    now = self._clock()
+    self._rest_until = now + (now - self._taken_at) * (1.0 / self.duty - 1.0)
+
+  def _resting(self) -> float:
+    """Seconds the writer still rests (lock held); 0 when a join or close is waiting or the
+    waiting save is urgent."""
+    if self._joining or self._closed or (self._held is not None and self._held.urgent):
+      return 0.0
+    return max(self._rest_until - self._clock(), 0.0)
 
   def _waiting(self) -> bool:
     return self._held is not None
@@ -99,12 +154,14 @@ class Leader(_Handoff):
   def take(self) -> Item | None:
     """Writer thread: the newest waiting save (waits for one); None once closed and empty."""
     with self._cond:
-      while self._held is None and not self._closed:
-        self._cond.wait()
+      while (self._held is None and not self._closed) or (self._held is not None
+                                                          and self._resting() > 0):
+        self._cond.wait(self._resting() if self._held is not None else None)
       if self._held is None:
         return None
       item, self._held = self._held, None
       self._busy = True
+      self._taken_at = self._clock()
       if self._publish is not None:
         self._publish("write", self._takes, item.step)
       self._takes += 1
@@ -122,6 +179,14 @@ class Follower(_Handoff):
 
   def _waiting(self) -> bool:
     return bool(self._pending)
+
+  def wanted(self) -> bool:
+    want = self._read("want", self._asks, _READ_TIMEOUT_S)
+    if want is None:
+      raise RuntimeError(f"checkpoint: process 0 did not reach save question {self._asks} within "
+                         f"{_READ_TIMEOUT_S:.0f} s")
+    self._asks += 1
+    return bool(want)
 
   def put(self, item: Item) -> None:
     replaced = self._read("save", self._saves, _READ_TIMEOUT_S)
@@ -157,11 +222,12 @@ class Follower(_Handoff):
         return item
 
 
-def for_this_process(name: str):
-  """A Leader for a single process or process 0, else a Follower, agreeing through
-  jax.distributed's key-value store under `name` (the same on every process)."""
+def for_this_process(name: str, duty: float = 1.0):
+  """A Leader for a single process or process 0 (writing at most `duty` of the time), else a
+  Follower, agreeing through jax.distributed's key-value store under `name` (the same on every
+  process)."""
   if jax.process_count() == 1:
-    return Leader()
+    return Leader(duty=duty)
   client = distributed.global_state.client
 
   def key(kind: str, index: int) -> str:
@@ -169,7 +235,7 @@ def for_this_process(name: str):
 
   if jax.process_index() == 0:
     return Leader(publish=lambda kind, index, step: client.key_value_set(key(kind, index),
-                                                                         str(step)))
+                                                                         str(step)), duty=duty)
 
   def read(kind: str, index: int, timeout_s: float) -> int | None:
     try:

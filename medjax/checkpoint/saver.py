@@ -47,15 +47,24 @@ class Saver:
     self._before_save, self._after_save, self._guard = before_save, after_save, guard
     self.saved: list[int] = []       # steps handed to the checkpointer
     self.committed: list[int] = []   # ... of those, committed (process 0's count)
+    self.rested: list[int] = []      # optional saves not made: the writer was busy or resting
     # A save is committed as soon as it is finalized, from the saver thread. Committed from the
     # training thread between steps, it waited while that thread was blocked on the device (the
     # steps run ahead of it, then it waits for them at the next partition boundary), often until
     # the next save: a failure in between lost two partitions where it should lose one.
     ckpt.on_finalized = self._commit if is_chief else (lambda lineage, write_s: None)
 
-  def save(self, state, lineage: lineage_lib.Lineage, *, check_now: bool = False) -> None:
+  def save(self, state, lineage: lineage_lib.Lineage, *, check_now: bool = False,
+           optional: bool = False) -> bool:
+    """Hands `lineage`'s state to the checkpointer; an `optional` one (a boundary's or k-step
+    save that neither ends training nor carries an epoch's validation) only when the writer
+    wants it (`Checkpointer.wanted`), else its step is listed in `rested`; any other is written
+    without the writer's rest (`handoff.Item.urgent`). Whether it saved."""
     if lineage.global_step == self.last_saved:
-      return  # e.g. a partition boundary reached right after restoring there
+      return False  # e.g. a partition boundary reached right after restoring there
+    if optional and not self.ckpt.wanted():
+      self.rested.append(lineage.global_step)
+      return False
     guard = None if check_now or self._guard is None else self._guard()
     if guard is None:
       self._before_save()
@@ -64,11 +73,12 @@ class Saver:
     phase = self.ctx.phase
     self.ctx.set_phase("checkpointing")
     try:
-      self.ckpt.save(state, lineage, guard=guard)
+      self.ckpt.save(state, lineage, guard=guard, urgent=not optional)
     finally:
       self._after_save()
     self.ctx.blocked_s = self.ckpt.blocked_s
     self.ctx.set_phase(phase)
+    return True
 
   def _commit(self, lineage: lineage_lib.Lineage, write_s: float | None) -> None:
     self.ctx.commit(lineage, write_s=write_s)
@@ -90,10 +100,12 @@ class Saver:
 
   def summary(self) -> dict:
     """summary.json's train.checkpoints: the steps saved, committed, coalesced (replaced by a
-    newer save while the writer was busy: never written) and refused (their guard failed), the
-    writes and their seconds, and the seconds training waited in save calls."""
+    newer save while the writer was busy: never written), refused (their guard failed) and
+    rested (due, not made: the writer was busy or resting, `writer_duty`), the writes and their
+    seconds, and the seconds training waited in save calls."""
     ckpt = self.ckpt
     return {"saved": list(self.saved), "committed": sorted(self.committed),
+            "rested": list(self.rested),
             "coalesced": ckpt.coalesced, "refused": list(ckpt.refused), "writes": ckpt.writes,
             "write_s": round(ckpt.write_s, 3), "blocked_s": round(ckpt.blocked_s, 3)}
 

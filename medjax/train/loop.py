@@ -131,14 +131,17 @@ class Step:
   ends_partition: bool       # the partition's last step: a boundary follows
 
 
+NEXT_EPOCH_AHEAD = 4   # steps before an epoch's end at which the next one's reading starts
+
+
 class PlannedSteps:
   """The planned steps from the cursor's position, epoch by epoch, each batch read ahead.
 
   Each epoch is planned when it starts (`HostData.plan` of the cursor's epoch and segment), or
-  as the epoch before it reaches its last step (the next epoch starts a segment with nothing
-  processed, so its plan is known), when its reading starts; its partitions' batches come from
-  one `prepare.data_batches` reader, and `read_ahead` reads the next one while a step runs (the
-  epoch's last step: the next epoch's first). `on_partition(partition, global_step, epoch)` is
+  `NEXT_EPOCH_AHEAD` steps before the epoch before it ends (the next epoch starts a segment with
+  nothing processed, so its plan is known), when its reading starts; its partitions' batches
+  come from one `prepare.data_batches` reader, and `read_ahead` reads the next one while a step
+  runs (and the next epoch's first, once it is planned). `on_partition(partition, global_step, epoch)` is
   called as a partition starts. A partition the plan left empty still ends (one `Step` without a
   batch).
   """
@@ -162,7 +165,8 @@ class PlannedSteps:
       parts = range(cursor.partition, plan.num_partitions)
       starts = [cursor.offset if part == cursor.partition else 0 for part in parts]
       batches = iter(self._batches)
-      last = max((part for part in parts if len(plan.steps[part])), default=None)
+      left = total = sum(max(len(plan.steps[part]) - start, 0)
+                         for part, start in zip(parts, starts))
       for part, start in zip(parts, starts):
         if cursor.stopped:
           return
@@ -174,9 +178,11 @@ class PlannedSteps:
           yield Step(**at, rows=steps[:0], local=None, batch=None, ends_partition=True)
         for s in range(start, len(steps)):
           _, local, batch = next(batches)
-          if part == last and s == len(steps) - 1 and cursor.epoch + 1 < self.epochs:
-            # The epoch's last step: the next epoch (a new segment, nothing processed yet) is
-            # planned and its reading starts while this step and the boundary run.
+          left -= 1
+          if left == min(NEXT_EPOCH_AHEAD, total - 1) and cursor.epoch + 1 < self.epochs:
+            # NEXT_EPOCH_AHEAD steps before the epoch's end: the next epoch (a new segment,
+            # nothing processed yet) is planned and its reading starts, so that its first batch
+            # is ready when the epoch's end is done (a batch took longer to read than a step).
             following = p.data.plan(cursor.epoch + 1, None)
             ahead = (following, self._reader(following, 0, 0))
             self._next = ahead[1]
@@ -253,7 +259,7 @@ class _Loop:
     """A checkpoint inside the partition when the policy says; SIGTERM's save; commits."""
     cursor = self.cursor
     if self.policy.after_step(cursor.global_step, cursor.offset, step.partition_steps):
-      self.saver.save(state, cursor.lineage())
+      self.saver.save(state, cursor.lineage(), optional=True)
     if self.preemption.reached(cursor.global_step):
       self.saver.preempt(state, cursor.lineage())
     self.saver.commit_finalized()
@@ -271,10 +277,13 @@ class _Loop:
         # Before the epoch's checkpoint, which then carries the history (and the stop).
         self.reporter.flush()
         self.validator.epoch_end(state, cursor)
-    if (self.policy.at_boundary(cursor.epoch, epoch_done)
-        or (epoch_done and self.validator is not None)):
-      self.saver.save(state, cursor.lineage())
-      self.policy.saved()
+    validated = epoch_done and self.validator is not None
+    if self.policy.at_boundary(cursor.epoch, epoch_done) or validated:
+      # The end of training and an epoch's validation are always saved; other boundaries
+      # when the writer wants them (config.ckpt.writer_duty).
+      last = cursor.epoch >= self.policy.epochs or cursor.stopped
+      if self.saver.save(state, cursor.lineage(), optional=not (last or validated)):
+        self.policy.saved()
     self._publish_cache_counters(epoch_end=cursor.epoch - 1 if epoch_done else None)
 
   def _publish_cache_counters(self, *, epoch_end: int | None) -> None:
@@ -328,7 +337,8 @@ def _restore_and_open(p: Prepared, ctx, phases: phases_lib.Phases,
     # Opening the checkpoint manager waits for every process (a barrier in Orbax).
     ckpt = p.ckpt or checkpointer.Checkpointer(run.checkpoints,
                                                async_save=config.ckpt.async_save,
-                                               packer=p.packer)
+                                               packer=p.packer,
+                                               duty=config.ckpt.get("writer_duty", 1.0))
     # A host-local snapshot newer than the newest committed checkpoint, when this host has one
     # (a crash or hang of this generation's predecessor on the same hosts), else that checkpoint.
     snapshots = snapshots_lib.open_for_run(config.ckpt, p.workdir, p.topology.host, store,

@@ -194,7 +194,7 @@ def _open_while_pruned(run: paths.RunPaths, config, packer: packing.StatePacker,
   for attempt in range(attempts):
     try:
       return checkpointer.Checkpointer(run.checkpoints, async_save=config.ckpt.async_save,
-                                       packer=packer)
+                                       packer=packer, duty=config.ckpt.get("writer_duty", 1.0))
     except FileNotFoundError as e:
       if attempt == attempts - 1:
         raise
