@@ -164,7 +164,7 @@ def get_config(arg=None):
   # The most of the wall time each background writer (checkpoints, snapshots) spends writing:
   # after a write of w seconds the checkpoint writer rests w * (1/duty - 1) (boundaries reached
   # meanwhile coalesce, the newest written), and snapshots space out in powers of two of
-  # snapshot_every_steps. A writer that never rests slowed an H100's loop to a quarter of its
+  # snapshot_every_steps. Writers that never rested held an H100's loop to 0.24 of the step's
   # speed (README, "What to expect on one GPU"); a failure's replay grows by at most a rest.
   # 1.0: write whenever due (every boundary the writer is free for, every k steps).
   ckpt.writer_duty = 0.02

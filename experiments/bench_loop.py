@@ -222,7 +222,8 @@ def run_loop(prepared, step_fn, *, warm: int, profile: bool) -> dict:
           # The training thread's wall time from the first step after the warm ones to the end.
           "timeline": timeline.report(
               wall_s=float(at[-1] - at[warm]), steps=len(timed.at) - warm,
-              intervals=[(kinds[i], float(at[i] - at[i - 1])) for i in range(warm + 1, len(at) - 1)]),
+              intervals=[(kinds[i], float(at[i] - at[i - 1]))
+                         for i in range(warm + 1, len(at) - 1)]),
           "blocked_while_training_s": blocked[0] if blocked else None,
           # Seconds per step: unprofiled steps after the warm ones (to the first profiled
           # dispatch, or to the loop's end), each step's dispatch to the next's.

@@ -1,4 +1,4 @@
-"""Where the training thread's wall time goes in the real loop, by activity (experiments.bench_loop).
+"""Where the training thread's wall time goes in the real loop, by activity (for bench_loop).
 
 cProfile cannot say: from Python 3.12 on it records every thread (sys.monitoring), so the saver's,
 the snapshot writer's and the readers' time lands in the training thread's categories. Here the
@@ -26,8 +26,9 @@ from medjax.train import reporting
 from medjax.train import stopping
 
 # (activity, class, method): what each wrapped call's time is counted as.
+# pylint: disable=protected-access
 WRAPPED = (
-    ("in-flight wait, monitor", loop_lib._Loop, "dispatched"),   # pylint: disable=protected-access
+    ("in-flight wait, monitor", loop_lib._Loop, "dispatched"),
     ("reading (inline)", loader.Ahead, "read_ahead"),
     ("ledger", ledger_lib.Writer, "write"),
     ("snapshots", snapshots_lib.Snapshots, "save"),
@@ -36,9 +37,10 @@ WRAPPED = (
     ("saves", saver_lib.Saver, "save"),
     ("saves", saver_lib.Saver, "commit_finalized"),
     ("validation", stopping.Validator, "epoch_end"),
-    ("boundary (other)", loop_lib._Loop, "partition_end"),   # pylint: disable=protected-access
-    ("cache counters", loop_lib._Loop, "_publish_cache_counters"),   # pylint: disable=protected-access
+    ("boundary (other)", loop_lib._Loop, "partition_end"),
+    ("cache counters", loop_lib._Loop, "_publish_cache_counters"),
 )
+# pylint: enable=protected-access
 
 
 class Timeline:
@@ -99,13 +101,14 @@ class Timeline:
 
     for activity, cls, name in WRAPPED:
       wrap(activity, cls, name)
-    partition_end = loop_lib._Loop.partition_end   # pylint: disable=protected-access
+    loop_class = loop_lib._Loop   # pylint: disable=protected-access
+    partition_end = loop_class.partition_end
 
     def marked_end(loop, state, step):
       timeline.boundary(loop.cursor.partition + 1 == step.num_partitions)
       return partition_end(loop, state, step)
-    loop_lib._Loop.partition_end = marked_end   # pylint: disable=protected-access
-    originals.append((loop_lib._Loop, "partition_end", partition_end))  # pylint: disable=protected-access
+    loop_class.partition_end = marked_end
+    originals.append((loop_class, "partition_end", partition_end))
     plan_iter = loop_lib.PlannedSteps.__iter__
 
     def timed_iter(plan):

@@ -136,11 +136,15 @@ class _FakeCheckpointer:
 
   def __init__(self):
     self.saved, self.finalized_queue, self.blocked_s, self.waits = [], [], 0.0, 0
-    self.on_finalized = None
+    self.on_finalized, self.want, self.urgent = None, True, []
 
-  def save(self, state, lineage_now, guard=None):
+  def wanted(self):
+    return self.want
+
+  def save(self, state, lineage_now, guard=None, *, urgent=False):
     if guard is not None and not guard():
       return
+    self.urgent.append(urgent)
     self.saved.append(lineage_now.global_step)
     if self.on_finalized is None:
       self.finalized_queue.append(lineage_now)
@@ -193,6 +197,20 @@ def test_saver_saves_once_per_step_and_only_the_chief_commits(is_chief):
   assert ctx.commits == ([8, 11] if is_chief else [])
   # Each commit carries its save's write time (for the coordinator's commit events).
   assert ctx.commit_write_s == ([0.08, 0.11] if is_chief else [])
+
+
+def test_an_optional_save_is_made_only_when_the_writer_wants_it_and_others_are_urgent():
+  """Boundary saves are optional (made when the checkpointer's writer wants one, else listed as
+  rested in summary.json); the end's, an epoch's validated one and a preemption's are always made
+  and written without the writer's rest."""
+  ckpt, ctx = _FakeCheckpointer(), _FakeContext()
+  saver = saver_lib.Saver(ckpt, ctx, is_chief=True, last_saved=None)
+  assert saver.save({}, _lineage(4), optional=True)
+  ckpt.want = False
+  assert not saver.save({}, _lineage(8), optional=True)
+  assert saver.save({}, _lineage(12))             # the end or a validated epoch: always
+  assert ckpt.saved == [4, 12] and ckpt.urgent == [False, True]
+  assert saver.rested == [8] and saver.saved == [4, 12]
 
 
 def test_a_guarded_save_checks_where_it_is_written_and_a_preemption_checks_at_once():

@@ -141,9 +141,9 @@ class PlannedSteps:
   `NEXT_EPOCH_AHEAD` steps before the epoch before it ends (the next epoch starts a segment with
   nothing processed, so its plan is known), when its reading starts; its partitions' batches
   come from one `prepare.data_batches` reader, and `read_ahead` reads the next one while a step
-  runs (and the next epoch's first, once it is planned). `on_partition(partition, global_step, epoch)` is
-  called as a partition starts. A partition the plan left empty still ends (one `Step` without a
-  batch).
+  runs (and the next epoch's first, once it is planned). `on_partition(partition, global_step,
+  epoch)` is called as a partition starts. A partition the plan left empty still ends (one
+  `Step` without a batch).
   """
 
   def __init__(self, prepared: Prepared, cursor: lineage_lib.Cursor, epochs: int,
@@ -153,7 +153,7 @@ class PlannedSteps:
 
   def __iter__(self):
     p, cursor = self.p, self.cursor
-    ahead = None   # the next epoch's (plan, reader), started as this epoch's last step ran
+    ahead = None   # the next epoch's (plan, reader), started NEXT_EPOCH_AHEAD steps early
     while cursor.epoch < self.epochs and not cursor.stopped:
       if ahead is not None and cursor.partition == 0 and cursor.offset == 0 and not (
           cursor.base_N is not None and cursor.base_N.any()):
