@@ -181,7 +181,8 @@ def get_config(arg=None):
   evals.bootstrap = 1000                # resamples for the 95% intervals
   # What "better on validation" means for early stopping, the best checkpoint and sweeps:
   # a key of the validation split's metrics (medjax/evals/metrics.py): 'macro_f1', 'accuracy',
-  # 'top3_accuracy', 'rare_recall', 'auroc_macro' (binary tasks: 'auroc'); higher is better.
+  # 'top3_accuracy', 'rare_recall', 'auroc_macro' (binary tasks: 'auroc'), 'neg_log_loss' (minus
+  # the validation log-loss, which every record's probability moves); higher is better.
   evals.validation_metric = "macro_f1"
 
   # The monitor: per process, every interval_s, into metrics.jsonl (kind 'monitor') and

@@ -13,6 +13,7 @@ from hypothesis import given, settings, strategies as st
 import numpy as np
 import pytest
 
+from medjax.config_check import rules
 from medjax.data import manifest as manifest_lib
 from medjax.evals import metrics
 from medjax.evals import splits
@@ -419,3 +420,17 @@ def test_a_balanced_binary_task_keeps_the_argmax_and_says_why():
 def test_binary_figures_include_the_reliability_diagram():
   figures = summary_lib.figures_for(_binary_summary(), ["no", "yes"], [])
   assert "reliability" in figures
+
+
+def test_neg_log_loss_is_minus_the_mean_log_likelihood_and_a_validation_metric():
+  probs = np.array([[0.8, 0.2], [0.4, 0.6], [0.0, 1.0]])
+  labels = np.array([0, 0, 1])
+  expected = np.mean(np.log([0.8, 0.4, 1.0]))
+  assert metrics.neg_log_loss(probs, labels) == pytest.approx(expected)
+  # A probability of 0 on the label costs log(1e-7), not infinity.
+  assert metrics.neg_log_loss(np.array([[1.0, 0.0]]), np.array([1])) == pytest.approx(np.log(1e-7))
+  out = metrics.classification(probs, labels, np.zeros(0, np.int64))
+  assert out["neg_log_loss"] == pytest.approx(expected)
+  assert metrics.classification(probs[:0], labels[:0], np.zeros(0, np.int64))["not_applicable"][
+      "neg_log_loss"] == "no records"
+  assert "neg_log_loss" in rules.VALIDATION_METRICS

@@ -28,7 +28,7 @@ WARM_STANDBY = ("after_failure", "always", "never")          # fault/agent.py wa
 # Higher is better: keys of a split's metrics (medjax/evals/metrics.py); binary tasks have the
 # last four instead of top-3 and the macro AUROC.
 VALIDATION_METRICS = ("macro_f1", "accuracy", "top3_accuracy", "rare_recall", "auroc_macro",
-                      "auroc", "auprc", "sensitivity", "specificity")
+                      "auroc", "auprc", "sensitivity", "specificity", "neg_log_loss")
 # manifest.SPLITS, spelled out: importing the manifest imports numpy, whose thread pool would
 # keep the local launcher from forking its agents (medjax.fault.local).
 SPLITS = ("train", "val", "test")

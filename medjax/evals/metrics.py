@@ -214,6 +214,16 @@ def core(probs_NxK: np.ndarray, labels_N: np.ndarray) -> dict[str, float | None]
           "macro_f1": macro_f1(labels_N, preds, probs_NxK.shape[1])}
 
 
+def neg_log_loss(probs_NxK: np.ndarray, labels_N: np.ndarray) -> float | None:
+  """Minus the mean negative log-likelihood of the labels (higher is better, as every validation
+  metric is; probabilities floored at 1e-7). A proper scoring rule: as a validation metric it
+  sees every record's probability, where AUROC on a few dozen positives is noisy."""
+  if not len(labels_N):
+    return None
+  p = probs_NxK[np.arange(len(labels_N)), labels_N]
+  return float(np.mean(np.log(np.clip(p, 1e-7, 1.0))))
+
+
 def classification(probs_NxK: np.ndarray, labels_N: np.ndarray, rare_K: np.ndarray) -> dict:
   """The full set of metrics for one set of predictions.
 
@@ -232,6 +242,7 @@ def classification(probs_NxK: np.ndarray, labels_N: np.ndarray, rare_K: np.ndarr
       "rare_recall": float(np.mean(recall[rare_present])) if rare_present else None,
       "auroc_macro": auroc_macro(probs_NxK, labels_N),
       "ece": expected_calibration_error(probs_NxK, labels_N),
+      "neg_log_loss": neg_log_loss(probs_NxK, labels_N),
       "count": int(len(labels_N)),
       "per_class_f1": [None if np.isnan(f) else float(f) for f in per_class_f1(cm)],
       "confusion": cm.tolist(),
@@ -247,7 +258,7 @@ def classification(probs_NxK: np.ndarray, labels_N: np.ndarray, rare_K: np.ndarr
     reasons["rare_recall"] = (
         f"no class under {RARE_FRACTION:.0%} of training records" if len(rare_K) == 0
         else f"none of the {len(rare_K)} rare classes in these records")
-  for key in ("accuracy", "macro_f1", "auroc_macro", "ece"):
+  for key in ("accuracy", "macro_f1", "auroc_macro", "ece", "neg_log_loss"):
     if out[key] is None:
       reasons[key] = "no records" if not len(labels_N) else "one class in the records"
   out["not_applicable"] = reasons
