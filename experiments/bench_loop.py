@@ -297,7 +297,7 @@ def measure(config, workdir: str, *, null: bool, warm: int, rounds: int, profile
   batch = config.data.batch_size
   validation_s = loop["timeline"]["ms_per_step"].get("validation", 0.0) * loop["timeline"][
       "steps"] / 1e3
-  peak = bench_train.peak_tflops(jax.devices()[0], str(config.model.dtype))
+  peak = bench_train.peak_tflops(jax.devices()[0], bench_train.dtype_name(config))
   breakdown = (profile_breakdown(loop["timed"].profile, loop["profiled_steps"])
                if profile and loop["profiled_steps"] else None)
   host_ms = None

@@ -36,6 +36,7 @@ import numpy as np
 from medjax.data import host
 from medjax.data import loader
 from medjax.data import partition
+from medjax.model import fusion
 from medjax.train import optim
 from medjax.train import state as state_lib
 from medjax.train import step as step_lib
@@ -131,6 +132,11 @@ PEAK_TFLOPS = {
     "H100 NVL": {"float32": 417.5, "bfloat16": 835.5},
     "H200": {"float32": 494.5, "bfloat16": 989.0},               # H200 SXM
 }
+
+
+def dtype_name(config) -> str:
+  """config.model.dtype as the dtype the model computes in ('auto' resolved for this platform)."""
+  return fusion.compute_dtype(str(config.model.dtype)).name
 
 
 def peak_tflops(device, dtype: str) -> float | None:
@@ -275,7 +281,7 @@ def bench_flops(config, prepared, reader, batch_sizes, rounds: int, matmul: Matm
              "matmul_gflops_per_s": round(matmul.flops / float(np.median(mm_s)) / 1e9, 3),
              "fraction_of_matmul": spread(ratios),
              "fraction_best_round_each_side": round(best, 4), "target_fraction": 0.3}
-    peak = peak_tflops(jax.devices()[0], str(config.model.dtype))
+    peak = peak_tflops(jax.devices()[0], dtype_name(config))
     entry["achieved_tflops"] = round(entry["step_gflops_per_s"] / 1e3, 4)
     entry["peak_tflops"] = peak   # None: no data-sheet peak for this device
     entry["fraction_of_peak"] = round(entry["achieved_tflops"] / peak, 4) if peak else None
@@ -427,7 +433,7 @@ def main():
   with tempfile.TemporaryDirectory() as tmp:
     workdir = args.workdir or tmp
     prepared, reader = prepare_data(config, workdir)
-    matmul = Matmul(args.matmul, str(config.model.dtype))
+    matmul = Matmul(args.matmul, dtype_name(config))
     parts = args.parts.split(",")
     flops = (bench_flops(config, prepared, reader, batch_sizes, args.rounds, matmul,
                          args.chunk_s) if "flops" in parts else [])
@@ -441,7 +447,7 @@ def main():
       "config": f"configs/{args.config}.py",
       "patients": int(config.data.synthetic.num_patients),
       "matmul": {"n": args.matmul, "dtype": matmul.dtype, "flops": matmul.flops},
-      "model_dtype": str(config.model.dtype),
+      "model_dtype": dtype_name(config),
       "step_vs_matmul_flops": flops, "pipeline_vs_in_memory": pipe, "conv_breakdown": convs,
       "wall_seconds": round(time.perf_counter() - t_start, 1)}
   os.makedirs(os.path.dirname(args.out), exist_ok=True)

@@ -31,3 +31,14 @@ def test_a_scans_body_counts_once_per_iteration_and_shapes_suffice():
   h = jax.ShapeDtypeStruct((4, 16), jnp.float32)
   xs = jax.ShapeDtypeStruct((24, 16, 16), jnp.float32)
   assert bench_train.model_flops(jax.jit(f), h, xs) == 24 * 2 * 4 * 16 * 16
+
+
+def test_the_auto_dtype_resolves_for_the_platform():
+  """model.dtype='auto' (the default) names what the model computes in: float32 on a CPU, where
+  bench_train used to fail on it, bfloat16 on an accelerator; the peak is looked up by it."""
+  import ml_collections  # pylint: disable=import-outside-toplevel
+  config = ml_collections.ConfigDict({"model": {"dtype": "auto"}})
+  assert bench_train.dtype_name(config) == ("float32" if jax.default_backend() == "cpu"
+                                            else "bfloat16")
+  config.model.dtype = "bfloat16"
+  assert bench_train.dtype_name(config) == "bfloat16"
