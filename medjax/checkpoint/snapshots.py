@@ -57,6 +57,7 @@ from medjax import schema
 from medjax.checkpoint import packing
 
 SUFFIX = ".snap"
+_MAX_DOUBLINGS = 20   # the widest interval `duty` sets: every_steps * 2**20
 _MAGIC = b"MEDJAXSNAP1\n"
 
 
@@ -202,7 +203,7 @@ class Snapshots:
       step_s = (now - self._last[1]) / (global_step - self._last[0])
       need = self._last_write_s / max(self.duty * step_s * self.every_steps, 1e-12)
       self.stride = self.every_steps * (1 << min(max(int(np.ceil(np.log2(max(need, 1.0)))),
-                                                     0), 20))
+                                                     0), _MAX_DOUBLINGS))
     self._last = (global_step, now)
 
   def save(self, state, lineage: lineage_lib.Lineage) -> bool:
@@ -221,7 +222,7 @@ class Snapshots:
       # writer is behind before its first write has been measured).
       self.skipped += 1
       if self.duty < 1.0:
-        self.stride = min(self.stride * 2, self.every_steps << 20)
+        self.stride = min(self.stride * 2, self.every_steps << _MAX_DOUBLINGS)
       return False
     packed = self._packer(state)
     layout_json = self._packer.layout_json

@@ -153,21 +153,19 @@ class PlannedSteps:
 
   def __iter__(self):
     p, cursor = self.p, self.cursor
-    ahead = None   # the next epoch's (plan, reader), started NEXT_EPOCH_AHEAD steps early
     while cursor.epoch < self.epochs and not cursor.stopped:
-      if ahead is not None and cursor.partition == 0 and cursor.offset == 0 and not (
+      reader = None
+      if self._next is not None and cursor.partition == 0 and cursor.offset == 0 and not (
           cursor.base_N is not None and cursor.base_N.any()):
-        plan, self._batches = ahead
+        plan, reader = self._next   # planned and started NEXT_EPOCH_AHEAD steps early
       else:
         plan = p.data.plan(cursor.epoch, cursor.base_N)
-        self._batches = self._reader(plan, cursor.partition, cursor.offset)
-      ahead = self._next = None
-      parts = range(cursor.partition, plan.num_partitions)
-      starts = [cursor.offset if part == cursor.partition else 0 for part in parts]
+      self._next = None
+      starts = _starts(plan, cursor.partition, cursor.offset)
+      self._batches = reader if reader is not None else self._reader(plan, starts)
       batches = iter(self._batches)
-      left = total = sum(max(len(plan.steps[part]) - start, 0)
-                         for part, start in zip(parts, starts))
-      for part, start in zip(parts, starts):
+      left = total = sum(max(len(plan.steps[part]) - start, 0) for part, start in starts)
+      for part, start in starts:
         if cursor.stopped:
           return
         self.on_partition(part, cursor.global_step, cursor.epoch)
@@ -184,24 +182,28 @@ class PlannedSteps:
             # nothing processed yet) is planned and its reading starts, so that its first batch
             # is ready when the epoch's end is done (a batch took longer to read than a step).
             following = p.data.plan(cursor.epoch + 1, None)
-            ahead = (following, self._reader(following, 0, 0))
-            self._next = ahead[1]
+            self._next = (following, self._reader(following, _starts(following, 0, 0)))
           yield Step(**at, rows=steps[s], local=local, batch=batch,
                      ends_partition=s == len(steps) - 1)
 
-  def _reader(self, plan, partition: int, offset: int):
-    """One reader over the plan's partitions from (`partition`, `offset`) on, so that reading
-    ahead crosses their boundaries (a reader per partition started cold at each: its first batch
-    read while the device waited, at ~5 steps a partition on a GPU at the paper's size)."""
-    chunks = [plan.steps[part][offset if part == partition else 0:]
-              for part in range(partition, plan.num_partitions)]
+  def _reader(self, plan, starts: list[tuple[int, int]]):
+    """One reader over the plan's partitions from `starts` on, so that reading ahead crosses
+    their boundaries (a reader per partition started cold at each: its first batch read while
+    the device waited, at ~5 steps a partition on a GPU at the paper's size)."""
+    chunks = [plan.steps[part][start:] for part, start in starts]
     steps = np.concatenate(chunks) if chunks else np.zeros((0, 0, 0), np.int32)
     return prepare_lib.data_batches(self.p.config, self.p.reader, steps, 0, self.p.batch_sharding)
 
   def read_ahead(self) -> None:
     self._batches.read_ahead()
     if self._next is not None:
-      self._next.read_ahead()
+      self._next[1].read_ahead()
+
+
+def _starts(plan, partition: int, offset: int) -> list[tuple[int, int]]:
+  """(partition, first step) of each of the plan's partitions from (`partition`, `offset`) on."""
+  return [(part, offset if part == partition else 0)
+          for part in range(partition, plan.num_partitions)]
 
 
 @dataclasses.dataclass
