@@ -211,7 +211,9 @@ def _per_save(bench: dict, where: str, partition_steps: int,
   key = {"blocking": "checkpoint_blocked_s", "wall": "train_s"}.get(checkpoint)
   if key is None:
     raise ValueError(f"checkpoint={checkpoint!r}: use 'blocking' or 'wall'")
-  return (_get(part, key, where=where) - _get(none, key, where=where)) / saves, saves
+  # Saves that blocked less than the noise between two runs read as a small negative cost:
+  # they cost nothing measurable.
+  return max(0.0, (_get(part, key, where=where) - _get(none, key, where=where)) / saves), saves
 
 
 def _host_timeout_s() -> tuple[float, str]:

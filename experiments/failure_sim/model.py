@@ -455,6 +455,9 @@ def intervals(costs: inputs.Costs, rate: inputs.FailureRate, jobs: Sequence[Job]
       row[job.name] = {"partition_s": job.partition_steps * job.step_s,
                        "every_k_s": job.every_k * job.step_s if job.every_k else None,
                        "epoch_s": job.steps_per_epoch * job.step_s,
-                       "partition_over_young": job.partition_steps * job.step_s / row["young_s"]}
+                       # None where saves cost nothing measurable: Young then says save
+                       # at every step, and no partition is too long for it
+                       "partition_over_young": job.partition_steps * job.step_s / row["young_s"]
+                                               if row["young_s"] > 0 else None}
     rows.append(row)
   return rows

@@ -235,6 +235,16 @@ def test_loaders(tmp_path):
   json.dump(bench, open(tmp_path / "bench_fault.json", "w"))
   costs = fs.load_costs(str(tmp_path), recovery_path="warm_standby")
   assert costs.checkpoint_s == pytest.approx((0.58 - 0.2) / 38)
+  # Saves that blocked less than the noise between the two runs cost nothing, and Young's
+  # interval for free saves is 0: no partition is "longer" than it.
+  bench["overhead"]["partition"]["checkpoint_blocked_s"] = 0.1
+  json.dump(bench, open(tmp_path / "bench_fault.json", "w"))
+  free = fs.load_costs(str(tmp_path), recovery_path="warm_standby")
+  assert free.checkpoint_s == 0.0
+  (row,) = fs.intervals(free, CRASHES, [JOB], workers=[4])
+  assert row["young_s"] == 0.0 and row["test"]["partition_over_young"] is None
+  bench["overhead"]["partition"]["checkpoint_blocked_s"] = 0.58
+  json.dump(bench, open(tmp_path / "bench_fault.json", "w"))
   m = fs.measured_from_bench_fault(str(tmp_path / "bench_fault.json"))
   # Steps from the injected faults (partition=2 fires before partition 2: after step 66).
   assert [(f.kind, f.step) for f in m.failures] == [("crash", 495), ("hang", 990),
