@@ -114,6 +114,10 @@ def get_config(arg=None):
   model.fusion_layers = 1
   model.heads = 4
   model.mlp_dim = 128
+  # Members of a packed deep ensemble (medjax/model/ensemble.py): each a whole model with its
+  # own initialisation, trained on the same batches by its own loss; predictions are the mean of
+  # their probabilities. Costs `members` times the model's compute.
+  model.members = 1
   model.missing = "learned"             # 'learned', 'zero', 'mean' or 'drop' (ablations)
   model.modality_dropout = 0.15         # per modality, never all of a record's
   # Compute dtype: 'auto' is bfloat16 on a GPU or TPU and float32 on CPU (README, "What to

@@ -100,7 +100,7 @@ def _rules() -> dict[str, tuple[Check, ...]]:
        "data.num_partitions data.batch_size data.max_pixels data.max_decoded_mb data.max_file_mb "
        "data.decode_workers model.d_model model.labs_hidden model.vitals_hidden "
        "model.heads model.mlp_dim model.labs_layers model.vitals_layers optim.epochs mesh.fsdp "
-       "model.labs_embed_width model.labs_bins model.labs_frequencies "
+       "model.labs_embed_width model.labs_bins model.labs_frequencies model.members "
        "fault.local_hosts fault.devices_per_worker fault.min_hosts "
        "fault.jax_heartbeat_timeout_s " + syn("num_patients num_analytes max_images "
        "mean_images latent_dim_shared class_rank_shared image_latent_dim max_missing_panels"))

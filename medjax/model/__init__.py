@@ -2,7 +2,7 @@
 
 from flax import nnx
 
-from medjax.model import fusion
+from medjax.model import ensemble, fusion
 
 FusionModel = fusion.FusionModel
 MISSING_POLICIES = fusion.MISSING_POLICIES
@@ -10,10 +10,15 @@ present_modalities = fusion.present_modalities
 needs_statistics = fusion.needs_statistics
 
 
-def create(model_config, *, num_classes: int, shapes, seed: int) -> fusion.FusionModel:
-  """A FusionModel sized by `model_config` for records of `shapes` (records.Shapes)."""
-  return fusion.FusionModel(
-      model_config, num_classes=num_classes, image_size=shapes.image_size,
-      max_images=shapes.max_images, num_analytes=shapes.num_analytes,
-      vitals_steps=shapes.vitals_steps, vitals_channels=shapes.vitals_channels,
-      rngs=nnx.Rngs(params=seed))
+def create(model_config, *, num_classes: int, shapes,
+           seed: int) -> fusion.FusionModel | ensemble.Ensemble:
+  """A FusionModel sized by `model_config` for records of `shapes` (records.Shapes), or an
+  Ensemble of config.model.members of them."""
+  sizes = dict(num_classes=num_classes, image_size=shapes.image_size,
+               max_images=shapes.max_images, num_analytes=shapes.num_analytes,
+               vitals_steps=shapes.vitals_steps, vitals_channels=shapes.vitals_channels)
+  members = int(model_config.get("members", 1))
+  rngs = nnx.Rngs(params=seed)
+  if members > 1:
+    return ensemble.Ensemble(model_config, members, rngs=rngs, **sizes)
+  return fusion.FusionModel(model_config, rngs=rngs, **sizes)

@@ -13,17 +13,22 @@ import optax
 from flax import nnx
 
 from medjax import programs
+from medjax.model import ensemble
 from medjax.train import state as state_lib
 
 
 def loss_and_metrics(graphdef, params, fill, batch, rng, *, train: bool):
   model = nnx.merge(graphdef, params, fill)
-  logits_BxK = model(batch, train=train, rng=rng).astype(jnp.float32)   # the loss in float32
-  ce_B = optax.softmax_cross_entropy_with_integer_labels(logits_BxK, batch["label"])
+  # The loss in float32; an ensemble's is the mean of its members' own losses.
+  logits_MxBxK = ensemble.member_logits(model, batch, train=train, rng=rng)
+  labels_MxB = jnp.broadcast_to(batch["label"], logits_MxBxK.shape[:2])
+  ce_B = jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits_MxBxK, labels_MxB),
+                  axis=0)
   weight_B = batch["weight"]
   total = jnp.maximum(jnp.sum(weight_B), 1e-9)
   loss = jnp.sum(ce_B * weight_B) / total
-  correct = (jnp.argmax(logits_BxK, -1) == batch["label"]).astype(jnp.float32)
+  predicted_B = jnp.argmax(ensemble.probabilities(logits_MxBxK), -1)
+  correct = (predicted_B == batch["label"]).astype(jnp.float32)
   return loss, {"loss": loss, "accuracy": jnp.sum(correct * weight_B) / total,
                 "weight": jnp.sum(weight_B)}
 
@@ -77,7 +82,7 @@ def make_predict_step(graphdef, built: state_lib.Built, mesh):
 
   def predict(state, batch):
     model = nnx.merge(graphdef, state["params"], state["fill"])
-    return jax.nn.softmax(model(batch, train=False).astype(jnp.float32), axis=-1)
+    return ensemble.probabilities(ensemble.member_logits(model, batch, train=False))
 
   return programs.cached(jax.jit(
       predict, in_shardings=(built.shardings, state_lib.batch_sharding(mesh)),
