@@ -137,6 +137,16 @@ def get_config(arg=None):
   optim.weight_decay = 1e-4
   optim.clip_norm = 1.0
   optim.grad_accum = 1                  # average the gradients of k steps per update
+  # Gradient coordination (medjax/train/local_sgd.py): 'sync' averages every step's gradients
+  # over all devices; 'local' trains `replicas` copies (0: one per data-parallel device, fixed
+  # when the run first starts) on their own slices of each batch and averages their parameters
+  # every local_steps steps and at each epoch's end, through an outer SGD with Nesterov
+  # momentum (DiLoCo).
+  optim.mode = "sync"
+  optim.replicas = 0
+  optim.local_steps = 16
+  optim.outer_lr = 0.7
+  optim.outer_momentum = 0.9
   optim.class_weighted = False          # inverse-frequency loss weights for rare classes
   optim.class_weight_power = 0.5        # weight = count^-power (0.5: square-root balancing)
   # Stop after this many epochs without an improvement of evals.validation_metric (0: never).

@@ -49,6 +49,7 @@ def load(workdir: str, *, split: str = "test", bootstrap: int = 200) -> Evaluati
   from medjax import lineage as lineage_lib  # pylint: disable=import-outside-toplevel
   from medjax.checkpoint import restore
   from medjax.data import host  # pylint: disable=import-outside-toplevel
+  from medjax.train import local_sgd  # pylint: disable=import-outside-toplevel
   from medjax.train import optim  # pylint: disable=import-outside-toplevel
   from medjax.train import state as state_lib  # pylint: disable=import-outside-toplevel
   from medjax.train import step as step_lib  # pylint: disable=import-outside-toplevel
@@ -66,7 +67,8 @@ def load(workdir: str, *, split: str = "test", bootstrap: int = 200) -> Evaluati
   manifest = data.manifest
   tx, _ = optim.make(config.optim, 1)
   built = state_lib.build_abstract(config.model, tx, mesh, num_classes=len(manifest.class_names),
-                                   shapes=data.prepared.shapes, seed=config.seed)
+                                   shapes=data.prepared.shapes, seed=config.seed,
+                                   local=local_sgd.from_config(config.optim, mesh, 1))
   store = lineage_lib.LineageStore(run.lineage_store)
   restored = restore.restore_committed(run.checkpoints, store, built.abstract)
   if restored is None:

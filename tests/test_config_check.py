@@ -395,6 +395,8 @@ def test_enum_copies_match_the_modules_that_consume_them():
   assert config_rules.ISOLATE == decoder.ISOLATE
   from medjax.checkpoint import policy
   assert config_rules.CKPT_STRATEGIES == policy.STRATEGIES
+  from medjax.train import local_sgd  # pylint: disable=import-outside-toplevel
+  assert config_rules.OPTIM_MODES == local_sgd.MODES
 
 
 def test_imports_no_jax():

@@ -19,6 +19,7 @@ PREFETCH = ("auto", "inline", "thread")                    # data/loader.py batc
 PLACEMENT_METHODS = ("bounded", "ring", "modulo")          # data/cache/placement.py METHODS
 CACHE_POLICIES = ("recache", "redirect")                   # data/cache/recache.py POLICIES
 FUSIONS = ("attention", "gated")                           # model/fusion.py FusionModel
+OPTIM_MODES = ("sync", "local")                            # train/local_sgd.py MODES
 MISSING_POLICIES = ("learned", "zero", "mean", "drop")     # model/fusion.py MISSING_POLICIES
 NUMERIC_EMBEDDINGS = ("none", "piecewise", "periodic")     # model/encoders.py
 DTYPES = ("auto", "float32", "bfloat16", "float16")        # model/fusion.py compute_dtype
@@ -148,6 +149,11 @@ def _rules() -> dict[str, tuple[Check, ...]]:
   each(lambda v: None if all(c >= 1 for c in v) else "channel counts must be >= 1",
        "model.image_channels")
   each(_at_least(1, " (1: no accumulation)"), "optim.grad_accum")
+  each(_one_of(*OPTIM_MODES), "optim.mode")
+  each(_at_least(0, " (0: one per data-parallel device)"), "optim.replicas")
+  each(_at_least(1, " (1: average after every step)"), "optim.local_steps")
+  each(_above(0), "optim.outer_lr")
+  each(_within(0, 1, hi_open=True), "optim.outer_momentum")
   each(lambda v: None if v == -1 or v >= 1 else "must be -1 (all devices mesh.fsdp leaves) or a "
        "positive axis size", "mesh.data")
   each(_at_least(0, " (0: keep all)"), "ckpt.max_to_keep")

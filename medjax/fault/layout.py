@@ -109,6 +109,19 @@ def resolve_config(config, environ=None) -> Layout:
   return layout
 
 
+def resolve_replicas(config, layout: Layout) -> None:
+  """'local' mode's replica count, 0 (one per data-parallel device), fixed in `config` for the
+  run: a later generation on fewer devices (a lost host) keeps the replicas its checkpoints
+  hold, each device then updating several."""
+  optim = config.get("optim")
+  if optim is None or optim.get("mode") != "local" or optim.get("replicas", 0) > 0:
+    return
+  hosts = config.fault.hosts or config.fault.local_hosts
+  devices = hosts * layout.workers_per_host * layout.devices_per_worker
+  data = config.mesh.data if config.mesh.data > 0 else devices // max(1, config.mesh.fsdp)
+  optim.replicas = max(1, data)
+
+
 def resolved(fault_config, environ=None):
   """(a copy of `fault_config` with the layout resolved, the Layout)."""
   fault = fault_config.copy_and_resolve_references()

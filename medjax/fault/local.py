@@ -99,6 +99,7 @@ def run(config, workdir: str) -> dict:
   # The process layout for this machine ("auto" by default), saved where the coordinator, the
   # agents and the workers read the config.
   chosen = layout_lib.resolve_config(config)
+  layout_lib.resolve_replicas(config, chosen)
   with open(run_paths.config_json, "w") as f:
     f.write(config.to_json_best_effort(indent=2, sort_keys=True))
   logging.info("local: %d worker process(es) per host x %d device(s) (%s)",

@@ -26,6 +26,7 @@ from medjax.checkpoint import restore
 from medjax.data import host as host_lib
 from medjax.data import loader
 from medjax.runtime import phases as phases_lib
+from medjax.train import local_sgd
 from medjax.train import optim
 from medjax.train import reporting
 from medjax.train import state as state_lib
@@ -117,17 +118,18 @@ def prepare(config, workdir: str, topology: Topology = Topology(), ctx=None,
     steps_per_epoch = first_plan.num_steps
     total_steps = config.optim.epochs * steps_per_epoch
     tx, lr_schedule = optim.make(config.optim, total_steps)
+    local = local_sgd.from_config(config.optim, mesh, steps_per_epoch)
     # No state yet: a restart restores one, a fresh start creates it (`run_prepared`).
     built = state_lib.build_abstract(config.model, tx, mesh,
                                      num_classes=len(manifest.class_names),
-                                     shapes=data.prepared.shapes, seed=config.seed)
+                                     shapes=data.prepared.shapes, seed=config.seed, local=local)
     num_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(built.abstract["params"]))
   logging.info("model: %s parameters; %d steps per epoch, %d epochs, global batch %d on %d "
                "devices in %d processes", f"{num_params:,}", steps_per_epoch,
                config.optim.epochs, config.data.batch_size, mesh.size, jax.process_count())
   train_step = step_lib.make_train_step(built.graphdef, tx, built, mesh, seed=config.seed,
                                         lr_schedule=lr_schedule,
-                                        grad_accum=config.optim.grad_accum)
+                                        grad_accum=config.optim.grad_accum, local=local)
   # Compiled now (from the persistent cache when it holds the program), on a batch of the real
   # shapes: the first training step then only runs.
   ctx.set_phase("compiling")

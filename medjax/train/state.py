@@ -27,6 +27,7 @@ from medjax import model as model_lib
 from medjax import programs
 from medjax.data import records
 from medjax.model import fusion
+from medjax.train import local_sgd
 
 DATA_AXES = ("data", "fsdp")
 
@@ -79,10 +80,17 @@ def _param_spec(shape: tuple[int, ...], fsdp: int) -> P:
   return P()
 
 
-def shardings_for(abstract_state, mesh):
+def shardings_for(abstract_state, mesh, local: local_sgd.Local | None = None):
+  """Every entry's sharding: parameters (and their optimiser state) replicated over 'data' and
+  split over 'fsdp'; 'local' mode's replicas over 'data', each split over 'fsdp'."""
   fsdp = mesh.shape["fsdp"]
-  return jax.tree.map(lambda x: NamedSharding(mesh, _param_spec(tuple(x.shape), fsdp)),
-                      abstract_state)
+  spec = lambda x: NamedSharding(mesh, _param_spec(tuple(x.shape), fsdp))
+  shardings = {k: jax.tree.map(spec, v) for k, v in abstract_state.items() if k != "local"}
+  if "local" in abstract_state:
+    shardings["local"] = jax.tree.map(
+        lambda x: local_sgd.replica_sharding(local, mesh, _param_spec(tuple(x.shape[1:]), fsdp)),
+        abstract_state["local"])
+  return shardings
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,17 +102,20 @@ class Built:
   create: Callable[[], dict] = dataclasses.field(repr=False, compare=False)
 
 
-def build(model_config, tx, mesh, *, num_classes: int, shapes, seed: int):
+def build(model_config, tx, mesh, *, num_classes: int, shapes, seed: int,
+          local: local_sgd.Local | None = None):
   """(state, Built): the training state created directly in its sharded layout."""
   built = build_abstract(model_config, tx, mesh, num_classes=num_classes, shapes=shapes,
-                         seed=seed)
+                         seed=seed, local=local)
   return built.create(), built
 
 
-def build_abstract(model_config, tx, mesh, *, num_classes: int, shapes, seed: int) -> Built:
+def build_abstract(model_config, tx, mesh, *, num_classes: int, shapes, seed: int,
+                   local: local_sgd.Local | None = None) -> Built:
   """The state's structure, shapes and shardings from one abstract evaluation; no state is
   created (`Built.create` makes one). A restart restores its state: creating a fresh one first
-  (a second trace, a compile or cache load, and the run) took ~0.3-0.5 s of every restart."""
+  (a second trace, a compile or cache load, and the run) took ~0.3-0.5 s of every restart.
+  `local`: 'local' mode's state (`medjax.train.local_sgd`)."""
 
   # The model's graph definition, kept from the abstract evaluation below (static structure,
   # no arrays): building the model once more for it took ~0.1-0.2 s of every start and restart.
@@ -115,12 +126,13 @@ def build_abstract(model_config, tx, mesh, *, num_classes: int, shapes, seed: in
     graphdef, params, fill = nnx.split(model, nnx.Param, fusion.FillValue)
     graphdefs.append(graphdef)
     params, fill = nnx.to_pure_dict(params), nnx.to_pure_dict(fill)
-    return {"params": params, "fill": fill, "opt": tx.init(params),
-            "step": jnp.zeros((), jnp.int32)}
+    state = {"params": params, "fill": fill, "opt": tx.init(params),
+             "step": jnp.zeros((), jnp.int32)}
+    return state if local is None else {**state, **local_sgd.init(local, params, tx)}
 
   abstract = jax.eval_shape(create)
   graphdef = graphdefs[0]
-  shardings = shardings_for(abstract, mesh)
+  shardings = shardings_for(abstract, mesh, local)
   abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                           abstract, shardings)
   return Built(graphdef, abstract, shardings,

@@ -14,6 +14,7 @@ from flax import nnx
 
 from medjax import programs
 from medjax.model import ensemble
+from medjax.train import local_sgd
 from medjax.train import state as state_lib
 
 
@@ -34,13 +35,20 @@ def loss_and_metrics(graphdef, params, fill, batch, rng, *, train: bool):
 
 
 def make_train_step(graphdef, tx, built: state_lib.Built, mesh, *, seed: int,
-                    lr_schedule=None, grad_accum: int = 1):
+                    lr_schedule=None, grad_accum: int = 1,
+                    local: local_sgd.Local | None = None):
   """state, batch -> (state, metrics). The modality-dropout key depends only on (seed, step).
 
   With `lr_schedule`, metrics include the learning rate the step's update used (computed on the
   device, so logging it costs the host nothing); with `grad_accum` = k the schedule counts updates.
+  `local`: 'local' mode's step (`medjax.train.local_sgd`) instead of the synchronous one.
   """
   base_key = jax.random.key(seed)
+  if local is not None:
+    train_step = local_sgd.make_step(
+        lambda p, fill, batch, rng: loss_and_metrics(graphdef, p, fill, batch, rng, train=True),
+        tx, local, base_key=base_key, lr_schedule=lr_schedule, grad_accum=grad_accum)
+    return _jit_step(train_step, built, mesh)
 
   def train_step(state, batch):
     rng = jax.random.fold_in(base_key, state["step"])
@@ -56,6 +64,10 @@ def make_train_step(graphdef, tx, built: state_lib.Built, mesh, *, seed: int,
     new_state = {"params": params, "fill": state["fill"], "opt": opt, "step": state["step"] + 1}
     return new_state, metrics
 
+  return _jit_step(train_step, built, mesh)
+
+
+def _jit_step(train_step, built: state_lib.Built, mesh):
   return programs.cached(jax.jit(train_step,
                                 in_shardings=(built.shardings, state_lib.batch_sharding(mesh)),
                                 out_shardings=(built.shardings, state_lib.replicated(mesh)),

@@ -1,0 +1,130 @@
+"""config.optim.mode='local': replicas that step on their own slices and average periodically."""
+
+import jax
+import numpy as np
+import pytest
+
+from configs import default as default_config
+from medjax import config_check
+from medjax.fault import layout as layout_lib
+from medjax.train import local_sgd
+from medjax.train import optim
+from medjax.train import state as state_lib
+from medjax.train import step as step_lib
+from tests.test_model import SHAPES, _batch
+
+
+def _config(**optim_fields):
+  config = default_config.get_config()
+  config.model.fusion = "gated"          # compiles faster; the mode does not depend on it
+  config.model.modality_dropout = 0.0
+  config.optim.mode = "local"
+  config.optim.update(optim_fields)
+  return config
+
+
+def _setup(config, devices, steps_per_epoch=100):
+  mesh = state_lib.make_mesh(config.mesh, devices)
+  tx, _ = optim.make(config.optim, 100)
+  local = local_sgd.from_config(config.optim, mesh, steps_per_epoch)
+  state, built = state_lib.build(config.model, tx, mesh, num_classes=5, shapes=SHAPES, seed=0,
+                                 local=local)
+  train_step = step_lib.make_train_step(built.graphdef, tx, built, mesh, seed=0, local=local)
+  return mesh, tx, local, state, built, train_step
+
+
+def _host(tree):
+  return jax.tree.map(np.asarray, tree)
+
+
+def _close(a, b, **kw):
+  jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, **kw), a, b)
+
+
+def test_replicas_step_on_their_own_slices_and_average_every_h_steps():
+  """Four replicas on 4 devices: between averagings the outer parameters stay put and each
+  replica follows its own data; after H steps all four are the outer optimiser's result, which
+  for outer SGD at lr 1 without momentum is the replicas' mean."""
+  config = _config(replicas=4, local_steps=3, outer_lr=1.0, outer_momentum=0.0)
+  mesh, tx, local, state, built, train_step = _setup(config, jax.devices()[:4])
+  spec = built.shardings["local"]["params"]
+  assert all(s.spec[0] == "data" for s in jax.tree.leaves(spec))
+  leaf = jax.tree.leaves(state["local"]["params"])[0]
+  assert leaf.shape[0] == 4 and len(leaf.addressable_shards) == 4
+  assert leaf.addressable_shards[0].data.shape[0] == 1   # one replica per device
+  outer0 = _host(state["params"])
+  batches = [_batch(np.random.default_rng(i), n=16) for i in range(3)]
+  # By hand: each replica's inner steps (the synchronous step on one replica's quarter) from
+  # the same start; then their mean.
+  one = _config()
+  one.optim.mode = "sync"
+  mesh1 = state_lib.make_mesh(one.mesh, jax.devices()[:1])
+  _, b1 = state_lib.build(one.model, tx, mesh1, num_classes=5, shapes=SHAPES, seed=0)
+  sync_step = step_lib.make_train_step(b1.graphdef, tx, b1, mesh1, seed=0)
+  expected = []
+  for r in range(4):
+    s = b1.create()   # (the step donates its state)
+    for batch in batches:
+      s, _ = sync_step(s, {f: v[4 * r:4 * r + 4] for f, v in batch.items()})
+    expected.append(_host(s["params"]))
+  sharded = lambda b: jax.device_put(b, state_lib.batch_sharding(mesh))
+  for k, batch in enumerate(batches[:2]):
+    state, metrics = train_step(state, sharded(batch))
+    assert np.isfinite(float(metrics["loss"]))
+  _close(_host(state["params"]), outer0, rtol=0, atol=0)   # no averaging yet
+  replicas = _host(state["local"]["params"])
+  first = jax.tree.leaves(replicas)[-1]
+  assert not np.allclose(first[0], first[1])
+  state, _ = train_step(state, sharded(batches[2]))       # step 3: the round's end
+  mean = jax.tree.map(lambda *xs: np.mean(xs, axis=0), *expected)
+  # (atol: the gate's bias has a zero gradient up to rounding, which Adam scales to steps of
+  # the learning rate's size either way)
+  _close(_host(state["params"]), mean, rtol=2e-4, atol=2e-5)
+  for r in range(4):
+    _close(jax.tree.map(lambda x: x[r], _host(state["local"]["params"])), mean, rtol=2e-4,
+           atol=2e-5)
+
+
+def test_an_epochs_end_averages_and_the_result_is_the_same_on_1_and_4_devices():
+  """The averaging comes at an epoch's end too (evaluation sees one model); and replicas are
+  the run's, not the mesh's: 4 replicas on one device give what they give on four, so a run
+  restores onto another device count."""
+  config = _config(replicas=4, local_steps=16)
+  results = []
+  for devices in (jax.devices()[:1], jax.devices()[:4]):
+    mesh, _, _, state, _, train_step = _setup(config, devices, steps_per_epoch=2)
+    start = _host(state["params"])
+    for i in range(2):
+      batch = jax.device_put(_batch(np.random.default_rng(i), n=16),
+                             state_lib.batch_sharding(mesh))
+      state, _ = train_step(state, batch)
+      if i == 0:
+        _close(_host(state["params"]), start, rtol=0, atol=0)
+    leaves = jax.tree.leaves(_host(state["local"]["params"]))
+    assert all(np.array_equal(x[0], x[3]) for x in leaves)   # averaged at step 2
+    assert not all(np.allclose(a, b) for a, b in zip(jax.tree.leaves(_host(state["params"])),
+                                                     jax.tree.leaves(start)))
+    results.append(_host(state))
+  _close(results[0], results[1], rtol=1e-4, atol=2e-5)   # (atol: the gate bias, above)
+
+
+def test_the_mode_is_checked_and_the_launcher_fixes_the_replica_count():
+  config = _config()
+  config.optim.mode = "async"
+  assert any("optim.mode" in p for p in config_check.problems(config))
+  config = _config(local_steps=0)
+  assert any("optim.local_steps" in p for p in config_check.problems(config))
+  config = _config()
+  config.fault.local_hosts = 2
+  layout_lib.resolve_replicas(config, layout_lib.Layout(2, 1, 'cpu', ''))
+  assert config.optim.replicas == 4          # 2 hosts x 2 workers x 1 device
+  config.optim.replicas = 3
+  layout_lib.resolve_replicas(config, layout_lib.Layout(1, 1, 'cpu', ''))
+  assert config.optim.replicas == 3          # explicit: kept
+  sync = default_config.get_config()
+  layout_lib.resolve_replicas(sync, layout_lib.Layout(2, 1, 'cpu', ''))
+  assert sync.optim.replicas == 0
+  mesh = state_lib.make_mesh(sync.mesh, jax.devices()[:1])
+  assert local_sgd.from_config(sync.optim, mesh, 10) is None
+  with pytest.raises(Exception, match="does not divide among"):
+    local_sgd._split({"x": np.zeros((6, 2))}, 4)
