@@ -46,7 +46,7 @@ def test_replicas_step_on_their_own_slices_and_average_every_h_steps():
   replica follows its own data; after H steps all four are the outer optimiser's result, which
   for outer SGD at lr 1 without momentum is the replicas' mean."""
   config = _config(replicas=4, local_steps=3, outer_lr=1.0, outer_momentum=0.0)
-  mesh, tx, local, state, built, train_step = _setup(config, jax.devices()[:4])
+  mesh, tx, _, state, built, train_step = _setup(config, jax.devices()[:4])
   spec = built.shardings["local"]["params"]
   assert all(s.spec[0] == "data" for s in jax.tree.leaves(spec))
   leaf = jax.tree.leaves(state["local"]["params"])[0]
