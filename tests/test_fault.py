@@ -580,3 +580,30 @@ def test_checkpoint_strategy_decides_where_a_crash_resumes(shared, strategy, com
       25, newest, 25 - newest), failure
   _assert_exactly_once(workdir, epochs=3)
 
+
+
+def test_local_mode_recovers_each_replica_exactly_once(shared):
+  """optim.mode='local' over 2 processes (2 replicas, one on each, averaging every 4 steps): a
+  crash in the middle of a round and a hang restore every replica's parameters and optimiser
+  state, the ledger proves exactly-once, and the run ends where an uninterrupted one does."""
+  local = [*_common(shared), TWO_WORKERS, f"--config.optim.epochs={EPOCHS}",
+           "--config.optim.mode=local", "--config.optim.local_steps=4",
+           "--config.ckpt.writer_duty=1.0"]
+  clean = str(shared["base"] / "local_clean")
+  assert runs.run(clean, *local) == 0, runs.tail(clean)
+  faulty = str(shared["base"] / "local_faulty")
+  code = runs.run(faulty, *local, "--config.fault.inject=kill@step=6:process=1; "
+                  "sigstop@step=13:process=0", "--config.ckpt.snapshot_every_steps=2")
+  assert code == 0, runs.tail(faulty)
+  with open(os.path.join(faulty, "config.json")) as f:
+    assert json.load(f)["optim"]["replicas"] == 2
+  ft = runs.summary(faulty)["fault_tolerance"]
+  assert [f["kind"] for f in ft["failures"]] == ["crash", "hang"], ft["failures"]
+  _assert_exactly_once(faulty, epochs=EPOCHS)
+  a, step_a = checkpointer.load_arrays(os.path.join(clean, "checkpoints"))
+  b, step_b = checkpointer.load_arrays(os.path.join(faulty, "checkpoints"))
+  assert step_a == step_b and sorted(a) == sorted(b)
+  replicas = [k for k in a if k.startswith("['local']['params']")]
+  assert replicas and all(a[k].shape[0] == 2 for k in replicas)
+  for k in [k for k in a if k.startswith(("['params']", "['local']"))]:
+    np.testing.assert_allclose(a[k], b[k], rtol=1e-5, atol=1e-6, err_msg=k)

@@ -18,6 +18,7 @@ def _config(**optim_fields):
   config = default_config.get_config()
   config.model.fusion = "gated"          # compiles faster; the mode does not depend on it
   config.model.modality_dropout = 0.0
+  config.model.update(d_model=16, image_channels=(4,), labs_hidden=16, vitals_hidden=8)
   config.optim.mode = "local"
   config.optim.update(optim_fields)
   return config
@@ -38,7 +39,12 @@ def _host(tree):
 
 
 def _close(a, b, **kw):
-  jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, **kw), a, b)
+  """Leaf by leaf, but for the gate's bias: softmax over tokens cancels it, so its gradient is
+  rounding noise, which Adam scales up to steps of the learning rate's size."""
+  def check(path, x, y):
+    if "gate" not in jax.tree_util.keystr(path) or "bias" not in jax.tree_util.keystr(path):
+      np.testing.assert_allclose(x, y, err_msg=jax.tree_util.keystr(path), **kw)
+  jax.tree_util.tree_map_with_path(check, a, b)
 
 
 def test_replicas_step_on_their_own_slices_and_average_every_h_steps():
@@ -77,12 +83,10 @@ def test_replicas_step_on_their_own_slices_and_average_every_h_steps():
   assert not np.allclose(first[0], first[1])
   state, _ = train_step(state, sharded(batches[2]))       # step 3: the round's end
   mean = jax.tree.map(lambda *xs: np.mean(xs, axis=0), *expected)
-  # (atol: the gate's bias has a zero gradient up to rounding, which Adam scales to steps of
-  # the learning rate's size either way)
-  _close(_host(state["params"]), mean, rtol=2e-4, atol=2e-5)
+  _close(_host(state["params"]), mean, rtol=2e-4, atol=2e-6)
   for r in range(4):
     _close(jax.tree.map(lambda x: x[r], _host(state["local"]["params"])), mean, rtol=2e-4,
-           atol=2e-5)
+           atol=2e-6)
 
 
 def test_an_epochs_end_averages_and_the_result_is_the_same_on_1_and_4_devices():
@@ -105,7 +109,7 @@ def test_an_epochs_end_averages_and_the_result_is_the_same_on_1_and_4_devices():
     assert not all(np.allclose(a, b) for a, b in zip(jax.tree.leaves(_host(state["params"])),
                                                      jax.tree.leaves(start)))
     results.append(_host(state))
-  _close(results[0], results[1], rtol=1e-4, atol=2e-5)   # (atol: the gate bias, above)
+  _close(results[0], results[1], rtol=1e-4, atol=1e-6)
 
 
 def test_the_mode_is_checked_and_the_launcher_fixes_the_replica_count():
