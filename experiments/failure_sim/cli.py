@@ -10,6 +10,7 @@ import os
 import time
 from typing import Mapping, Sequence
 
+from experiments.failure_sim import comm
 from experiments.failure_sim import inputs
 from experiments.failure_sim import model
 from experiments.failure_sim import render
@@ -66,9 +67,30 @@ def run(results_dir: str = inputs.RESULTS, *, trials: int = 500, seed: int = 0,
     jobs = [job]
   for cn, c in costs.items():
     out["intervals"][cn] = {rn: model.intervals(c, r, jobs, workers) for rn, r in rates.items()}
+  out["exchange"] = exchange(results_dir, job, next(iter(costs.values())),
+                             next(iter(rates.values())), trials=trials, seed=seed)
   out["left_out"] = list(render.LEFT_OUT)
   out["wall_s"] = round(time.perf_counter() - t0, 1)
   return render._finite(out)
+
+
+def exchange(results_dir: str, job: model.Job, costs: inputs.Costs, rate: inputs.FailureRate,
+             **kwargs) -> dict:
+  """Table V with each gradient mode's exchange over each link (`comm`), and the same
+  exchanges beside the measured GPU step under weak scaling."""
+  nbytes, bytes_source = comm.load_bytes(results_dir)
+  step, step_source = comm.step_s(results_dir)
+  table_v = {}
+  for mode, every in comm.MODES:
+    for key, link in comm.LINKS.items():
+      ex = comm.Exchange(mode, nbytes, link, every)
+      table_v[f"{mode} H={every} {key}"] = model.table_v(costs, rate, job=job, exchange=ex,
+                                                           **kwargs)
+  return {"inputs": {"bytes": nbytes, "bytes_source": bytes_source, "step_s": step,
+                     "step_source": step_source, "ring": comm.RING, "costs": costs.name,
+                     "rate": rate.name,
+                     "links": {k: dataclasses.asdict(v) for k, v in comm.LINKS.items()}},
+          "table_v": table_v, "weak": comm.weak_scaling(step, nbytes, (2, 4, 8, 16, 32))}
 
 
 def main(argv=None) -> dict:

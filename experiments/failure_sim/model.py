@@ -406,20 +406,28 @@ def sweep(job: Job, costs: inputs.Costs, rate: inputs.FailureRate, strategies: S
 def table_v(costs: inputs.Costs, rate: inputs.FailureRate, *, job: Job | None = None,
             workers: Sequence[int] = (4, 8, 16, 32), ref_workers: int = 16,
             accelerators_per_worker: int = 8, strategy: Strategy = Strategy("lineage"),
-            **kwargs) -> list[dict]:
+            exchange=None, **kwargs) -> list[dict]:
   """The paper's Table V (strong scaling of its job, 8 GPUs per worker) simulated, its values
-  beside. Speedup and efficiency are against the smallest worker count."""
+  beside. Speedup and efficiency are against the smallest worker count.
+
+  exchange: a `comm.Exchange` (the gradient mode's all-reduce between workers), added to every
+  step at each worker count; None: no communication (efficiency then counts only failures and
+  checkpoints). Reduction inside a worker's 8 GPUs (NVLink) is taken as free."""
   job = job or Job.paper_scale()
-  rows = sweep(job, costs, rate, [strategy], workers, scaling="strong", ref_workers=ref_workers,
-               accelerators_per_worker=accelerators_per_worker, **kwargs)
+  jobs = [job.strong(w, ref_workers) for w in workers]
+  comm_s = [exchange.per_step_s(w) if exchange is not None else 0.0 for w in workers]
+  rows = [simulate(dataclasses.replace(j, step_s=j.step_s + c), costs, rate, strategy, w,
+                   accelerators_per_worker=accelerators_per_worker, **kwargs)
+          for j, c, w in zip(jobs, comm_s, workers)]
   base = rows[0]
   label = f"published: {inputs.PAPER}, Table V"
   return [{"workers": r.workers, "time_h": r.time_h, "speedup": base.time_h / r.time_h,
            "efficiency": base.time_h / r.time_h * base.workers / r.workers,
            "overhead": r.checkpoint_overhead, "goodput": r.goodput, "failures": r.failures,
-           "label": "simulated",
+           "comm_share": c / (j.step_s + c), "label": "simulated",
            "paper": {**inputs.PAPER_TABLE_V[r.workers], "label": label}
-                    if r.workers in inputs.PAPER_TABLE_V else None} for r in rows]
+                    if r.workers in inputs.PAPER_TABLE_V else None}
+          for r, j, c in zip(rows, jobs, comm_s)]
 
 
 def table_vi(costs: inputs.Costs, rate: inputs.FailureRate, *, job: Job | None = None,
