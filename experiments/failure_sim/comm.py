@@ -141,19 +141,21 @@ def _shown(path: str) -> str:
   return path if rel.startswith("..") else rel
 
 
-def load_bytes(results_dir: str) -> tuple[float, str]:
-  """(bytes a synchronous step all-reduces for configs/paper.py, its source): from
-  <results_dir>/comm_bytes.json (`python -m experiments.failure_sim.comm`), else 4 bytes for
-  each of the paper model's parameters (labelled as such)."""
+def load_bytes(results_dir: str, config: str = "paper") -> tuple[float, str]:
+  """(bytes a synchronous step all-reduces for configs/<config>.py, its source): from
+  <results_dir>/comm_bytes.json (`python -m experiments.failure_sim.comm`), else, for the paper
+  config, 4 bytes for each of its model's parameters (labelled as such)."""
   path = os.path.join(results_dir, "comm_bytes.json")
   try:
     with open(path) as f:
-      row = next(r for r in json.load(f)["rows"] if r["config"] == "paper" and
+      row = next(r for r in json.load(f)["rows"] if r["config"] == config and
                  r["mode"] == "sync")
     return float(row["allreduce_bytes"]), (
-        f"measured: the all-reduce operands of configs/paper.py's compiled step "
+        f"measured: the all-reduce operands of configs/{config}.py's compiled step "
         f"({_shown(path)}, {row['devices']} CPU devices)")
   except (OSError, ValueError, KeyError, StopIteration):
+    if config != "paper":
+      return float("nan"), f"not measured: no configs/{config}.py row in {_shown(path)}"
     return 4 * 31_618_564.0, ("assumption: 4 bytes per parameter of configs/paper.py "
                               f"(31,618,564); {_shown(path)} absent or unreadable")
 
