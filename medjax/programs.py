@@ -83,7 +83,11 @@ def _load_or_compile(lowered: jax.stages.Lowered) -> jax.stages.Compiled:
 
 def _entry(lowered: jax.stages.Lowered) -> str:
   key = hashlib.sha256()
-  for part in (lowered.as_text(), jax.__version__, jaxlib.__version__,
+  # The arguments' tree too: jax.jit leaves unused arguments out of the program, so two
+  # functions of differently shaped states (a 'local' mode state and a 'sync' one, to a predict
+  # step that reads only the parameters) lower to one text, but their executables take
+  # different trees.
+  for part in (lowered.as_text(), str(lowered.in_tree), jax.__version__, jaxlib.__version__,
                os.environ.get("XLA_FLAGS", ""), str(jax.process_count()),
                repr([(d.id, d.process_index, d.device_kind) for d in jax.devices()])):
     key.update(part.encode())

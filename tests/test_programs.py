@@ -39,8 +39,13 @@ SCRIPT = textwrap.dedent("""
     double_sum = programs.cached(jax.jit(lambda a: (2 * a).sum()))
     total = float(double_sum(x))
     again = float(double_sum(x))   # the same executable, not loaded a second time
+    compiled = len(compiles)
+    # Two argument trees that lower to one program (jax.jit leaves the unused entry out) are two
+    # entries: each executable takes its own tree.
+    for state in ({"a": x}, {"a": x, "unused": x}):
+      assert float(programs.cached(jax.jit(lambda s: (2 * s["a"]).sum()))(state)) == total
     print(json.dumps({"process": process, "needed": programs.needed(), "total": total,
-                      "again": again, "compiles": len(compiles)}))
+                      "again": again, "compiles": compiled}))
     jax.distributed.shutdown()
 """)
 
@@ -68,7 +73,10 @@ def test_process_one_loads_what_it_compiled_and_survives_a_damaged_entry(tmp_pat
   assert not first[0]["needed"] and first[1]["needed"]
   assert first[0]["total"] == first[1]["total"] == first[1]["again"] == 2 * 3 * (1 + 2)
   assert first[1]["compiles"] == 1
-  (entry,) = os.listdir(os.path.join(cache, "process-1"))
+  entries = os.listdir(os.path.join(cache, "process-1"))
+  assert len(entries) == 3   # the sum, and the same sum for each of two trees
+  # The first written is the sum's (`compiles` counts its compilations only).
+  entry = min(entries, key=lambda e: os.path.getmtime(os.path.join(cache, "process-1", e)))
 
   second = _run_pair(cache)
   assert second[1]["compiles"] == 0                   # loaded, not compiled
