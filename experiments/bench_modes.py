@@ -40,15 +40,20 @@ def _interval(diffs: list[float]) -> tuple[float, float, float]:
   return float(d.mean()), float(d.mean() - half), float(d.mean() + half)
 
 
-def run(config: str, seeds: int, local_steps: list[int], workers: int, workdir: str) -> dict:
-  modes = [("sync", 1)] + [("local", h) for h in local_steps]
-  per = {f"{m} H={h}" if m == "local" else m: [] for m, h in modes}
+def run(config: str, seeds: int, local_steps: list[int], workers: int, workdir: str,
+        plain: list[int] = ()) -> dict:
+  """`plain`: H values also run with plain averaging (outer SGD at lr 1, no momentum)."""
+  modes = ([("sync", 1, "")] + [("local", h, "") for h in local_steps]
+           + [("local", h, " plain") for h in plain])
+  per = {f"{m} H={h}{p}" if m == "local" else m: [] for m, h, p in modes}
   for seed in range(seeds):
     scale = scales_lib.Scale("modes", config, (f"--config.seed={seed}",
                                                f"--config.fault.workers_per_host={workers}"))
     runner = measure.Runner(os.path.join(workdir, f"seed-{seed}"), scale)
-    for (mode, h), name in zip(modes, per):
+    for (mode, h, p), name in zip(modes, per):
       flags = [f"--config.optim.mode={mode}", f"--config.optim.local_steps={h}"]
+      if p:
+        flags += ["--config.optim.outer_lr=1.0", "--config.optim.outer_momentum=0.0"]
       s = runner.run(name.replace(" ", "_").replace("=", ""), flags)
       per[name].append({"seed": seed, "accuracy": s["test"]["accuracy"],
                         "macro_f1": s["test"]["macro_f1"], "wall_s": s["_wall_s"],
@@ -59,7 +64,7 @@ def run(config: str, seeds: int, local_steps: list[int], workers: int, workdir: 
          "bytes_source": source, "date": time.strftime("%Y-%m-%d"), "modes": {}}
   batch = importlib.import_module(f"configs.{name}").get_config().data.batch_size
   for name, rows in per.items():
-    h = 1 if name == "sync" else int(name.split("H=")[1])
+    h = 1 if name == "sync" else int(name.split("H=")[1].split()[0])
     row = {"runs": rows}
     for k in ("accuracy", "macro_f1", "wall_s"):
       row[k] = float(np.mean([r[k] for r in rows]))
@@ -75,6 +80,9 @@ def markdown(result: dict) -> str:
            "Test accuracy and macro F1 after the same epochs; the difference to 'sync' is "
            "paired by seed (mean [95% t-interval]). Bytes: what each worker sends per training "
            f"example on a ring ({result['bytes_source']}).", "",
+           "'local' averages through DiLoCo's outer optimiser (SGD, lr 0.7, Nesterov momentum "
+           "0.9: the defaults); 'plain' through SGD at lr 1 without momentum, the replicas' "
+           "mean.", "",
            "| mode | accuracy | - sync | macro F1 | - sync | wall s | bytes sent per example |",
            "|---|---:|---|---:|---|---:|---:|"]
   for name, r in result["modes"].items():
@@ -90,12 +98,14 @@ def main(argv=None) -> dict:
   parser.add_argument("--config", default="configs/quickstart.py")
   parser.add_argument("--seeds", type=int, default=3)
   parser.add_argument("--local-steps", default="1,4,16,64")
+  parser.add_argument("--plain", default="1,4",
+                      help="H values also run with plain averaging (outer lr 1, no momentum)")
   parser.add_argument("--workers", type=int, default=2)
   parser.add_argument("--workdir", default="/tmp/bench_modes")
   parser.add_argument("--out", default=OUT)
   args = parser.parse_args(argv)
   result = run(args.config, args.seeds, [int(h) for h in args.local_steps.split(",")],
-               args.workers, args.workdir)
+               args.workers, args.workdir, [int(h) for h in args.plain.split(",") if h])
   os.makedirs(args.out, exist_ok=True)
   with open(os.path.join(args.out, "bench_modes.json"), "w") as f:
     json.dump(result, f, indent=1)
