@@ -102,18 +102,18 @@ def _rules() -> dict[str, tuple[Check, ...]]:
        "data.decode_workers model.d_model model.labs_hidden model.vitals_hidden "
        "model.heads model.mlp_dim model.labs_layers model.vitals_layers optim.epochs mesh.fsdp "
        "model.labs_embed_width model.labs_bins model.labs_frequencies model.members "
-       "fault.local_hosts fault.devices_per_worker fault.min_hosts "
+       "optim.local_steps fault.local_hosts fault.devices_per_worker fault.min_hosts "
        "fault.jax_heartbeat_timeout_s " + syn("num_patients num_analytes max_images "
        "mean_images latent_dim_shared class_rank_shared image_latent_dim max_missing_panels"))
   each(_at_least(0), "seed data.cache_memory_mb model.fusion_layers optim.weight_decay "
        "optim.class_weight_power fault.replacement_wait_s fault.backoff_s fault.backoff_max_s "
-       "fault.workers_per_host fault.local_spares "
+       "fault.workers_per_host fault.local_spares optim.replicas "
        "fault.max_failures_without_progress fault.max_coordinator_restarts fault.hang_factor "
        "fault.hang_warmup_steps " + syn(
            "seed model_seed class_prior_exponent rare_twins twin_offset latent_dim_image "
            "class_sep vitals_trend junk_files"))
   each(_above(0), "data.vitals_hours_per_step data.decode_timeout_s optim.lr optim.clip_norm "
-       "model.labs_frequency_scale "
+       "optim.outer_lr model.labs_frequency_scale "
        "fault.timeout_training_s fault.timeout_compile_s fault.host_timeout_s fault.stop_grace_s "
        "fault.agent_interval_s fault.coordinator_lost_s fault.hang_floor_s "
        + syn("lab_noise vitals_noise image_noise"))
@@ -121,13 +121,13 @@ def _rules() -> dict[str, tuple[Check, ...]]:
       "frac_no_images frac_no_labs frac_partial_labs frac_no_vitals frac_missing_vitals_steps "
       "frac_missing_vitals_cells headers.frac_monochrome1 headers.frac_no_window "
       "headers.frac_padding headers.frac_dx"))
-  each(_within(0, 1, hi_open=True), "model.modality_dropout optim.b1 optim.b2")
+  each(_within(0, 1, hi_open=True), "model.modality_dropout optim.b1 optim.b2 optim.outer_momentum")
   each(_names, "data.analytes data.classes data.vitals_channels evals.splits")
   for field, names in (("mode", MODES), ("data.on_error", ON_ERROR), ("data.prefetch", PREFETCH),
                        ("data.isolate_decoding", ISOLATE),
                        ("data.placement_method", PLACEMENT_METHODS), ("data.replicas", (1, 2)),
                        ("data.cache_policy", CACHE_POLICIES), ("model.fusion", FUSIONS),
-                       ("model.missing", MISSING_POLICIES),
+                       ("model.missing", MISSING_POLICIES), ("optim.mode", OPTIM_MODES),
                        ("model.labs_embedding", NUMERIC_EMBEDDINGS), ("model.dtype", DTYPES),
                        ("ckpt.if_all_damaged", IF_ALL_DAMAGED),
                        ("ckpt.strategy", CKPT_STRATEGIES),
@@ -149,11 +149,6 @@ def _rules() -> dict[str, tuple[Check, ...]]:
   each(lambda v: None if all(c >= 1 for c in v) else "channel counts must be >= 1",
        "model.image_channels")
   each(_at_least(1, " (1: no accumulation)"), "optim.grad_accum")
-  each(_one_of(*OPTIM_MODES), "optim.mode")
-  each(_at_least(0, " (0: one per data-parallel device)"), "optim.replicas")
-  each(_at_least(1, " (1: average after every step)"), "optim.local_steps")
-  each(_above(0), "optim.outer_lr")
-  each(_within(0, 1, hi_open=True), "optim.outer_momentum")
   each(lambda v: None if v == -1 or v >= 1 else "must be -1 (all devices mesh.fsdp leaves) or a "
        "positive axis size", "mesh.data")
   each(_at_least(0, " (0: keep all)"), "ckpt.max_to_keep")
