@@ -67,7 +67,8 @@ def test_paired_interval_is_students_t_over_seeds():
 
 def test_the_tables_config_trains_on_a_public_cohort_and_reports_calibration(tmp_path):
   # End to end, as a user runs it (shortened): the labs' bin edges from the training data, the
-  # best checkpoint by validation AUROC, and for nwtco (14% relapses) the validation threshold.
+  # best checkpoint by validation log-loss, 4 members, and for nwtco (14% relapses) the
+  # validation threshold.
   cohorts.write("nwtco", str(tmp_path / "nwtco"))
   work = str(tmp_path / "work")
   rc = runs.run(work, f"--config.data.root={tmp_path / 'nwtco'}", "--config.optim.epochs=3",
