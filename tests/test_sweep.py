@@ -293,11 +293,12 @@ def test_sweep_ingests_once_prunes_survives_a_killed_trial_and_resumes(tmp_path)
   study = optuna.create_study(storage=url, study_name="sweep", direction="maximize")
   for lr in (3e-3, 2e-3, 1e-3, 1e-6):
     study.enqueue_trial({"optim.lr": lr})
-  # Ten epochs, judged from the third on: trial 2's run must still be going when the sweep is
+  # Thirty epochs (ten were over before the kill on an idle CI machine), judged from the third
+  # on: trial 2's run must still be going when the sweep is
   # killed after its first epoch, or nothing is left to resume (ASHA could prune trial 2, behind
   # trial 0, at its first rung; a tiny epoch takes ~0.2 s, and six epochs were over before the
   # kill in a CI run). Its processes are also stopped (SIGSTOP) before the kill.
-  judge_late = ("--config.pruner.min_resource=3", "--config.overrides.optim.epochs=10")
+  judge_late = ("--config.pruner.min_resource=3", "--config.overrides.optim.epochs=30")
   sweep = _launch(workdir, *judge_late)
   try:
     # Trial 1: its launch.py SIGKILLed; the sweep records it failed and goes on.
