@@ -80,18 +80,10 @@ def _split(batch: dict, replicas: int) -> dict:
   return jax.tree.map(split, batch)
 
 
-def make_step(loss_and_metrics, tx, local: Local, *, base_key, lr_schedule=None,
-              grad_accum: int = 1):
+def make_step(update, local: Local, *, base_key, lr_schedule=None, grad_accum: int = 1):
   """state, batch -> (state, metrics): one inner step on every replica, then the averaging
-  where the step ends a round of `local.every` or an epoch. `loss_and_metrics(params, fill,
-  batch, rng)` is the synchronous step's loss."""
-
-  def inner(params, opt, fill, batch, rng):
-    (_, metrics), grads = jax.value_and_grad(
-        lambda p: loss_and_metrics(p, fill, batch, rng), has_aux=True)(params)
-    updates, opt = tx.update(grads, opt, params)
-    metrics["grad_norm"] = optax.tree.norm(grads)
-    return optax.apply_updates(params, updates), opt, metrics
+  where the step ends a round of `local.every` or an epoch. `update(params, opt, fill, batch,
+  rng) -> (params, opt, metrics)` is the synchronous step's update, here one replica's."""
 
   def average(outer, outer_opt, params_R):
     delta = jax.tree.map(lambda o, p: o - jnp.mean(p, axis=0), outer, params_R)
@@ -104,7 +96,7 @@ def make_step(loss_and_metrics, tx, local: Local, *, base_key, lr_schedule=None,
   def step(state, batch):
     rng = jax.random.fold_in(base_key, state["step"])
     keys = jax.vmap(lambda r: jax.random.fold_in(rng, r))(jnp.arange(local.replicas))
-    params_R, opt_R, metrics_R = jax.vmap(inner, in_axes=(0, 0, None, 0, 0))(
+    params_R, opt_R, metrics_R = jax.vmap(update, in_axes=(0, 0, None, 0, 0))(
         state["local"]["params"], state["local"]["opt"], state["fill"],
         _split(batch, local.replicas), keys)
     done = state["step"] + 1

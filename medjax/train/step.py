@@ -44,21 +44,24 @@ def make_train_step(graphdef, tx, built: state_lib.Built, mesh, *, seed: int,
   `local`: 'local' mode's step (`medjax.train.local_sgd`) instead of the synchronous one.
   """
   base_key = jax.random.key(seed)
+
+  def update(params, opt, fill, batch, rng):
+    """One optimiser update of `params` on `batch`: (params, opt, metrics)."""
+    (_, metrics), grads = jax.value_and_grad(
+        lambda p: loss_and_metrics(graphdef, p, fill, batch, rng, train=True),
+        has_aux=True)(params)
+    updates, opt = tx.update(grads, opt, params)
+    metrics["grad_norm"] = optax.tree.norm(grads)
+    return optax.apply_updates(params, updates), opt, metrics
+
   if local is not None:
-    train_step = local_sgd.make_step(
-        lambda p, fill, batch, rng: loss_and_metrics(graphdef, p, fill, batch, rng, train=True),
-        tx, local, base_key=base_key, lr_schedule=lr_schedule, grad_accum=grad_accum)
+    train_step = local_sgd.make_step(update, local, base_key=base_key,
+                                     lr_schedule=lr_schedule, grad_accum=grad_accum)
     return _jit_step(train_step, built, mesh)
 
   def train_step(state, batch):
     rng = jax.random.fold_in(base_key, state["step"])
-    grad_fn = jax.value_and_grad(
-        lambda p: loss_and_metrics(graphdef, p, state["fill"], batch, rng, train=True),
-        has_aux=True)
-    (_, metrics), grads = grad_fn(state["params"])
-    updates, opt = tx.update(grads, state["opt"], state["params"])
-    params = optax.apply_updates(state["params"], updates)
-    metrics["grad_norm"] = optax.tree.norm(grads)
+    params, opt, metrics = update(state["params"], state["opt"], state["fill"], batch, rng)
     if lr_schedule is not None:
       metrics["learning_rate"] = lr_schedule((state["step"] + 1) // grad_accum)
     new_state = {"params": params, "fill": state["fill"], "opt": opt, "step": state["step"] + 1}
