@@ -141,12 +141,16 @@ def get_config(arg=None):
   # over all devices; 'local' trains `replicas` copies (0: one per data-parallel device, fixed
   # when the run first starts) on their own slices of each batch and averages their parameters
   # every local_steps steps and at each epoch's end, through an outer SGD with Nesterov
-  # momentum (DiLoCo).
+  # momentum (DiLoCo). late_after_s > 0: once late_quorum other processes (0: half of them)
+  # finished a round, a process still in it trains at most that much longer, then skips the
+  # round's rest; the records it skipped train in a catch-up at the epoch's end.
   optim.mode = "sync"
   optim.replicas = 0
   optim.local_steps = 16
   optim.outer_lr = 0.7
   optim.outer_momentum = 0.9
+  optim.late_after_s = 0.0
+  optim.late_quorum = 0
   optim.class_weighted = False          # inverse-frequency loss weights for rare classes
   optim.class_weight_power = 0.5        # weight = count^-power (0.5: square-root balancing)
   # Stop after this many epochs without an improvement of evals.validation_metric (0: never).
@@ -268,6 +272,7 @@ def get_config(arg=None):
   fault.tls_key = ""
   fault.tls_ca = ""
   fault.inject = ""           # e.g. "kill@step=30:process=1; sigterm@partition=2:process=0"
+  fault.slow_step_s = 0.5     # what a 'slow' fault adds to each step the process trains
   fault.ledger = True         # write the per-step record ledger (exactly-once checks)
 
   if arg == "ingest":

@@ -1,12 +1,16 @@
 """Gradient modes side by side (issue 35): 'sync' against 'local' at several H, the same runs.
 
   python -m experiments.bench_modes [--config configs/quickstart.py] [--seeds 3]
-      [--local-steps 1,4,16,64] [--workers 2] [--workdir /tmp/bench_modes]
+      [--local-steps 1,4,16,64] [--plain 1,4] [--workers 2] [--workdir /tmp/bench_modes]
+      [--slow-step-s 0.1] [--late-after-s 0.1]
 
 Every run is `launch.py` as a user runs it (supervised), with `--workers` worker processes of
 one CPU device each (so 'local' trains that many replicas, one per process, over gloo). Per seed
 one synthetic cohort, salt (so one split), compilation cache and decoded cache serve every
 mode; `--config.seed` is the seed. All modes see the same examples (the same epochs).
+
+With --slow-step-s, 'sync' and 'local' (H=16) run again with worker 1 slowed (a 'slow' fault),
+'local' once waiting for it at each round's end and once cutting it short (optim.late_after_s).
 
 Reports per mode: test accuracy and macro F1 (mean over seeds, and the paired difference to
 'sync' with its 95% t-interval), the wall time, and the bytes each worker sends per training
@@ -40,35 +44,55 @@ def _interval(diffs: list[float]) -> tuple[float, float, float]:
   return float(d.mean()), float(d.mean() - half), float(d.mean() + half)
 
 
+def _modes(local_steps: list[int], plain: list[int], slow_s: float, late_after_s: float,
+           straggler_h: int) -> dict[str, list[str]]:
+  """name -> the flags of its runs."""
+  local = lambda h: ["--config.optim.mode=local", f"--config.optim.local_steps={h}"]
+  modes = {"sync": ["--config.optim.mode=sync"]}
+  modes.update({f"local H={h}": local(h) for h in local_steps})
+  modes.update({f"local H={h} plain": [*local(h), "--config.optim.outer_lr=1.0",
+                                       "--config.optim.outer_momentum=0.0"] for h in plain})
+  if slow_s > 0:
+    slowed = ["--config.fault.inject=slow@step=1:process=1", f"--config.fault.slow_step_s={slow_s}"]
+    modes["sync, one worker slowed"] = [*modes["sync"], *slowed]
+    modes[f"local H={straggler_h}, one worker slowed"] = [*local(straggler_h), *slowed]
+    modes[f"local H={straggler_h}, one worker slowed, late cut"] = [
+        *local(straggler_h), *slowed, f"--config.optim.late_after_s={late_after_s}"]
+  return modes
+
+
 def run(config: str, seeds: int, local_steps: list[int], workers: int, workdir: str,
-        plain: list[int] = ()) -> dict:
-  """`plain`: H values also run with plain averaging (outer SGD at lr 1, no momentum)."""
-  modes = ([("sync", 1, "")] + [("local", h, "") for h in local_steps]
-           + [("local", h, " plain") for h in plain])
-  per = {f"{m} H={h}{p}" if m == "local" else m: [] for m, h, p in modes}
+        plain: list[int] = (), slow_s: float = 0.0, late_after_s: float = 0.1,
+        straggler_h: int = 16) -> dict:
+  """`plain`: H values also run with plain averaging (outer SGD at lr 1, no momentum);
+  `slow_s` > 0: also sync and local (H=`straggler_h`) with worker 1 slowed by that much a step,
+  local both waiting for it and cutting it short after `late_after_s`."""
+  modes = _modes(local_steps, plain, slow_s, late_after_s, straggler_h)
+  per = {name: [] for name in modes}
   for seed in range(seeds):
     scale = scales_lib.Scale("modes", config, (f"--config.seed={seed}",
                                                f"--config.fault.workers_per_host={workers}"))
     runner = measure.Runner(os.path.join(workdir, f"seed-{seed}"), scale)
-    for (mode, h, p), name in zip(modes, per):
-      flags = [f"--config.optim.mode={mode}", f"--config.optim.local_steps={h}"]
-      if p:
-        flags += ["--config.optim.outer_lr=1.0", "--config.optim.outer_momentum=0.0"]
-      s = runner.run(name.replace(" ", "_").replace("=", ""), flags)
+    for name, flags in modes.items():
+      label = name.replace(", ", "_").replace(" ", "_").replace("=", "")
+      s = runner.run(label, flags)
       per[name].append({"seed": seed, "accuracy": s["test"]["accuracy"],
                         "macro_f1": s["test"]["macro_f1"], "wall_s": s["_wall_s"],
-                        "steps": s["fault_tolerance"]["steps_committed"]})
+                        "steps": s["fault_tolerance"]["steps_committed"],
+                        "rounds": s["train"].get("rounds")})
   name = os.path.splitext(os.path.basename(config.split(":")[0]))[0]
   nbytes, source = comm.load_bytes(OUT, name)
   out = {"config": config, "seeds": seeds, "workers": workers, "bytes_per_exchange": nbytes,
-         "bytes_source": source, "date": time.strftime("%Y-%m-%d"), "modes": {}}
+         "bytes_source": source, "date": time.strftime("%Y-%m-%d"), "slow_step_s": slow_s,
+         "late_after_s": late_after_s, "modes": {}}
   batch = importlib.import_module(f"configs.{name}").get_config().data.batch_size
   for name, rows in per.items():
-    h = 1 if name == "sync" else int(name.split("H=")[1].split()[0])
+    h = 1 if name.startswith("sync") else int(name.split("H=")[1].split()[0].rstrip(","))
     row = {"runs": rows}
     for k in ("accuracy", "macro_f1", "wall_s"):
       row[k] = float(np.mean([r[k] for r in rows]))
       row[f"{k}_minus_sync"] = _interval([r[k] - s[k] for r, s in zip(rows, per["sync"])])
+    # Per example trained: catch-up steps (late cuts) train the records a cut replica skipped.
     row["bytes_sent_per_example"] = 2 * (workers - 1) / workers * nbytes / h / batch
     out["modes"][name] = row
   return out
@@ -83,6 +107,11 @@ def markdown(result: dict) -> str:
            "'local' averages through DiLoCo's outer optimiser (SGD, lr 0.7, Nesterov momentum "
            "0.9: the defaults); 'plain' through SGD at lr 1 without momentum, the replicas' "
            "mean.", "",
+           *([f"'one worker slowed': worker 1 sleeps {result['slow_step_s']} s after every step "
+              "it trains (a 'slow' fault: config.fault.inject). 'late cut': "
+              f"optim.late_after_s={result['late_after_s']}, a round goes on without the rest "
+              "of a late replica's steps, whose records train in the epoch's catch-up "
+              "(exactly once).", ""] if result.get("slow_step_s") else []),
            "| mode | accuracy | - sync | macro F1 | - sync | wall s | bytes sent per example |",
            "|---|---:|---|---:|---|---:|---:|"]
   for name, r in result["modes"].items():
@@ -101,11 +130,15 @@ def main(argv=None) -> dict:
   parser.add_argument("--plain", default="1,4",
                       help="H values also run with plain averaging (outer lr 1, no momentum)")
   parser.add_argument("--workers", type=int, default=2)
+  parser.add_argument("--slow-step-s", type=float, default=0.1,
+                      help="also run with worker 1 slowed by this much a step (0: not)")
+  parser.add_argument("--late-after-s", type=float, default=0.1)
   parser.add_argument("--workdir", default="/tmp/bench_modes")
   parser.add_argument("--out", default=OUT)
   args = parser.parse_args(argv)
   result = run(args.config, args.seeds, [int(h) for h in args.local_steps.split(",")],
-               args.workers, args.workdir, [int(h) for h in args.plain.split(",") if h])
+               args.workers, args.workdir, [int(h) for h in args.plain.split(",") if h],
+               slow_s=args.slow_step_s, late_after_s=args.late_after_s)
   os.makedirs(args.out, exist_ok=True)
   with open(os.path.join(args.out, "bench_modes.json"), "w") as f:
     json.dump(result, f, indent=1)

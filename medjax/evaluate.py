@@ -68,7 +68,7 @@ def load(workdir: str, *, split: str = "test", bootstrap: int = 200) -> Evaluati
   tx, _ = optim.make(config.optim, 1)
   built = state_lib.build_abstract(config.model, tx, mesh, num_classes=len(manifest.class_names),
                                    shapes=data.prepared.shapes, seed=config.seed,
-                                   local=local_sgd.from_config(config.optim, mesh, 1))
+                                   local=local_sgd.from_config(config.optim, mesh))
   store = lineage_lib.LineageStore(run.lineage_store)
   restored = restore.restore_committed(run.checkpoints, store, built.abstract)
   if restored is None:

@@ -609,3 +609,31 @@ def test_local_mode_recovers_each_replica_exactly_once(shared):
   assert replicas and all(a[k].shape[0] == 2 for k in replicas)
   for k in [k for k in a if k.startswith(("['params']", "['local']"))]:
     np.testing.assert_allclose(a[k], b[k], rtol=1e-5, atol=1e-6, err_msg=k)
+
+
+def test_a_slowed_replica_is_cut_short_and_its_records_caught_up_exactly_once(shared):
+  """optim.mode='local' with late_after_s: process 1 slowed (a 'slow' fault: 0.3 s more per
+  step it trains) no longer holds process 0 at each round's end. It skips the rest of a round
+  once process 0 has finished it, the records it skipped train in a catch-up at the epoch's end,
+  and the ledger still proves every record trained exactly once per epoch, across a crash of
+  process 0 in epoch 1 (its checkpoints lie at rounds' ends, their lineage knowing each skip)."""
+  workdir = str(shared["base"] / "local_late")
+  code = runs.run(workdir, *_common(shared), TWO_WORKERS, "--config.optim.epochs=3",
+                  "--config.optim.mode=local", "--config.optim.local_steps=4",
+                  "--config.optim.late_after_s=0.05", "--config.fault.slow_step_s=0.3",
+                  "--config.ckpt.writer_duty=1.0",
+                  "--config.fault.inject=slow@step=1:process=1; kill@epoch=1:process=0")
+  assert code == 0, runs.tail(workdir)
+  s = runs.summary(workdir)
+  assert [f["kind"] for f in s["fault_tolerance"]["failures"]] == ["crash"]
+  _assert_exactly_once(workdir, epochs=3)
+  # The rounds' counts are the last generation's (not slowed: its replacement is not slow);
+  # the first generation's cuts are in its log.
+  logs = "".join(open(p).read()
+                 for p in glob.glob(os.path.join(workdir, "logs", "gen-001-*.log")))
+  assert "processes cut short" in logs and "catching up" in logs
+  # In generation 1, slowed process 1 trained fewer steps than process 0: it skipped steps, it
+  # did not hold the rounds.
+  steps = [len(jsonl.read(os.path.join(workdir, "ledger", f"gen-001-proc-00{p}.jsonl")))
+           for p in (0, 1)]
+  assert steps[1] < steps[0], steps

@@ -25,12 +25,27 @@ def _config(**optim_fields):
 
 
 def _setup(config, devices, steps_per_epoch=100):
+  """The inner step and the averaging, driven as the loop drives them: a round ends every
+  local_steps steps and at the epoch's end (here every `steps_per_epoch` steps)."""
   mesh = state_lib.make_mesh(config.mesh, devices)
   tx, _ = optim.make(config.optim, 100)
-  local = local_sgd.from_config(config.optim, mesh, steps_per_epoch)
+  local = local_sgd.from_config(config.optim, mesh)
   state, built = state_lib.build(config.model, tx, mesh, num_classes=5, shapes=SHAPES, seed=0,
                                  local=local)
-  train_step = step_lib.make_train_step(built.graphdef, tx, built, mesh, seed=0, local=local)
+  inner = step_lib.make_train_step(built.graphdef, tx, built, mesh, seed=0, local=local)
+  rounds = local_sgd.Rounds(local, step_lib.make_average(built, mesh, local),
+                            local_sgd.replica_sharding(local, mesh))
+  done = [0]
+
+  def train_step(state, batch):
+    rounds.take(done[0])
+    state, metrics_R = inner(state, batch)
+    done[0] += 1
+    rounds.stepped(True, np.arange(4))
+    if rounds.due(done[0]) or done[0] % steps_per_epoch == 0:
+      state, deferred = rounds.end(state, done[0])
+      assert len(deferred) == 0
+    return state, local_sgd.fetch_rows([metrics_R])[0]
   return mesh, tx, local, state, built, train_step
 
 
@@ -129,6 +144,78 @@ def test_the_mode_is_checked_and_the_launcher_fixes_the_replica_count():
   layout_lib.resolve_replicas(sync, layout_lib.Layout(2, 1, 'cpu', ''))
   assert sync.optim.replicas == 0
   mesh = state_lib.make_mesh(sync.mesh, jax.devices()[:1])
-  assert local_sgd.from_config(sync.optim, mesh, 10) is None
+  assert local_sgd.from_config(sync.optim, mesh) is None
   with pytest.raises(Exception, match="does not divide among"):
     local_sgd._split({"x": np.zeros((6, 2))}, 4)
+
+
+def test_the_inner_step_has_no_collective_and_the_averaging_weighs_by_steps_trained():
+  """Processes do not wait for each other between averagings: the compiled inner step on 2
+  devices holds no collective. A replica cut short (it trained 1 of a round's 3 steps) weighs a
+  third of one that trained all 3 in the round's mean."""
+  import re
+  config = _config(replicas=2, local_steps=3, outer_lr=1.0, outer_momentum=0.0)
+  mesh = state_lib.make_mesh(config.mesh, jax.devices()[:2])
+  tx, _ = optim.make(config.optim, 100)
+  local = local_sgd.from_config(config.optim, mesh)
+  state, built = state_lib.build(config.model, tx, mesh, num_classes=5, shapes=SHAPES, seed=0,
+                                 local=local)
+  inner = step_lib.make_train_step(built.graphdef, tx, built, mesh, seed=0, local=local)
+  batch = jax.device_put(_batch(np.random.default_rng(0), n=16), state_lib.batch_sharding(mesh))
+  hlo = inner.lower(state, batch).compile().as_text()
+  assert not re.findall(r" (all-gather|all-reduce|collective-permute|all-to-all|reduce-scatter)"
+                        r"(-start)?\(", hlo)
+  state, _ = inner(state, batch)
+  replicas = _host(state["local"]["params"])
+  average = step_lib.make_average(built, mesh, local)
+  trained = jax.device_put(np.array([3, 1], np.int32), local_sgd.replica_sharding(local, mesh))
+  state = average(state, trained, np.int32(7))
+  expected = jax.tree.map(lambda r: 0.75 * r[0] + 0.25 * r[1], replicas)
+  _close(_host(state["params"]), expected, rtol=1e-5, atol=1e-6)
+  assert int(state["step"]) == 7
+
+
+class _FakeExchange:
+  processes = 2
+
+  def __init__(self):
+    self.done = set()
+
+  def finished(self, start):
+    return int(start in self.done)
+
+
+def test_a_late_process_trains_until_late_after_s_past_the_quorum_then_skips_the_round():
+  local = local_sgd.Local(replicas=2, every=4, outer=None, late_after_s=1.0)
+  now = [0.0]
+  rounds = local_sgd.Rounds(local, None, None, exchange=_FakeExchange(), clock=lambda: now[0])
+  assert rounds.quorum == 1 and rounds.cuts
+  taken = []
+  for step in range(4):
+    if step == 1:
+      rounds.exchange.done.add(0)   # the other process finished the round started at step 0
+    now[0] += 0.6
+    t = rounds.take(step)
+    taken.append(t)
+    rounds.stepped(t, np.array([10 * step, 10 * step + 1, -1]))
+    assert rounds.inside
+  # Step 0 always trains; seen done at step 1 (t=1.2), still within 1 s at step 2 (t=1.8);
+  # past it at step 3 (t=2.4): skipped, its records deferred.
+  assert taken == [True, True, True, False]
+  assert rounds.deferred == [30, 31] and rounds.trained == 3 and rounds.steps == 4
+  assert rounds.due(4) and not rounds.due(3)
+  # Without an exchange (one process, or late_after_s 0) every step trains.
+  plain = local_sgd.Rounds(local, None, None)
+  assert all(plain.take(s) for s in range(8)) and not plain.cuts
+
+
+def test_the_ledger_counts_a_generations_steps_across_processes_that_skipped_some(tmp_path):
+  """A late replica's process skips steps the others trained: the generation still executed
+  them. Up to where the process that got least far stopped, every process's steps count."""
+  from medjax.runtime import ledger
+  for process, steps in ((0, [1, 2, 3, 4, 5, 6]), (1, [1, 2, 5])):
+    w = ledger.Writer(str(tmp_path), 1, process)
+    for s in steps:
+      w.write(s, 0, np.array([s * 10 + process]))
+    w.close()
+  assert ledger.steps_by_generation(str(tmp_path)) == {1: [1, 2, 3, 4, 5]}

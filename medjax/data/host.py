@@ -85,8 +85,10 @@ class HostData:
     """`epoch`'s plan under this generation's placement, less the records in `base_N`."""
     train = self.manifest.indices("train")
     rows = train[~base_N[train]] if base_N is not None and base_N.any() else None
+    # A segment of few records left (a late replica's catch-up) gets a partition per record.
+    parts = self.num_partitions if rows is None else max(min(self.num_partitions, len(rows)), 1)
     return partition.plan_epoch(self.manifest, self.placement, seed=self.seed, epoch=epoch,
-                                num_partitions=self.num_partitions,
+                                num_partitions=parts,
                                 host_batch_size=self.host_batch, rows=rows)
 
   def start_recache(self, plan: partition.EpochPlan, first_partition: int) -> recache.Recacher:

@@ -5,7 +5,8 @@ config.fault.inject is a ';'-separated list of KIND@WHEN:process=P, e.g.
 Kinds: kill (SIGKILL itself), sigstop (SIGSTOP itself: a hang with no heartbeats), hang (the
 training thread blocks forever while heartbeats go on: a live hang), oom (raises an out-of-memory
 error), sigterm (SIGTERM itself: a preemption), host (SIGKILL its host's agent and every worker
-of the host: a lost machine; supervised runs only). WHEN is step=N (after global step N),
+of the host: a lost machine; supervised runs only), slow (from then on, every step the process
+trains takes config.fault.slow_step_s longer: a straggler). WHEN is step=N (after global step N),
 partition=N (when partition N of an epoch starts) or epoch=N (when epoch N starts). Each fault
 fires once per run: a marker in <workdir>/faults/ keeps a restarted generation from firing it
 again, and records when it fired.
@@ -25,7 +26,7 @@ import psutil
 from medjax import errors
 from medjax import paths
 
-KINDS = ("kill", "sigstop", "hang", "oom", "sigterm", "host")
+KINDS = ("kill", "sigstop", "hang", "oom", "sigterm", "host", "slow")
 
 
 class InjectedOutOfMemory(MemoryError):
@@ -68,9 +69,11 @@ def parse(text: str) -> list[Fault]:
 class Injector:
   """Fires this process's faults when training reaches them."""
 
-  def __init__(self, text: str, process_id: int, workdir: str, host: str | None = None):
+  def __init__(self, text: str, process_id: int, workdir: str, host: str | None = None,
+               slow_step_s: float = 0.0):
     self.faults = [f for f in parse(text) if f.process == process_id]
-    self.host = host
+    self.host, self.slow_step_s = host, slow_step_s
+    self.slowed = False   # a 'slow' fault fired in this generation
     self.dir = paths.RunPaths(workdir).faults
     os.makedirs(self.dir, exist_ok=True)
 
@@ -96,16 +99,21 @@ class Injector:
       _kill_host()
     elif fault.kind == "oom":
       raise InjectedOutOfMemory(f"RESOURCE_EXHAUSTED: injected out of memory at step {global_step}")
+    elif fault.kind == "slow":
+      self.slowed = True   # a replacement (a later generation) is not slow
 
-  def after_step(self, global_step: int, ready=None) -> None:
+  def after_step(self, global_step: int, ready=None, trained: bool = True) -> None:
     """Fires the faults of `global_step`, after `ready()` (which waits for the step's result):
     steps are dispatched ahead of the computation, and a fault 'after step N' comes once step N
-    is computed, not while it is still queued."""
+    is computed, not while it is still queued. A slowed process sleeps after each step it
+    trained (`trained`: not one a late replica skipped)."""
     due = [f for f in self.faults if f.when == "step" and f.at == global_step]
     if due and ready is not None:
       ready()
     for f in due:
       self._fire(f, global_step)
+    if self.slowed and trained:
+      time.sleep(self.slow_step_s)
 
   def at_partition(self, partition: int, global_step: int, epoch: int = 0) -> None:
     for f in self.faults:

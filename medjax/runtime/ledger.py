@@ -66,13 +66,16 @@ def steps_by_generation(workdir: str) -> dict[int, list[int]]:
   """generation -> the global steps it executed (dispatched), in order, from the ledger: what a
   SIGKILLed or SIGSTOPped worker ran after its last progress report is here too. A step runs on
   every process (its collectives need them all): where one process died, the others may have
-  dispatched steps that never ran, so the process that got least far counts. {} without a
-  ledger."""
-  out: dict[int, list[int]] = {}
+  dispatched steps that never ran, so the steps up to where the process that got least far
+  stopped count: every process's steps up to there (in 'local' mode a late replica skips steps
+  that the others trained). {} without a ledger."""
+  per_process: dict[int, list[list[int]]] = collections.defaultdict(list)
   for generation, entries in _files(workdir):
-    steps = [int(e["step"]) for e in entries]
-    if generation not in out or len(steps) < len(out[generation]):
-      out[generation] = steps
+    per_process[generation].append([int(e["step"]) for e in entries])
+  out: dict[int, list[int]] = {}
+  for generation, lists in per_process.items():
+    last = min(steps[-1] if steps else -1 for steps in lists)
+    out[generation] = sorted({s for steps in lists for s in steps if s <= last})
   return out
 
 

@@ -2,17 +2,27 @@
 
 R replicas (config.optim.replicas; 0: the mesh's 'data' axis) each take inner steps with the
 inner optimiser (the same AdamW and schedule as 'sync') on their own slice of every global batch;
-every config.optim.local_steps steps, and at the end of every epoch (so that validation and the
-test split see one model), the replicas' parameters are averaged: the outer optimiser (SGD with
-Nesterov momentum, DiLoCo's choice: Douillard et al. 2023) takes the mean delta, outer params
-minus the replicas' mean, as its gradient, and every replica starts again from the result.
+every config.optim.local_steps global steps, and at the end of every plan segment (an epoch's
+end, so that validation and the test split see one model), the loop ends the round: the outer
+optimiser (SGD with Nesterov momentum, DiLoCo's choice: Douillard et al. 2023) takes the mean
+delta, outer params minus the replicas' mean, as its gradient, and every replica starts again
+from the result.
 
 The replicas are one more leading axis of the state, sharded over the mesh's 'data' axis when it
-divides it (each device then updates its own replica and nothing crosses the network between
-averagings), replicated otherwise. It is all one jitted program over global arrays, like the
-synchronous step: the same ledger, lineage and checkpoints, and a checkpoint at any step holds
-every replica's parameters and inner optimiser state, so a recovered run equals an uninterrupted
-one in this mode too.
+divides it, replicated otherwise. Two jitted programs over global arrays: the inner step, which
+has no collective (each device updates its own replicas and reports their metrics; processes do
+not wait for each other between averagings), and the averaging, whose weighted mean is the
+round's only all-reduce. Same ledger, lineage and checkpoints as 'sync'.
+
+Late replicas (config.optim.late_after_s > 0, several processes): once `quorum` other processes
+have finished a round (posted through jax.distributed's key-value store, `Exchange`), a process
+still inside it waits at most late_after_s more, then skips the rest of its round's steps
+(`Rounds.take`). The averaging weighs each replica's delta by the steps it trained; the records of
+the skipped steps go back to their epoch: the round's end unmarks them in the lineage, and when
+the epoch's plan is done a catch-up segment trains them (`loop`), so every record still trains
+exactly once per epoch. Checkpoints and snapshots then fall on round boundaries only, where the
+lineage knows every skip. A stopped process (SIGSTOP) still holds the others at the round's end
+until the coordinator's hang detection replaces it.
 
 State: {'params': the outer (averaged) parameters, which evaluation and prediction use,
 'fill', 'opt': the outer optimiser's state, 'local': {'params', 'opt'} stacked over replicas,
@@ -22,9 +32,13 @@ State: {'params': the outer (averaged) parameters, which evaluation and predicti
 from __future__ import annotations
 
 import dataclasses
+import json
+import logging
+import time
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -36,14 +50,15 @@ MODES = ("sync", "local")
 
 @dataclasses.dataclass(frozen=True)
 class Local:
-  """What the 'local' mode's state and step need beyond 'sync''s."""
+  """What the 'local' mode's state and programs need beyond 'sync''s."""
   replicas: int
-  every: int                    # local steps between averagings
-  steps_per_epoch: int          # an epoch's end averages too
+  every: int                    # global steps between averagings
   outer: optax.GradientTransformation
+  late_after_s: float = 0.0     # 0: a round waits for every replica
+  quorum: int = 0               # processes done before the rest may be cut short (0: half)
 
 
-def from_config(optim_config, mesh, steps_per_epoch: int) -> Local | None:
+def from_config(optim_config, mesh) -> Local | None:
   """Local for config.optim.mode='local' on `mesh`, None for 'sync'."""
   mode = optim_config.get("mode", "sync")
   if mode not in MODES:
@@ -53,7 +68,9 @@ def from_config(optim_config, mesh, steps_per_epoch: int) -> Local | None:
   replicas = int(optim_config.get("replicas", 0)) or mesh.shape["data"]
   outer = optax.sgd(optim_config.outer_lr, momentum=optim_config.outer_momentum or None,
                     nesterov=optim_config.outer_momentum > 0)
-  return Local(replicas, int(optim_config.local_steps), max(1, int(steps_per_epoch)), outer)
+  return Local(replicas, int(optim_config.local_steps), outer,
+               float(optim_config.get("late_after_s", 0.0)),
+               int(optim_config.get("late_quorum", 0)))
 
 
 def init(local: Local, params, tx: optax.GradientTransformation) -> dict:
@@ -64,7 +81,7 @@ def init(local: Local, params, tx: optax.GradientTransformation) -> dict:
           "local": {"params": stack(params), "opt": stack(tx.init(params))}}
 
 
-def replica_sharding(local: Local, mesh, inner_spec: P) -> NamedSharding:
+def replica_sharding(local: Local, mesh, inner_spec: P = P()) -> NamedSharding:
   """The leading replica axis over 'data' when it divides it, then `inner_spec`."""
   axis = "data" if local.replicas % mesh.shape["data"] == 0 else None
   return NamedSharding(mesh, P(axis, *inner_spec))
@@ -80,37 +97,240 @@ def _split(batch: dict, replicas: int) -> dict:
   return jax.tree.map(split, batch)
 
 
-def make_step(update, local: Local, *, base_key, lr_schedule=None, grad_accum: int = 1):
-  """state, batch -> (state, metrics): one inner step on every replica, then the averaging
-  where the step ends a round of `local.every` or an epoch. `update(params, opt, fill, batch,
-  rng) -> (params, opt, metrics)` is the synchronous step's update, here one replica's."""
+def make_inner(update, local: Local, mesh, *, base_key, lr_schedule=None, grad_accum: int = 1):
+  """state, batch -> (state, metrics per replica [R]): one inner step on every replica, no
+  collective. `update(params, opt, fill, batch, rng) -> (params, opt, metrics)` is the
+  synchronous step's update, here one replica's.
 
-  def average(outer, outer_opt, params_R):
-    delta = jax.tree.map(lambda o, p: o - jnp.mean(p, axis=0), outer, params_R)
-    updates, outer_opt = local.outer.update(delta, outer_opt, outer)
-    outer = optax.apply_updates(outer, updates)
-    params_R = jax.tree.map(lambda o, p: jnp.broadcast_to(o, p.shape).astype(p.dtype),
-                            outer, params_R)
-    return outer, outer_opt, params_R
+  Where the replicas are sharded over 'data', each device steps its own under shard_map: left to
+  the SPMD partitioner, the replica-batched convolutions' gradients came out all-gathered, a
+  collective per step that held every process to the slowest."""
+  replicas_step = jax.vmap(update, in_axes=(0, 0, None, 0, 0))
+  if local.replicas % mesh.shape["data"] == 0 and mesh.shape["data"] > 1:
+    replicas_step = jax.shard_map(
+        replicas_step, mesh=mesh, in_specs=(P("data"), P("data"), P(), P("data"), P("data")),
+        out_specs=P("data"), axis_names={"data"}, check_vma=False)
 
   def step(state, batch):
     rng = jax.random.fold_in(base_key, state["step"])
     keys = jax.vmap(lambda r: jax.random.fold_in(rng, r))(jnp.arange(local.replicas))
-    params_R, opt_R, metrics_R = jax.vmap(update, in_axes=(0, 0, None, 0, 0))(
+    params_R, opt_R, metrics_R = replicas_step(
         state["local"]["params"], state["local"]["opt"], state["fill"],
         _split(batch, local.replicas), keys)
     done = state["step"] + 1
-    averaging = (done % local.every == 0) | (done % local.steps_per_epoch == 0)
-    outer, outer_opt, params_R = jax.lax.cond(
-        averaging, average, lambda o, oo, p: (o, oo, p), state["params"], state["opt"], params_R)
-    weight_R = metrics_R["weight"]
-    total = jnp.maximum(jnp.sum(weight_R), 1e-9)
-    metrics = {k: jnp.sum(metrics_R[k] * weight_R) / total for k in ("loss", "accuracy")}
-    metrics["weight"] = jnp.sum(weight_R)
-    metrics["grad_norm"] = jnp.sqrt(jnp.mean(metrics_R["grad_norm"] ** 2))
     if lr_schedule is not None:
-      metrics["learning_rate"] = lr_schedule(done // grad_accum)
-    return {"params": outer, "fill": state["fill"], "opt": outer_opt,
-            "local": {"params": params_R, "opt": opt_R}, "step": done}, metrics
+      metrics_R["learning_rate"] = jnp.broadcast_to(lr_schedule(done // grad_accum),
+                                                    (local.replicas,))
+    return {**state, "local": {"params": params_R, "opt": opt_R}, "step": done}, metrics_R
 
   return step
+
+
+def make_average(local: Local):
+  """state, trained_R, global_step -> state: the round's end. The outer optimiser steps on
+  outer params minus the replicas' mean weighted by the steps each trained (`trained_R`; equal
+  counts: the plain mean), and every replica restarts from its result."""
+
+  def average(state, trained_R, global_step):
+    w_R = trained_R.astype(jnp.float32) / jnp.maximum(jnp.sum(trained_R), 1).astype(jnp.float32)
+    params_R = state["local"]["params"]
+    delta = jax.tree.map(
+        lambda o, p: o - jnp.tensordot(w_R, p.astype(jnp.float32), axes=1).astype(o.dtype),
+        state["params"], params_R)
+    updates, outer_opt = local.outer.update(delta, state["opt"], state["params"])
+    outer = optax.apply_updates(state["params"], updates)
+    params_R = jax.tree.map(lambda o, p: jnp.broadcast_to(o, p.shape).astype(p.dtype),
+                            outer, params_R)
+    return {**state, "params": outer, "opt": outer_opt,
+            "local": {"params": params_R, "opt": state["local"]["opt"]},
+            "step": jnp.asarray(global_step, state["step"].dtype)}
+
+  return average
+
+
+def host_metrics(fetched: list[dict]) -> list[dict]:
+  """Per-replica metrics as fetched (`fetch_local`: this process's replicas) -> one row of
+  scalars per step: loss and accuracy weighted by each replica's examples."""
+  rows = []
+  for m in fetched:
+    w = np.asarray(m["weight"], np.float64)
+    total = max(float(w.sum()), 1e-9)
+    row = {k: float(np.sum(np.asarray(m[k], np.float64) * w) / total)
+           for k in ("loss", "accuracy")}
+    row["weight"] = float(w.sum())
+    row["grad_norm"] = float(np.sqrt(np.mean(np.square(np.asarray(m["grad_norm"], np.float64)))))
+    if "learning_rate" in m:
+      row["learning_rate"] = float(np.asarray(m["learning_rate"]).ravel()[0])
+    rows.append(row)
+  return rows
+
+
+def fetch_rows(metrics: list[dict]) -> list[dict]:
+  """The reporter's fetch in 'local' mode: one row of scalars per step, from this process's
+  replicas (the chief's rows in metrics.jsonl are its replicas')."""
+  return host_metrics(fetch_local(metrics))
+
+
+def fetch_local(tree):
+  """`tree`'s arrays copied to the host, each as this process's part of it (the replicas it
+  holds, in order; a whole array where it is fully addressable): no collective."""
+  def local(x):
+    if getattr(x, "is_fully_addressable", True):
+      return np.asarray(jax.device_get(x))
+    parts = {}
+    for s in x.addressable_shards:
+      parts.setdefault(s.index[0].start or 0, s.data)
+    return np.concatenate([np.asarray(parts[k]) for k in sorted(parts)])
+  return jax.tree.map(local, tree)
+
+
+class Exchange:
+  """Who finished which round, through jax.distributed's key-value store (every process posts
+  its own record; a round's key is the global step it started at)."""
+
+  def __init__(self, client, *, generation: int, process: int, processes: int,
+               timeout_s: float):
+    self.client, self.process, self.processes = client, process, processes
+    self.prefix, self.timeout_ms = f"medjax/rounds/{generation}", int(timeout_s * 1000)
+
+  def _key(self, start: int, process: int) -> str:
+    return f"{self.prefix}/{start}/{process}"
+
+  def finished(self, start: int) -> int:
+    """Processes other than this one that finished the round started at `start` (no wait)."""
+    entries = self.client.key_value_dir_get(f"{self.prefix}/{start}/")
+    return sum(1 for k, _ in entries if not k.endswith(f"/{self.process}"))
+
+  def post(self, start: int, record: dict) -> None:
+    self.client.key_value_set(self._key(start, self.process), json.dumps(record))
+
+  def gather(self, start: int) -> list[dict]:
+    """Every process's record of the round (waiting for those not posted yet)."""
+    return [json.loads(self.client.blocking_key_value_get(self._key(start, p), self.timeout_ms))
+            for p in range(self.processes)]
+
+  def forget(self, start: int) -> None:
+    self.client.key_value_delete(self._key(start, self.process))
+
+
+def exchange_for_run(local: Local, mesh, *, generation: int,
+                     timeout_s: float) -> Exchange | None:
+  """The key-value exchange where late replicas may be cut short: several processes, each
+  holding its own replicas, and config.optim.late_after_s > 0."""
+  if (local.late_after_s <= 0 or jax.process_count() == 1
+      or local.replicas % mesh.shape["data"]):
+    return None
+  from jax._src import distributed  # pylint: disable=import-outside-toplevel
+  return Exchange(distributed.global_state.client, generation=generation,
+                  process=jax.process_index(), processes=jax.process_count(),
+                  timeout_s=timeout_s)
+
+
+class Rounds:
+  """The host's side of the rounds: whether this process trains its next step, when a round
+  ends, and the averaging with who trained what.
+
+  Args:
+    local: the mode's settings.
+    average: the jitted `make_average` program.
+    trained_sharding: `replica_sharding(local, mesh)`, for the per-replica step counts.
+    exchange: where late replicas may be cut (`exchange_for_run`), else None.
+    clock: monotonic seconds (tests pass their own).
+  """
+
+  def __init__(self, local: Local, average, trained_sharding, *, exchange: Exchange | None = None,
+               clock=time.monotonic):
+    self.local, self.average, self.trained_sharding = local, average, trained_sharding
+    self.exchange, self.clock = exchange, clock
+    # Other processes done before the rest may be cut: late_quorum, or half of them (at least 1).
+    others = exchange.processes - 1 if exchange else 0
+    self.quorum = min(local.quorum, others) if local.quorum else max((others + 1) // 2, 1)
+    self.start = None         # global step the current round started at
+    self.steps = self.trained = 0
+    self.deferred: list[int] = []   # this process's rows of the steps it skipped
+    self._seen = None                # when `quorum` others were first seen done
+    self._cut = False
+    self._last_start = None
+    self.save_wanted = self.preempt_wanted = False
+    # Run-wide (every process's records of every round): the same in every process.
+    self.counts = {"rounds": 0, "rounds_cut": 0, "steps_skipped": 0, "records_deferred": 0}
+
+  @property
+  def cuts(self) -> bool:
+    """Whether rounds may be cut (saves then wait for a round's end)."""
+    return self.exchange is not None
+
+  @property
+  def inside(self) -> bool:
+    """Inside a round that may still be cut: no checkpoint or snapshot here."""
+    return self.cuts and self.steps > 0
+
+  def take(self, global_step: int) -> bool:
+    """Whether this process trains the step after `global_step` (False for the rest of a round
+    once `quorum` other processes finished it more than late_after_s ago)."""
+    if self.start is None:
+      self.start = global_step
+    if not self.cuts or self.steps == 0:
+      return True   # a round's first step always trains: each round moves every process on
+    if self._cut:
+      return False
+    if self._seen is None:
+      if self.exchange.finished(self.start) < self.quorum:
+        return True
+      self._seen = self.clock()
+    self._cut = self.clock() - self._seen >= self.local.late_after_s
+    return not self._cut
+
+  def stepped(self, trained: bool, rows_b: np.ndarray) -> None:
+    """One global step went by; this process trained it or skipped it (its `rows_b` then wait
+    for the epoch's catch-up)."""
+    self.steps += 1
+    if trained:
+      self.trained += 1
+    else:
+      self.deferred.extend(int(r) for r in np.asarray(rows_b).ravel() if r >= 0)
+
+  def due(self, global_step: int) -> bool:
+    return self.steps > 0 and global_step % self.local.every == 0
+
+  def end(self, state, global_step: int):
+    """The averaging; returns (state, rows every process skipped in the round)."""
+    start, deferred = self.start, []
+    if self.exchange is not None:
+      self.exchange.post(start, {"steps": self.steps, "trained": self.trained,
+                                 "deferred": self.deferred})
+    shape = (self.local.replicas,)
+    held = {r for index in self.trained_sharding.addressable_devices_indices_map(shape).values()
+            for r in range(*index[0].indices(shape[0]))}   # this process's replicas
+    trained = jax.make_array_from_process_local_data(
+        self.trained_sharding, np.full(len(held), self.trained, np.int32), shape)
+    state = self.average(state, trained, np.int32(global_step))
+    if self.exchange is not None:
+      records = self.exchange.gather(start)
+      deferred = [r for rec in records for r in rec["deferred"]]
+      if self._last_start is not None:
+        self.exchange.forget(self._last_start)   # every process has read it: all posted this one
+      late = sum(r["trained"] < r["steps"] for r in records)
+      self.counts["steps_skipped"] += sum(r["steps"] - r["trained"] for r in records)
+      if late:
+        self.counts["rounds_cut"] += 1
+        self.counts["records_deferred"] += len(deferred)
+        logging.info("round from step %d: %d of %d processes cut short, %d records deferred to "
+                     "the epoch's catch-up", start, late, len(records), len(deferred))
+    self._last_start = start
+    self.counts["rounds"] += 1
+    self.start, self.steps, self.trained, self.deferred = None, 0, 0, []
+    self._seen, self._cut = None, False
+    return state, np.asarray(deferred, np.int64)
+
+
+def catch_up(cursor, data) -> bool:
+  """At a plan segment's end: where late replicas left records of the epoch untrained, a new
+  segment of the same epoch plans just those (True); else the epoch is done (False)."""
+  left = int(np.sum(~cursor.processed_N[data.manifest.indices("train")]))
+  if not left:
+    return False
+  logging.info("epoch %d: catching up %d records that late replicas skipped", cursor.epoch, left)
+  cursor.new_segment(epoch=cursor.epoch, placement=data.placement_id, hosts=data.placement.hosts,
+                     base_N=cursor.processed_N.copy())
+  return True

@@ -41,6 +41,8 @@ from medjax.runtime import context
 from medjax.runtime import inject
 from medjax.runtime import ledger as ledger_lib
 from medjax.runtime import phases as phases_lib
+from medjax.train import local_sgd
+from medjax.train import planned
 from medjax.train import prepare as prepare_lib
 from medjax.train import reporting
 from medjax.train import state as state_lib
@@ -50,6 +52,8 @@ from medjax.train import writers
 
 # The trainer's names for its callers (the worker, the tests), wherever they are defined.
 Topology = host_lib.Topology
+Step = planned.Step
+PlannedSteps = planned.PlannedSteps
 Prepared = prepare_lib.Prepared
 prepare = prepare_lib.prepare
 TrainingError = reporting.TrainingError
@@ -97,14 +101,17 @@ def run_prepared(prepared: Prepared, ctx, *, phases: phases_lib.Phases | None = 
       if ctx.stop_requested():
         raise Stopped(f"stop requested at step {loop.cursor.global_step}")
       if step.batch is not None:
-        state, metrics = prepared.train_step(state, step.batch)
+        metrics = None
+        if loop.rounds is None or loop.rounds.take(loop.cursor.global_step):
+          state, metrics = prepared.train_step(state, step.batch)
         loop.dispatched(metrics)           # the next batch is read while this step runs
-        loop.record(state, step, metrics)  # position, ledger, snapshot, metrics queued
-        loop.injector.after_step(loop.cursor.global_step,
+        # Position, ledger, a round's averaging ('local' mode), snapshot, metrics queued.
+        state = loop.record(state, step, metrics)
+        loop.injector.after_step(loop.cursor.global_step, trained=metrics is not None,
                                  ready=lambda: jax.block_until_ready(state))
         loop.save_if_due(state, step)      # a checkpoint inside the partition, preemption
       if step.ends_partition:
-        loop.partition_end(state, step)    # the boundary's checkpoint, the epoch's end
+        state = loop.partition_end(state, step)   # the boundary's checkpoint, the epoch's end
     loop.reporter.flush()
     trained = True
   finally:
@@ -116,94 +123,6 @@ def run_prepared(prepared: Prepared, ctx, *, phases: phases_lib.Phases | None = 
   results = _evaluate(loop, state)
   loop.finish_saves()
   return _summarize(loop, results)
-
-
-@dataclasses.dataclass(frozen=True)
-class Step:
-  """One planned step, or an empty partition's end (`batch` None)."""
-  epoch: int
-  partition: int
-  num_partitions: int        # of its epoch's plan
-  partition_steps: int       # steps in its partition
-  rows: np.ndarray           # the global step's manifest rows, [W, host batch] (-1: padding)
-  local: dict | None         # this process's share, as read (its 'row' field: its rows)
-  batch: Any                 # the global batch the step trains on
-  ends_partition: bool       # the partition's last step: a boundary follows
-
-
-NEXT_EPOCH_AHEAD = 4   # steps before an epoch's end at which the next one's reading starts
-
-
-class PlannedSteps:
-  """The planned steps from the cursor's position, epoch by epoch, each batch read ahead.
-
-  Each epoch is planned when it starts (`HostData.plan` of the cursor's epoch and segment), or
-  `NEXT_EPOCH_AHEAD` steps before the epoch before it ends (the next epoch starts a segment with
-  nothing processed, so its plan is known), when its reading starts; its partitions' batches
-  come from one `prepare.data_batches` reader, and `read_ahead` reads the next one while a step
-  runs (and the next epoch's first, once it is planned). `on_partition(partition, global_step,
-  epoch)` is called as a partition starts. A partition the plan left empty still ends (one
-  `Step` without a batch).
-  """
-
-  def __init__(self, prepared: Prepared, cursor: lineage_lib.Cursor, epochs: int,
-               on_partition: Callable[[int, int, int], None]):
-    self.p, self.cursor, self.epochs, self.on_partition = prepared, cursor, epochs, on_partition
-    self._batches = self._next = None
-
-  def __iter__(self):
-    p, cursor = self.p, self.cursor
-    while cursor.epoch < self.epochs and not cursor.stopped:
-      reader = None
-      if self._next is not None and cursor.partition == 0 and cursor.offset == 0 and not (
-          cursor.base_N is not None and cursor.base_N.any()):
-        plan, reader = self._next   # planned and started NEXT_EPOCH_AHEAD steps early
-      else:
-        plan = p.data.plan(cursor.epoch, cursor.base_N)
-      self._next = None
-      starts = _starts(plan, cursor.partition, cursor.offset)
-      self._batches = reader if reader is not None else self._reader(plan, starts)
-      batches = iter(self._batches)
-      left = total = sum(max(len(plan.steps[part]) - start, 0) for part, start in starts)
-      for part, start in starts:
-        if cursor.stopped:
-          return
-        self.on_partition(part, cursor.global_step, cursor.epoch)
-        steps = plan.steps[part]
-        at = dict(epoch=cursor.epoch, partition=part, num_partitions=plan.num_partitions,
-                  partition_steps=len(steps))
-        if start >= len(steps):
-          yield Step(**at, rows=steps[:0], local=None, batch=None, ends_partition=True)
-        for s in range(start, len(steps)):
-          _, local, batch = next(batches)
-          left -= 1
-          if left == min(NEXT_EPOCH_AHEAD, total - 1) and cursor.epoch + 1 < self.epochs:
-            # NEXT_EPOCH_AHEAD steps before the epoch's end: the next epoch (a new segment,
-            # nothing processed yet) is planned and its reading starts, so that its first batch
-            # is ready when the epoch's end is done (a batch took longer to read than a step).
-            following = p.data.plan(cursor.epoch + 1, None)
-            self._next = (following, self._reader(following, _starts(following, 0, 0)))
-          yield Step(**at, rows=steps[s], local=local, batch=batch,
-                     ends_partition=s == len(steps) - 1)
-
-  def _reader(self, plan, starts: list[tuple[int, int]]):
-    """One reader over the plan's partitions from `starts` on, so that reading ahead crosses
-    their boundaries (a reader per partition started cold at each: its first batch read while
-    the device waited, at ~5 steps a partition on a GPU at the paper's size)."""
-    chunks = [plan.steps[part][start:] for part, start in starts]
-    steps = np.concatenate(chunks) if chunks else np.zeros((0, 0, 0), np.int32)
-    return prepare_lib.data_batches(self.p.config, self.p.reader, steps, 0, self.p.batch_sharding)
-
-  def read_ahead(self) -> None:
-    self._batches.read_ahead()
-    if self._next is not None:
-      self._next[1].read_ahead()
-
-
-def _starts(plan, partition: int, offset: int) -> list[tuple[int, int]]:
-  """(partition, first step) of each of the plan's partitions from (`partition`, `offset`) on."""
-  return [(part, offset if part == partition else 0)
-          for part in range(partition, plan.num_partitions)]
 
 
 @dataclasses.dataclass
@@ -227,6 +146,7 @@ class _Loop:
   validator: stopping.Validator | None
   injector: inject.Injector
   ledger: ledger_lib.Writer
+  rounds: local_sgd.Rounds | None          # 'local' mode's rounds (None: 'sync')
   recacher: Any
   in_flight_limit: int                     # config.max_steps_in_flight (0: no limit)
   local_examples: int                      # batch slots of this process per step
@@ -235,43 +155,77 @@ class _Loop:
   train_seconds: float = 0.0
   saves_finished: bool = False
 
-  def dispatched(self, metrics: dict) -> None:
-    """A step was dispatched: at most config.max_steps_in_flight stay unfinished; the monitor
-    counts it; the next batch is read while it runs."""
-    self.in_flight.append(metrics)
-    if len(self.in_flight) > self.in_flight_limit > 0:
-      jax.block_until_ready(self.in_flight.popleft())
-    self.monitor.step_done(1, self.local_examples)
+  def dispatched(self, metrics: dict | None) -> None:
+    """A step was dispatched (None: this process skipped it, a late replica): at most
+    config.max_steps_in_flight stay unfinished; the monitor counts it; the next batch is read
+    while it runs."""
+    if metrics is not None:
+      self.in_flight.append(metrics)
+      if len(self.in_flight) > self.in_flight_limit > 0:
+        jax.block_until_ready(self.in_flight.popleft())
+      self.monitor.step_done(1, self.local_examples)
     self.plan.read_ahead()
 
-  def record(self, state, step: Step, metrics: dict) -> None:
-    """The step's position, its ledger line, a snapshot when due, its metrics queued."""
-    cursor = self.cursor
+  def record(self, state, step: Step, metrics: dict | None):
+    """The step's position, its ledger line, a round's end, a snapshot when due, its metrics
+    queued; the state (averaged where a round ended)."""
+    cursor, rows = self.cursor, step.local["row"]
     cursor.step_done(step.rows)
-    self.ctx.executed += 1
-    self.ledger.write(cursor.global_step, cursor.epoch, step.local["row"])
+    if metrics is not None:
+      self.ctx.executed += 1
+      self.ledger.write(cursor.global_step, cursor.epoch, rows)
+      self.reporter.step(global_step=cursor.global_step, epoch=cursor.epoch,
+                         partition=step.partition, offset=cursor.offset, rows=rows,
+                         metrics=metrics)
+    if self.rounds is not None:
+      self.rounds.stepped(metrics is not None, rows)
+      if self.rounds.due(cursor.global_step):
+        state = self.end_round(state)
     # Not a partition's last step: its position is the boundary's (checkpointed there).
-    if self.snapshots.due(cursor.global_step) and not step.ends_partition:
+    if (self.snapshots.due(cursor.global_step) and not step.ends_partition
+        and not (self.rounds and self.rounds.inside)):
       self.snapshots.save(state, cursor.lineage())
-    self.reporter.step(global_step=cursor.global_step, epoch=cursor.epoch,
-                       partition=step.partition, offset=cursor.offset, rows=step.local["row"],
-                       metrics=metrics)
+    return state
+
+  def end_round(self, state):
+    """'local' mode's averaging; the records late replicas skipped go back to the epoch; a save
+    that waited for the round's end."""
+    state, deferred = self.rounds.end(state, self.cursor.global_step)
+    self.cursor.processed_N[deferred] = False
+    if self.rounds.save_wanted:
+      self.saver.save(state, self.cursor.lineage(), optional=True)
+    if self.rounds.preempt_wanted:
+      self.saver.preempt(state, self.cursor.lineage())
+    self.rounds.save_wanted = self.rounds.preempt_wanted = False
+    return state
 
   def save_if_due(self, state, step: Step) -> None:
-    """A checkpoint inside the partition when the policy says; SIGTERM's save; commits."""
-    cursor = self.cursor
+    """A checkpoint inside the partition when the policy says; SIGTERM's save; commits. Inside
+    a round that late replicas may cut, both wait for the round's end."""
+    cursor, inside = self.cursor, self.rounds is not None and self.rounds.inside
     if self.policy.after_step(cursor.global_step, cursor.offset, step.partition_steps):
-      self.saver.save(state, cursor.lineage(), optional=True)
+      if inside:
+        self.rounds.save_wanted = True
+      else:
+        self.saver.save(state, cursor.lineage(), optional=True)
     if self.preemption.reached(cursor.global_step):
-      self.saver.preempt(state, cursor.lineage())
+      if inside:
+        self.rounds.preempt_wanted = True
+      else:
+        self.saver.preempt(state, cursor.lineage())
     self.saver.commit_finalized()
 
-  def partition_end(self, state, step: Step) -> None:
-    """The partition's boundary: its checkpoint; after an epoch's last, validation and the next
-    epoch's first segment; this host's cache counters."""
+  def partition_end(self, state, step: Step):
+    """The partition's boundary: its checkpoint; after a segment's last, a round's end ('local'
+    mode) and the epoch's catch-up of records late replicas skipped, else validation and the
+    next epoch's first segment; this host's cache counters. Returns the state."""
     cursor, data = self.cursor, self.p.data
     cursor.partition_done()
     epoch_done = cursor.partition == step.num_partitions
+    if epoch_done and self.rounds is not None:
+      if self.rounds.steps:
+        state = self.end_round(state)
+      epoch_done = not local_sgd.catch_up(cursor, data)
     if epoch_done:
       cursor.new_segment(epoch=cursor.epoch + 1, placement=data.placement_id,
                          hosts=data.placement.hosts, base_N=np.zeros(len(data.manifest), bool))
@@ -284,9 +238,12 @@ class _Loop:
       # The end of training and an epoch's validation are always saved; other boundaries
       # when the writer wants them (config.ckpt.writer_duty).
       last = cursor.epoch >= self.policy.epochs or cursor.stopped
-      if self.saver.save(state, cursor.lineage(), optional=not (last or validated)):
+      if self.rounds is not None and self.rounds.inside:
+        self.rounds.save_wanted = True
+      elif self.saver.save(state, cursor.lineage(), optional=not (last or validated)):
         self.policy.saved()
     self._publish_cache_counters(epoch_end=cursor.epoch - 1 if epoch_done else None)
+    return state
 
   def _publish_cache_counters(self, *, epoch_end: int | None) -> None:
     """Publishes this process's cache counters; at an epoch end the chief logs every host's.
@@ -398,7 +355,8 @@ def _open(p: Prepared, ctx, run: paths.RunPaths, cursor: lineage_lib.Cursor,
       writer, bar, every=config.log_every_steps, processes=jax.process_count(),
       record_ids=manifest.record_ids, generation=ctx.generation, on_progress=on_progress,
       resume_hint=lambda: f"last good checkpoint: {saver.last_saved} in {run.checkpoints}",
-      lag=int(config.get("max_steps_in_flight", 0)) or 2)
+      lag=int(config.get("max_steps_in_flight", 0)) or 2,
+      fetch=p.local and local_sgd.fetch_rows)
   saver = saver_lib.Saver(ckpt, ctx, is_chief=is_chief, last_saved=last_good,
                           before_save=reporter.check, after_save=reporter.write,
                           guard=reporter.finite_guard)
@@ -406,7 +364,7 @@ def _open(p: Prepared, ctx, run: paths.RunPaths, cursor: lineage_lib.Cursor,
   if stopping.wanted(config):
     validator = stopping.Validator(p, ctx, writer, is_chief=is_chief, make_trial=make_trial)
   injector = inject.Injector(config.fault.inject, jax.process_index(), p.workdir,
-                             host=p.topology.host)
+                             host=p.topology.host, slow_step_s=config.fault.get("slow_step_s", 0))
   loop = _Loop(
       p=p, ctx=ctx, run=run, is_chief=is_chief, cursor=cursor,
       plan=PlannedSteps(p, cursor, config.optim.epochs, on_partition=injector.at_partition),
@@ -417,6 +375,10 @@ def _open(p: Prepared, ctx, run: paths.RunPaths, cursor: lineage_lib.Cursor,
       monitor=monitor, reporter=reporter, validator=validator, injector=injector,
       ledger=ledger_lib.Writer(p.workdir, ctx.generation, jax.process_index(),
                                enabled=config.fault.ledger),
+      rounds=p.local and local_sgd.Rounds(
+          p.local, p.average, local_sgd.replica_sharding(p.local, p.mesh),
+          exchange=local_sgd.exchange_for_run(p.local, p.mesh, generation=ctx.generation,
+                                              timeout_s=config.fault.timeout_start_s)),
       recacher=data.start_recache(data.plan(cursor.epoch, cursor.base_N), cursor.partition),
       in_flight_limit=int(config.get("max_steps_in_flight", 0)),
       local_examples=config.data.batch_size // jax.process_count())
@@ -451,7 +413,8 @@ def _summarize(loop: _Loop, results: dict) -> dict:
                        "devices": p.mesh.size, "processes": jax.process_count(),
                        "checkpoint_blocked_s": round(loop.ckpt.blocked_s, 3),
                        "checkpoints": loop.saver.summary(),
-                       "snapshots": loop.snapshots.counters()},
+                       "snapshots": loop.snapshots.counters(),
+                       **({"rounds": loop.rounds.counts} if loop.rounds else {})},
              "cache": host_lib.cache_summary(p.config.data, data.gathered_counters())}
   if loop.validator is not None:
     summary["early_stopping"] = loop.validator.summary(loop.cursor)

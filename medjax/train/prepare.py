@@ -56,6 +56,9 @@ class Prepared:
   built: state_lib.Built   # the state's shape; `built.create()` makes a fresh one
   num_params: int
   train_step: Callable
+  # 'local' mode (`medjax.train.local_sgd`): its settings and the rounds' averaging program.
+  local: local_sgd.Local | None
+  average: Callable | None
   # The packing that checkpoints and snapshots dispatch, its layout worked out and its program
   # compiled for the state's shape: their first save only dispatches it.
   packer: packing.StatePacker
@@ -118,7 +121,7 @@ def prepare(config, workdir: str, topology: Topology = Topology(), ctx=None,
     steps_per_epoch = first_plan.num_steps
     total_steps = config.optim.epochs * steps_per_epoch
     tx, lr_schedule = optim.make(config.optim, total_steps)
-    local = local_sgd.from_config(config.optim, mesh, steps_per_epoch)
+    local = local_sgd.from_config(config.optim, mesh)
     # No state yet: a restart restores one, a fresh start creates it (`run_prepared`).
     built = state_lib.build_abstract(config.model, tx, mesh,
                                      num_classes=len(manifest.class_names),
@@ -130,6 +133,7 @@ def prepare(config, workdir: str, topology: Topology = Topology(), ctx=None,
   train_step = step_lib.make_train_step(built.graphdef, tx, built, mesh, seed=config.seed,
                                         lr_schedule=lr_schedule,
                                         grad_accum=config.optim.grad_accum, local=local)
+  average = None if local is None else step_lib.make_average(built, mesh, local)
   # Compiled now (from the persistent cache when it holds the program), on a batch of the real
   # shapes: the first training step then only runs.
   ctx.set_phase("compiling")
@@ -138,6 +142,10 @@ def prepare(config, workdir: str, topology: Topology = Topology(), ctx=None,
     _, _, batch = next(iter(data_batches(config, reader, first_plan.steps[0], 0,
                                          batch_sharding)))
     programs.warm(train_step, built.abstract, batch)
+    if average is not None:
+      trained = jax.ShapeDtypeStruct((local.replicas,), np.int32,
+                                     sharding=local_sgd.replica_sharding(local, mesh))
+      programs.warm(average, built.abstract, trained, np.int32(0))
     packer = packing.StatePacker()
     packer.warm(built.abstract)
     if init is not None:
@@ -155,6 +163,7 @@ def prepare(config, workdir: str, topology: Topology = Topology(), ctx=None,
                   barrier=barrier, mesh=mesh, batch_sharding=batch_sharding, data=data,
                   reader=reader, steps_per_epoch=steps_per_epoch, total_steps=total_steps,
                   built=built, num_params=num_params, train_step=train_step,
+                  local=local, average=average,
                   packer=packer, ckpt=ckpt)
 
 

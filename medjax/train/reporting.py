@@ -70,15 +70,19 @@ class Reporter:
     generation: the fault-tolerance generation, written with every row.
     on_progress: called after each flush with the last finished step's (global step, epoch,
       partition), e.g. the context's `progress`.
+    fetch: queued metrics (a list of dicts of device arrays) -> host scalars (default
+      `jax.device_get`); 'local' mode's reduces this process's replicas (`local_sgd.fetch_rows`).
   """
 
   def __init__(self, writer, bar, *, every: int, processes: int, record_ids: np.ndarray,
                resume_hint: Callable[[], str], generation: int = 0,
-               on_progress: Callable[..., None] = lambda *_: None, lag: int = 0):
+               on_progress: Callable[..., None] = lambda *_: None, lag: int = 0,
+               fetch: Callable[[list], list] | None = None):
     self.writer, self.bar, self.every, self.processes = writer, bar, max(int(every), 1), processes
     self.lag = max(int(lag), 0)
     self.record_ids, self.resume_hint, self.generation = record_ids, resume_hint, generation
     self.on_progress = on_progress
+    self.fetch = fetch or (lambda tree: jax.device_get(tree))
     self._pending: list[_Pending] = []
     self._flushed = False   # the first step is flushed at once: it ends compiling
     self._since = time.perf_counter()
@@ -113,8 +117,9 @@ class Reporter:
     non-finite loss is still reported by the next flush (within the logging interval), as one
     line naming the step and its records.
     """
-    losses = [p.metrics["loss"] for p in self._pending]
-    return lambda: bool(np.all(np.isfinite(np.asarray(jax.device_get(losses), np.float64))))
+    metrics = [p.metrics for p in self._pending]
+    return lambda: bool(np.all(np.isfinite(np.asarray(
+        [m["loss"] for m in self.fetch(metrics)], np.float64))))
 
   def flush(self, keep: int = 0) -> None:
     """Fetches the queued metrics (one device-to-host copy), checks and writes them; the newest
@@ -131,7 +136,7 @@ class Reporter:
     if cut <= 0:
       return
     pending, self._pending, self._flushed = self._pending[:cut], self._pending[cut:], True
-    fetched = jax.device_get([p.metrics for p in pending])
+    fetched = self.fetch([p.metrics for p in pending])
     now = time.perf_counter()
     examples = sum(int(np.sum(p.rows >= 0)) for p in pending) * self.processes
     rate = examples / max(now - self._since, 1e-9)

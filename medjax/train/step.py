@@ -41,7 +41,8 @@ def make_train_step(graphdef, tx, built: state_lib.Built, mesh, *, seed: int,
 
   With `lr_schedule`, metrics include the learning rate the step's update used (computed on the
   device, so logging it costs the host nothing); with `grad_accum` = k the schedule counts updates.
-  `local`: 'local' mode's step (`medjax.train.local_sgd`) instead of the synchronous one.
+  `local`: 'local' mode's inner step (`medjax.train.local_sgd`; its metrics per replica, and
+  `make_average` ends its rounds) instead of the synchronous step.
   """
   base_key = jax.random.key(seed)
 
@@ -55,9 +56,9 @@ def make_train_step(graphdef, tx, built: state_lib.Built, mesh, *, seed: int,
     return optax.apply_updates(params, updates), opt, metrics
 
   if local is not None:
-    train_step = local_sgd.make_step(update, local, base_key=base_key,
-                                     lr_schedule=lr_schedule, grad_accum=grad_accum)
-    return _jit_step(train_step, built, mesh)
+    inner = local_sgd.make_inner(update, local, mesh, base_key=base_key,
+                                 lr_schedule=lr_schedule, grad_accum=grad_accum)
+    return _jit_step(inner, built, mesh, metrics=local_sgd.replica_sharding(local, mesh))
 
   def train_step(state, batch):
     rng = jax.random.fold_in(base_key, state["step"])
@@ -70,11 +71,22 @@ def make_train_step(graphdef, tx, built: state_lib.Built, mesh, *, seed: int,
   return _jit_step(train_step, built, mesh)
 
 
-def _jit_step(train_step, built: state_lib.Built, mesh):
+def _jit_step(train_step, built: state_lib.Built, mesh, metrics=None):
   return programs.cached(jax.jit(train_step,
                                 in_shardings=(built.shardings, state_lib.batch_sharding(mesh)),
-                                out_shardings=(built.shardings, state_lib.replicated(mesh)),
+                                out_shardings=(built.shardings,
+                                               metrics or state_lib.replicated(mesh)),
                                 donate_argnums=(0,)))
+
+
+def make_average(built: state_lib.Built, mesh, local: local_sgd.Local):
+  """'local' mode's round end (`local_sgd.make_average`), jitted: state, trained_R, global
+  step -> state."""
+  return programs.cached(jax.jit(
+      local_sgd.make_average(local),
+      in_shardings=(built.shardings, local_sgd.replica_sharding(local, mesh),
+                    state_lib.replicated(mesh)),
+      out_shardings=built.shardings, donate_argnums=(0,)))
 
 
 def make_grad_fn(graphdef, built: state_lib.Built, mesh, *, seed: int):
