@@ -10,6 +10,8 @@
   python -m experiments.real_cohorts report OUTDIR --labels default,tables
       the tables of those comparisons (AUROC, accuracy, ECE, medjax before vs after) as
       markdown, and OUTDIR/real_cohorts.png
+  python -m experiments.real_cohorts report OUTDIR --labels tables_ens4 --against tables,c2
+      the goal table: the label against the better baseline and earlier labels, with ECE
 """
 
 import argparse
@@ -29,6 +31,9 @@ def main():
   parser.add_argument("--label", default="")
   parser.add_argument("--labels", default="default,tables", help="report: before,after")
   parser.add_argument("--variants", default="", help="report: more labels, as one AUROC table")
+  parser.add_argument("--against", default="",
+                      help="report: the last of --labels against the better baseline and these "
+                           "earlier labels, paired by seed (the goal table)")
   parser.add_argument("--cohorts", default="", help="comma-separated; default all four")
   parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                       help="a config override for medjax's runs, e.g. model.d_model=64")
@@ -39,6 +44,10 @@ def main():
       print(name, json.dumps(counts))
     return
   if args.command == "report":
+    if args.against:
+      print(report.against_better(_load(args.outdir, args.labels.split(",")[-1]),
+                                  [_load(args.outdir, a) for a in args.against.split(",")]))
+      return
     print(_report(args.outdir, args.labels.split(","),
                   [v for v in args.variants.split(",") if v]))
     return

@@ -86,3 +86,33 @@ def variants(before: dict, others: list[dict]) -> str:
                    f"{mean(before, 'medjax', base) if base else float('nan'):.3f} | "
                    f"{mean(r, 'trees'):.3f} |")
   return "\n".join(lines)
+
+
+def against_better(result: dict, earlier: list[dict], metric: str = "auroc") -> str:
+  """Per cohort: medjax against the better baseline (higher mean `metric` on the same seeds),
+  each baseline, and each `earlier` medjax result on their common seeds, paired by seed; then
+  the test ECE of medjax and both baselines (the issue's goal table)."""
+  from experiments.real_cohorts import compare  # pylint: disable=import-outside-toplevel
+  head = ["cohort", "seeds", "logistic", "trees", "medjax", "medjax - better baseline [95%]",
+          "- trees [95%]", "- logistic [95%]", *[f"- {r['label']} [95%]" for r in earlier],
+          "ECE logistic / trees / medjax"]
+  lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+  for name, seeds in result["per_seed"].items():
+    keys = sorted(seeds)
+    get = lambda method, r=result, ks=keys, c=name, m=metric: [
+        r["per_seed"][c][k][method][m] for k in ks]
+    ours = get("medjax")
+    diffs = {b: compare.paired(ours, get(b)) for b in ("trees", "logistic")}
+    better = max(("trees", "logistic"), key=lambda b: np.mean(get(b)))
+    cells = [name, str(len(keys)), f"{np.mean(get('logistic')):.3f}",
+             f"{np.mean(get('trees')):.3f}", f"{np.mean(ours):.3f}",
+             f"{_interval(diffs[better])} ({better})", _interval(diffs["trees"]),
+             _interval(diffs["logistic"])]
+    for r in earlier:
+      common = [k for k in keys if k in r["per_seed"].get(name, {})]
+      a = [seeds[k]["medjax"][metric] for k in common]
+      b = [r["per_seed"][name][k]["medjax"][metric] for k in common]
+      cells.append(f"{_interval(compare.paired(a, b))} ({len(common)})" if common else "")
+    ece = " / ".join(f"{np.mean(get(m, m='ece')):.3f}" for m in ("logistic", "trees", "medjax"))
+    lines.append("| " + " | ".join(cells + [ece]) + " |")
+  return "\n".join(lines)
