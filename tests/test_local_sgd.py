@@ -133,6 +133,11 @@ def test_the_mode_is_checked_and_the_launcher_fixes_the_replica_count():
   assert any("optim.mode" in p for p in config_check.problems(config))
   config = _config(local_steps=0)
   assert any("optim.local_steps" in p for p in config_check.problems(config))
+  config = _config(late_after_s=0.5)
+  assert not config_check.problems(config)
+  config.optim.mode = "sync"
+  assert any("optim.late_after_s" in p and "'local' only" in p
+             for p in config_check.problems(config))
   config = _config()
   config.fault.local_hosts = 2
   layout_lib.resolve_replicas(config, layout_lib.Layout(2, 1, 'cpu', ''))

@@ -160,6 +160,11 @@ class Checker:
       if strategy != "lineage" and g("ckpt.every_steps"):
         self.add("ckpt.every_steps", f"applies to config.ckpt.strategy='lineage', not "
                                      f"{strategy!r}; set it to 0 or use the lineage strategy")
+    if self.ok("optim.mode", "optim.late_after_s") and (
+        g("optim.late_after_s") > 0 and g("optim.mode") != "local"):
+      self.add("optim.late_after_s", "cuts late replicas short in config.optim.mode='local' only "
+                                     "(a 'sync' step needs every worker); set it to 0 or use "
+                                     "mode 'local'")
     wants = [f for f in ("optim.early_stopping_patience", "ckpt.keep_best") if g(f)]
     if (wants and self.ok("data.split") and len(g("data.split")) == 3
         and g("data.split")[1] == 0):
