@@ -616,17 +616,19 @@ def test_a_slowed_replica_is_cut_short_and_its_records_caught_up_exactly_once(sh
   step it trains) no longer holds process 0 at each round's end. It skips the rest of a round
   once process 0 has finished it, the records it skipped train in a catch-up at the epoch's end,
   and the ledger still proves every record trained exactly once per epoch, across a crash of
-  process 0 in epoch 1 (its checkpoints lie at rounds' ends, their lineage knowing each skip)."""
+  process 0 in epoch 1 (its checkpoints lie at rounds' ends, their lineage knowing each skip)
+  and a SIGTERM in epoch 2, whose save waits for the round's end and is where the run resumes."""
   workdir = str(shared["base"] / "local_late")
-  code = runs.run(workdir, *_common(shared), TWO_WORKERS, "--config.optim.epochs=3",
+  code = runs.run(workdir, *_common(shared), TWO_WORKERS, f"--config.optim.epochs={EPOCHS}",
                   "--config.optim.mode=local", "--config.optim.local_steps=4",
                   "--config.optim.late_after_s=0.05", "--config.fault.slow_step_s=0.3",
-                  "--config.ckpt.writer_duty=1.0",
-                  "--config.fault.inject=slow@step=1:process=1; kill@epoch=1:process=0")
+                  "--config.ckpt.writer_duty=1.0", "--config.fault.inject=slow@step=1:process=1; "
+                  "kill@epoch=1:process=0; sigterm@epoch=2:process=1")
   assert code == 0, runs.tail(workdir)
-  s = runs.summary(workdir)
-  assert [f["kind"] for f in s["fault_tolerance"]["failures"]] == ["crash"]
-  _assert_exactly_once(workdir, epochs=3)
+  failures = runs.summary(workdir)["fault_tolerance"]["failures"]
+  assert [f["kind"] for f in failures] == ["crash", "preemption"], failures
+  assert failures[1]["resumed_step"] == failures[1]["last_step"], failures[1]
+  _assert_exactly_once(workdir, epochs=EPOCHS)
   # The rounds' counts are the last generation's (not slowed: its replacement is not slow);
   # the first generation's cuts are in its log.
   logs = "".join(open(p).read()
