@@ -128,11 +128,14 @@ def make_inner(update, local: Local, mesh, *, base_key, lr_schedule=None, grad_a
 
 def make_average(local: Local):
   """state, trained_R, global_step -> state: the round's end. The outer optimiser steps on
-  outer params minus the replicas' mean weighted by the steps each trained (`trained_R`; equal
-  counts: the plain mean), and every replica restarts from its result."""
+  outer params minus the replicas' mean weighted by the examples each trained in the round
+  (`trained_R`; equal counts, or none at all: the plain mean), and every replica restarts from
+  its result."""
 
   def average(state, trained_R, global_step):
-    w_R = trained_R.astype(jnp.float32) / jnp.maximum(jnp.sum(trained_R), 1).astype(jnp.float32)
+    total = jnp.sum(trained_R).astype(jnp.float32)
+    w_R = jnp.where(total > 0, trained_R.astype(jnp.float32) / jnp.maximum(total, 1.0),
+                    1.0 / local.replicas)
     params_R = state["local"]["params"]
     delta = jax.tree.map(
         lambda o, p: o - jnp.tensordot(w_R, p.astype(jnp.float32), axes=1).astype(o.dtype),
@@ -250,7 +253,9 @@ class Rounds:
     self.deferred: list[int] = []   # this process's rows of the steps it skipped
     self._seen = None                # when `quorum` others were first seen done
     self._cut = False
-    self._last_start = None
+    self.examples = 0                # real records this process trained in the round
+    self._settles = 0                # segment ends settled in the round
+    self._posted = None              # this process's last record in the exchange
     self.save_wanted = self.preempt_wanted = False
     # Run-wide (every process's records of every round): the same in every process.
     self.counts = {"rounds": 0, "rounds_cut": 0, "steps_skipped": 0, "records_deferred": 0}
@@ -282,13 +287,15 @@ class Rounds:
     return not self._cut
 
   def stepped(self, trained: bool, rows_b: np.ndarray) -> None:
-    """One global step went by; this process trained it or skipped it (its `rows_b` then wait
-    for the epoch's catch-up)."""
+    """One global step went by; this process trained its records `rows_b` (-1: padding) or
+    skipped them (they then wait for the epoch's catch-up)."""
+    rows = [int(r) for r in np.asarray(rows_b).ravel() if r >= 0]
     self.steps += 1
     if trained:
       self.trained += 1
+      self.examples += len(rows)
     else:
-      self.deferred.extend(int(r) for r in np.asarray(rows_b).ravel() if r >= 0)
+      self.deferred.extend(rows)
 
   def due(self, global_step: int) -> bool:
     return self.steps > 0 and global_step % self.local.every == 0
@@ -302,14 +309,13 @@ class Rounds:
     shape = (self.local.replicas,)
     held = {r for index in self.trained_sharding.addressable_devices_indices_map(shape).values()
             for r in range(*index[0].indices(shape[0]))}   # this process's replicas
+    # Each of this process's replicas weighs its share of the examples it trained.
     trained = jax.make_array_from_process_local_data(
-        self.trained_sharding, np.full(len(held), self.trained, np.int32), shape)
+        self.trained_sharding, np.full(len(held), self.examples / len(held), np.float32), shape)
     state = self.average(state, trained, np.int32(global_step))
     if self.exchange is not None:
-      records = self.exchange.gather(start)
+      records = self._gather(start)
       deferred = [r for rec in records for r in rec["deferred"]]
-      if self._last_start is not None:
-        self.exchange.forget(self._last_start)   # every process has read it: all posted this one
       late = sum(r["trained"] < r["steps"] for r in records)
       self.counts["steps_skipped"] += sum(r["steps"] - r["trained"] for r in records)
       if late:
@@ -317,11 +323,33 @@ class Rounds:
         self.counts["records_deferred"] += len(deferred)
         logging.info("round from step %d: %d of %d processes cut short, %d records deferred to "
                      "the epoch's catch-up", start, late, len(records), len(deferred))
-    self._last_start = start
     self.counts["rounds"] += 1
-    self.start, self.steps, self.trained, self.deferred = None, 0, 0, []
-    self._seen, self._cut = None, False
+    self.start, self.steps, self.trained, self.examples, self.deferred = None, 0, 0, 0, []
+    self._seen, self._cut, self._settles = None, False, 0
     return state, np.asarray(deferred, np.int64)
+
+  def settle(self) -> np.ndarray:
+    """A plan segment's end inside a round that may be cut: every process's records skipped in
+    the round so far, exchanged without averaging, so that the epoch's catch-up can plan them
+    while the round goes on (ending it there would make each catch-up a short round)."""
+    if self.exchange is None or not self.steps:
+      return np.zeros(0, np.int64)
+    key = f"{self.start}.{self._settles}"
+    self._settles += 1
+    self.exchange.post(key, {"deferred": self.deferred})
+    deferred = [r for rec in self._gather(key) for r in rec["deferred"]]
+    self.counts["records_deferred"] += len(deferred)
+    self.deferred = []
+    return np.asarray(deferred, np.int64)
+
+  def _gather(self, key: str):
+    """Every process's record under `key`; then this process's previous record is forgotten
+    (every process read it before posting this one)."""
+    records = self.exchange.gather(key)
+    if self._posted is not None:
+      self.exchange.forget(self._posted)
+    self._posted = key
+    return records
 
 
 def catch_up(cursor, data) -> bool:

@@ -223,9 +223,10 @@ class _Loop:
     cursor.partition_done()
     epoch_done = cursor.partition == step.num_partitions
     if epoch_done and self.rounds is not None:
-      if self.rounds.steps:
-        state = self.end_round(state)
+      cursor.processed_N[self.rounds.settle()] = False
       epoch_done = not local_sgd.catch_up(cursor, data)
+      if epoch_done and self.rounds.steps:
+        state = self.end_round(state)
     if epoch_done:
       cursor.new_segment(epoch=cursor.epoch + 1, placement=data.placement_id,
                          hosts=data.placement.hosts, base_N=np.zeros(len(data.manifest), bool))

@@ -143,7 +143,7 @@ def prepare(config, workdir: str, topology: Topology = Topology(), ctx=None,
                                          batch_sharding)))
     programs.warm(train_step, built.abstract, batch)
     if average is not None:
-      trained = jax.ShapeDtypeStruct((local.replicas,), np.int32,
+      trained = jax.ShapeDtypeStruct((local.replicas,), np.float32,
                                      sharding=local_sgd.replica_sharding(local, mesh))
       programs.warm(average, built.abstract, trained, np.int32(0))
     packer = packing.StatePacker()
