@@ -92,11 +92,11 @@ def allreduce_bytes(hlo_text: str) -> int:
   return total
 
 
-def measured_step_bytes(config, devices, *, steps_per_epoch: int = 1000) -> dict:
+def measured_step_bytes(config, devices) -> dict:
   """The bytes medjax's compiled training step all-reduces on a data-parallel mesh over
   `devices` (at least 2), beside 4 bytes per parameter (the float32 gradient a synchronous step
   must exchange). For 'local' mode the averaging round's bytes, which run every
-  config.optim.local_steps steps. Imports JAX and medjax (the simulator itself does not)."""
+  config.optim.local_steps steps ('inner_step_allreduce_bytes': the inner step's, 0). Imports JAX and medjax (the simulator itself does not)."""
   # pylint: disable=import-outside-toplevel
   import jax
   import numpy as np
@@ -110,7 +110,7 @@ def measured_step_bytes(config, devices, *, steps_per_epoch: int = 1000) -> dict
                           vitals_steps=config.data.vitals_steps, vitals_channels=len(config.data.vitals_channels))
   mesh = state_lib.make_mesh(config.mesh, devices)
   tx, _ = optim.make(config.optim, 100)
-  local = local_sgd.from_config(config.optim, mesh, steps_per_epoch)
+  local = local_sgd.from_config(config.optim, mesh)
   built = state_lib.build_abstract(config.model, tx, mesh, num_classes=4, shapes=shapes,
                                    seed=0, local=local)
   train_step = step_lib.make_train_step(built.graphdef, tx, built, mesh, seed=0, local=local)
@@ -121,9 +121,17 @@ def measured_step_bytes(config, devices, *, steps_per_epoch: int = 1000) -> dict
                                                       sharding=state_lib.batch_sharding(mesh)),
                        batch)
   hlo = train_step.lower(built.abstract, batch).compile().as_text()
+  step_bytes = allreduce_bytes(hlo)
+  if local is not None:
+    # 'local': the inner step exchanges nothing; the round's averaging is its own program.
+    trained = jax.ShapeDtypeStruct((local.replicas,), np.float32,
+                                   sharding=local_sgd.replica_sharding(local, mesh))
+    average = step_lib.make_average(built, mesh, local)
+    hlo = average.lower(built.abstract, trained, np.int32(0)).compile().as_text()
   params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(built.abstract["params"]))
   return {"mode": config.optim.get("mode", "sync"), "devices": len(devices),
-          "allreduce_bytes": allreduce_bytes(hlo), "params": params,
+          "allreduce_bytes": allreduce_bytes(hlo), "inner_step_allreduce_bytes": step_bytes,
+          "params": params,
           "gradient_bytes": 4 * params,
           "every": config.optim.local_steps if local is not None else 1}
 

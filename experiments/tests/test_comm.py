@@ -43,6 +43,8 @@ def test_the_compiled_step_exchanges_the_gradient_in_sync_and_the_deltas_in_loca
     assert m["params"] > 5_000
     assert m["gradient_bytes"] <= m["allreduce_bytes"] <= m["gradient_bytes"] + 64, m
     assert m["every"] == (1 if mode == "sync" else config.optim.local_steps)
+    if mode == "local":
+      assert m["inner_step_allreduce_bytes"] == 0, m
 
 
 def test_table_v_with_an_exchange_loses_efficiency_with_workers_and_local_loses_less():
