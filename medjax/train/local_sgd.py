@@ -17,10 +17,11 @@ round's only all-reduce. Same ledger, lineage and checkpoints as 'sync'.
 Late replicas (config.optim.late_after_s > 0, several processes): once `quorum` other processes
 have finished a round (posted through jax.distributed's key-value store, `Exchange`), a process
 still inside it waits at most late_after_s more, then skips the rest of its round's steps
-(`Rounds.take`). The averaging weighs each replica's delta by the steps it trained; the records of
-the skipped steps go back to their epoch: the round's end unmarks them in the lineage, and when
-the epoch's plan is done a catch-up segment trains them (`loop`), so every record still trains
-exactly once per epoch. Checkpoints and snapshots then fall on round boundaries only, where the
+(`Rounds.take`). The averaging weighs each replica's delta by the examples it trained in the
+round; the records of the skipped steps go back to their epoch: the round's end (or a segment's
+end inside the round: `Rounds.settle`) unmarks them in the lineage, and when the epoch's plan is
+done a catch-up segment trains them (`loop`), so every record still trains exactly once per
+epoch. Checkpoints and snapshots then fall on round boundaries only, where the
 lineage knows every skip. A stopped process (SIGSTOP) still holds the others at the round's end
 until the coordinator's hang detection replaces it.
 
