@@ -10,7 +10,8 @@ one synthetic cohort, salt (so one split), compilation cache and decoded cache s
 mode; `--config.seed` is the seed. All modes see the same examples (the same epochs).
 
 With --slow-step-s, 'sync' and 'local' (H=16) run again with worker 1 slowed (a 'slow' fault),
-'local' once waiting for it at each round's end and once cutting it short (optim.late_after_s).
+'local' once waiting for it at each round's end and cutting it short (optim.late_after_s) with
+DiLoCo's outer optimiser and with plain averaging.
 
 Reports per mode: test accuracy and macro F1 (mean over seeds, and the paired difference to
 'sync' with its 95% t-interval), the wall time, and the bytes each worker sends per training
@@ -58,6 +59,9 @@ def _modes(local_steps: list[int], plain: list[int], slow_s: float, late_after_s
     modes[f"local H={straggler_h}, one worker slowed"] = [*local(straggler_h), *slowed]
     modes[f"local H={straggler_h}, one worker slowed, late cut"] = [
         *local(straggler_h), *slowed, f"--config.optim.late_after_s={late_after_s}"]
+    modes[f"local H={straggler_h}, one worker slowed, late cut, plain"] = [
+        *modes[f"local H={straggler_h}, one worker slowed, late cut"],
+        "--config.optim.outer_lr=1.0", "--config.optim.outer_momentum=0.0"]
   return modes
 
 
