@@ -17,7 +17,7 @@ round's only all-reduce. Same ledger, lineage and checkpoints as 'sync'.
 Late replicas (config.optim.late_after_s > 0, several processes): once `quorum` other processes
 have finished a round (posted through jax.distributed's key-value store, `Exchange`), a process
 still inside it waits at most late_after_s more, then skips the rest of its round's steps
-(`Rounds.take`). The averaging weighs each replica's delta by the examples it trained in the
+(`Rounds.take`). The averaging weighs each replica's delta by the steps it trained in the
 round; the records of the skipped steps go back to their epoch: the round's end (or a segment's
 end inside the round: `Rounds.settle`) unmarks them in the lineage, and when the epoch's plan is
 done a catch-up segment trains them (`loop`), so every record still trains exactly once per
@@ -129,7 +129,7 @@ def make_inner(update, local: Local, mesh, *, base_key, lr_schedule=None, grad_a
 
 def make_average(local: Local):
   """state, trained_R, global_step -> state: the round's end. The outer optimiser steps on
-  outer params minus the replicas' mean weighted by the examples each trained in the round
+  outer params minus the replicas' mean weighted by the steps each trained in the round
   (`trained_R`; equal counts, or none at all: the plain mean), and every replica restarts from
   its result."""
 
@@ -254,7 +254,6 @@ class Rounds:
     self.deferred: list[int] = []   # this process's rows of the steps it skipped
     self._seen = None                # when `quorum` others were first seen done
     self._cut = False
-    self.examples = 0                # real records this process trained in the round
     self._settles = 0                # segment ends settled in the round
     self._posted = None              # this process's last record in the exchange
     self.save_wanted = self.preempt_wanted = False
@@ -288,15 +287,13 @@ class Rounds:
     return not self._cut
 
   def stepped(self, trained: bool, rows_b: np.ndarray) -> None:
-    """One global step went by; this process trained its records `rows_b` (-1: padding) or
-    skipped them (they then wait for the epoch's catch-up)."""
-    rows = [int(r) for r in np.asarray(rows_b).ravel() if r >= 0]
+    """One global step went by; this process trained it or skipped it (its records `rows_b`,
+    -1: padding, then wait for the epoch's catch-up)."""
     self.steps += 1
     if trained:
       self.trained += 1
-      self.examples += len(rows)
     else:
-      self.deferred.extend(rows)
+      self.deferred.extend(int(r) for r in np.asarray(rows_b).ravel() if r >= 0)
 
   def due(self, global_step: int) -> bool:
     return self.steps > 0 and global_step % self.local.every == 0
@@ -310,9 +307,11 @@ class Rounds:
     shape = (self.local.replicas,)
     held = {r for index in self.trained_sharding.addressable_devices_indices_map(shape).values()
             for r in range(*index[0].indices(shape[0]))}   # this process's replicas
-    # Each of this process's replicas weighs its share of the examples it trained.
+    # Each of this process's replicas weighs the steps it trained in the round: equal for all
+    # replicas unless a round was cut, so a run restored inside a round averages as the
+    # uninterrupted one does (examples would differ by the padding before the restore).
     trained = jax.make_array_from_process_local_data(
-        self.trained_sharding, np.full(len(held), self.examples / len(held), np.float32), shape)
+        self.trained_sharding, np.full(len(held), self.trained, np.float32), shape)
     state = self.average(state, trained, np.int32(global_step))
     if self.exchange is not None:
       records = self._gather(start)
@@ -325,7 +324,7 @@ class Rounds:
         logging.info("round from step %d: %d of %d processes cut short, %d records deferred to "
                      "the epoch's catch-up", start, late, len(records), len(deferred))
     self.counts["rounds"] += 1
-    self.start, self.steps, self.trained, self.examples, self.deferred = None, 0, 0, 0, []
+    self.start, self.steps, self.trained, self.deferred = None, 0, 0, []
     self._seen, self._cut, self._settles = None, False, 0
     return state, np.asarray(deferred, np.int64)
 
