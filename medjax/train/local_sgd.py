@@ -33,6 +33,7 @@ State: {'params': the outer (averaged) parameters, which evaluation and predicti
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import time
@@ -82,9 +83,15 @@ def init(local: Local, params, tx: optax.GradientTransformation) -> dict:
           "local": {"params": stack(params), "opt": stack(tx.init(params))}}
 
 
+def over_data(local: Local, mesh) -> bool:
+  """Whether the replicas are sharded over 'data' (its size divides their count): each device,
+  hence each process, then holds replicas of its own."""
+  return local.replicas % mesh.shape["data"] == 0
+
+
 def replica_sharding(local: Local, mesh, inner_spec: P = P()) -> NamedSharding:
   """The leading replica axis over 'data' when it divides it, then `inner_spec`."""
-  axis = "data" if local.replicas % mesh.shape["data"] == 0 else None
+  axis = "data" if over_data(local, mesh) else None
   return NamedSharding(mesh, P(axis, *inner_spec))
 
 
@@ -107,7 +114,7 @@ def make_inner(update, local: Local, mesh, *, base_key, lr_schedule=None, grad_a
   the SPMD partitioner, the replica-batched convolutions' gradients came out all-gathered, a
   collective per step that held every process to the slowest."""
   replicas_step = jax.vmap(update, in_axes=(0, 0, None, 0, 0))
-  if local.replicas % mesh.shape["data"] == 0 and mesh.shape["data"] > 1:
+  if over_data(local, mesh) and mesh.shape["data"] > 1:
     replicas_step = jax.shard_map(
         replicas_step, mesh=mesh, in_specs=(P("data"), P("data"), P(), P("data"), P("data")),
         out_specs=P("data"), axis_names={"data"}, check_vma=False)
@@ -222,7 +229,7 @@ def exchange_for_run(local: Local, mesh, *, generation: int,
   """The key-value exchange where late replicas may be cut short: several processes, each
   holding its own replicas, and config.optim.late_after_s > 0."""
   if (local.late_after_s <= 0 or jax.process_count() == 1
-      or local.replicas % mesh.shape["data"]):
+      or not over_data(local, mesh)):
     return None
   from jax._src import distributed  # pylint: disable=import-outside-toplevel
   return Exchange(distributed.global_state.client, generation=generation,
@@ -259,6 +266,13 @@ class Rounds:
     self.save_wanted = self.preempt_wanted = False
     # Run-wide (every process's records of every round): the same in every process.
     self.counts = {"rounds": 0, "rounds_cut": 0, "steps_skipped": 0, "records_deferred": 0}
+
+  @functools.cached_property
+  def _held(self) -> int:
+    """How many replicas this process holds (the sharding is the run's: counted once)."""
+    shape = (self.local.replicas,)
+    return len({r for index in self.trained_sharding.addressable_devices_indices_map(shape).values()
+                for r in range(*index[0].indices(shape[0]))})
 
   @property
   def cuts(self) -> bool:
@@ -304,14 +318,12 @@ class Rounds:
     if self.exchange is not None:
       self.exchange.post(start, {"steps": self.steps, "trained": self.trained,
                                  "deferred": self.deferred})
-    shape = (self.local.replicas,)
-    held = {r for index in self.trained_sharding.addressable_devices_indices_map(shape).values()
-            for r in range(*index[0].indices(shape[0]))}   # this process's replicas
     # Each of this process's replicas weighs the steps it trained in the round: equal for all
     # replicas unless a round was cut, so a run restored inside a round averages as the
     # uninterrupted one does (examples would differ by the padding before the restore).
     trained = jax.make_array_from_process_local_data(
-        self.trained_sharding, np.full(len(held), self.trained, np.float32), shape)
+        self.trained_sharding, np.full(self._held, self.trained, np.float32),
+        (self.local.replicas,))
     state = self.average(state, trained, np.int32(global_step))
     if self.exchange is not None:
       records = self._gather(start)
