@@ -274,6 +274,7 @@ def get_config(arg=None):
   fault.tls_ca = ""
   fault.inject = ""           # e.g. "kill@step=30:process=1; sigterm@partition=2:process=0"
   fault.slow_step_s = 0.5     # what a 'slow' fault adds to each step the process trains
+  fault.pause_s = 1.0         # how long a 'pause' fault stops the process (SIGSTOP, SIGCONT)
   fault.ledger = True         # write the per-step record ledger (exactly-once checks)
 
   if arg == "ingest":

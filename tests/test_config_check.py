@@ -140,7 +140,7 @@ def test_types_accept_what_json_and_placeholders_give():
     ("fault.inject", "kil@step=3:process=0",
      "config.fault.inject='kil@step=3:process=0': cannot read 'kil@step=3:process=0'; write "
      "KIND@step=N:process=P, KIND@partition=N:process=P or KIND@epoch=N:process=P with KIND in "
-     "('kill', 'sigstop', 'hang', 'oom', 'sigterm', 'host', 'slow')"),
+     "('kill', 'sigstop', 'hang', 'oom', 'sigterm', 'host', 'slow', 'pause')"),
 ])
 def test_enums(path, value, line):
   assert _error(_config({path: value})) == line

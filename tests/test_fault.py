@@ -611,26 +611,34 @@ def test_local_mode_recovers_each_replica_exactly_once(shared):
     np.testing.assert_allclose(a[k], b[k], rtol=1e-5, atol=1e-6, err_msg=k)
 
 
-def test_a_slowed_replica_is_cut_short_and_its_records_caught_up_exactly_once(shared):
+def test_a_slowed_or_paused_replica_costs_throughput_and_its_records_train_exactly_once(shared):
   """optim.mode='local' with late_after_s: process 1 slowed (a 'slow' fault: 0.3 s more per
   step it trains) no longer holds process 0 at each round's end. It skips the rest of a round
   once process 0 has finished it, the records it skipped train in a catch-up at the epoch's end,
   and the ledger still proves every record trained exactly once per epoch, across a crash of
   process 0 in epoch 1 (its checkpoints lie at rounds' ends, their lineage knowing each skip)
-  and a SIGTERM in epoch 2, whose save waits for the round's end and is where the run resumes."""
+  and a SIGTERM in epoch 2, whose save waits for the round's end and is where the run resumes.
+  In epoch 3 process 1 is frozen for 1.5 s (a real SIGSTOP, then SIGCONT: a 'pause' fault, below
+  hang detection): process 0 trains on past the round's end instead of waiting, and the run goes
+  on without a failure."""
   workdir = str(shared["base"] / "local_late")
   code = runs.run(workdir, *_common(shared), TWO_WORKERS, f"--config.optim.epochs={EPOCHS}",
                   "--config.optim.mode=local", "--config.optim.local_steps=4",
                   "--config.optim.late_after_s=0.05", "--config.fault.slow_step_s=0.3",
+                  "--config.fault.pause_s=1.5", "--config.fault.hang_floor_s=4",
                   "--config.ckpt.writer_duty=1.0", "--config.fault.inject=slow@step=1:process=1; "
-                  "kill@epoch=1:process=0; sigterm@epoch=2:process=1")
+                  "kill@epoch=1:process=0; sigterm@epoch=2:process=1; pause@epoch=3:process=1")
   assert code == 0, runs.tail(workdir)
-  failures = runs.summary(workdir)["fault_tolerance"]["failures"]
+  summary = runs.summary(workdir)
+  failures = summary["fault_tolerance"]["failures"]
   assert [f["kind"] for f in failures] == ["crash", "preemption"], failures
   assert failures[1]["resumed_step"] == failures[1]["last_step"], failures[1]
   _assert_exactly_once(workdir, epochs=EPOCHS)
-  # The rounds' counts are the last generation's (not slowed: its replacement is not slow);
-  # the first generation's cuts are in its log.
+  # The rounds' counts are the last generation's (not slowed: its replacement is not slow, but
+  # paused); the first generation's cuts are in its log.
+  rounds = summary["train"]["rounds"]
+  assert rounds["rounds_extended"] >= 1 and rounds["steps_extended"] >= 1, rounds
+  assert rounds["rounds_cut"] >= 1 and rounds["records_deferred"] >= 1, rounds
   logs = "".join(open(p).read()
                  for p in glob.glob(os.path.join(workdir, "logs", "gen-001-*.log")))
   assert "processes cut short" in logs and "catching up" in logs

@@ -1,5 +1,8 @@
 """config.optim.mode='local': replicas that step on their own slices and average periodically."""
 
+import threading
+import time
+
 import jax
 import numpy as np
 import pytest
@@ -42,7 +45,7 @@ def _setup(config, devices, steps_per_epoch=100):
     state, metrics_R = inner(state, batch)
     done[0] += 1
     rounds.stepped(True, np.arange(4))
-    if rounds.due(done[0]) or done[0] % steps_per_epoch == 0:
+    if rounds.ends(done[0]) or done[0] % steps_per_epoch == 0:
       state, deferred = rounds.end(state, done[0])
       assert len(deferred) == 0
     return state, local_sgd.fetch_rows([metrics_R])[0]
@@ -215,10 +218,84 @@ def test_a_late_process_trains_until_late_after_s_past_the_quorum_then_skips_the
   # past it at step 3 (t=2.4): skipped, its records deferred.
   assert taken == [True, True, True, False]
   assert rounds.deferred == [30, 31] and rounds.trained == 3 and rounds.steps == 4
-  assert rounds.due(4) and not rounds.due(3)
   # Without an exchange (one process, or late_after_s 0) every step trains.
   plain = local_sgd.Rounds(local, None, None)
   assert all(plain.take(s) for s in range(8)) and not plain.cuts
+
+
+class _KeyValueStore:
+  """jax.distributed's key-value client, in memory, for processes played by threads."""
+
+  def __init__(self):
+    self.kv, self.changed = {}, threading.Condition()
+
+  def key_value_set(self, key, value):
+    with self.changed:
+      assert key not in self.kv, key
+      self.kv[key] = value
+      self.changed.notify_all()
+
+  def key_value_dir_get(self, prefix):
+    with self.changed:
+      return [(k, v) for k, v in self.kv.items() if k.startswith(prefix)]
+
+  def blocking_key_value_get(self, key, timeout_ms):
+    with self.changed:
+      assert self.changed.wait_for(lambda: key in self.kv, timeout_ms / 1000), key
+      return self.kv[key]
+
+  def key_value_delete(self, key):
+    with self.changed:
+      del self.kv[key]
+
+
+def test_a_paused_process_costs_the_other_throughput_not_a_stall_and_every_record_trains_once():
+  """Two processes (threads over one key-value store) step a 12-step plan segment, rounds of 4.
+  Process 1 freezes for 1 s at the start of the second round. Process 0 reaches that round's
+  end, waits late_after_s, and trains on to the segment's end instead of waiting; there both
+  agree to end the round. Process 1, back, is cut short, skips up to there, and the records of
+  the steps it skipped are every process's deferred rows: each step's records trained by its
+  process or deferred, once."""
+  local = local_sgd.Local(replicas=2, every=4, outer=None, late_after_s=0.2)
+  store = _KeyValueStore()
+  sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  keep = lambda state, trained, step: state
+  trained, deferred, counts, stops = {}, {}, {}, {}
+
+  def process(p):
+    exchange = local_sgd.Exchange(store, generation=1, process=p, processes=2, timeout_s=10)
+    rounds = local_sgd.Rounds(local, keep, sharding, exchange=exchange)
+    trained[p], deferred[p] = [], []
+    for step in range(12):
+      if p == 1 and step == 4:
+        time.sleep(1.0)
+      rows = np.array([100 * p + step])
+      took = rounds.take(step)
+      trained[p] += [int(rows[0])] if took else []
+      rounds.stepped(took, rows)
+      time.sleep(0.005)
+      ended = rounds.ends(step + 1) or (step == 11 and rounds.ends(step + 1, segment_end=True))
+      if step == 11 and not ended and rounds.steps:
+        ended = True   # the loop's epoch end
+      if ended:
+        stops.setdefault(p, []).append(rounds.stop or step + 1)
+        _, d = rounds.end(None, step + 1)
+        deferred[p] += d.tolist()
+    counts[p] = rounds.counts
+
+  threads = [threading.Thread(target=process, args=(p,)) for p in (0, 1)]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join(30)
+  assert counts[0] == counts[1] and stops[0] == stops[1] == [4, 12], (counts, stops)
+  assert deferred[0] == deferred[1] and deferred[0], deferred
+  assert sorted(trained[0] + trained[1] + deferred[0]) == sorted(
+      100 * p + s for p in (0, 1) for s in range(12))
+  # Process 0 trained all 12 of its steps, 4 of them past the second round's end.
+  assert trained[0] == list(range(12)) and counts[0]["steps_extended"] == 4
+  assert counts[0]["rounds_extended"] == 1 and counts[0]["rounds_cut"] == 1
+  assert not store.kv.keys() - {f"medjax/rounds/1/4.end/{p}" for p in (0, 1)}
 
 
 def test_the_ledger_counts_a_generations_steps_across_processes_that_skipped_some(tmp_path):

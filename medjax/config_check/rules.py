@@ -109,7 +109,7 @@ def _rules() -> dict[str, tuple[Check, ...]]:
        "optim.class_weight_power fault.replacement_wait_s fault.backoff_s fault.backoff_max_s "
        "fault.workers_per_host fault.local_spares optim.replicas optim.late_after_s "
        "fault.max_failures_without_progress fault.max_coordinator_restarts fault.hang_factor "
-       "fault.hang_warmup_steps optim.late_quorum fault.slow_step_s " + syn(
+       "fault.hang_warmup_steps optim.late_quorum fault.slow_step_s fault.pause_s " + syn(
            "seed model_seed class_prior_exponent rare_twins twin_offset latent_dim_image "
            "class_sep vitals_trend junk_files"))
   each(_above(0), "data.vitals_hours_per_step data.decode_timeout_s optim.lr optim.clip_norm "

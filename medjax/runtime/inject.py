@@ -6,7 +6,8 @@ Kinds: kill (SIGKILL itself), sigstop (SIGSTOP itself: a hang with no heartbeats
 training thread blocks forever while heartbeats go on: a live hang), oom (raises an out-of-memory
 error), sigterm (SIGTERM itself: a preemption), host (SIGKILL its host's agent and every worker
 of the host: a lost machine; supervised runs only), slow (from then on, every step the process
-trains takes config.fault.slow_step_s longer: a straggler). WHEN is step=N (after global step N),
+trains takes config.fault.slow_step_s longer: a straggler), pause (SIGSTOP itself, and a helper
+process SIGCONTs it config.fault.pause_s later: a freeze shorter than hang detection). WHEN is step=N (after global step N),
 partition=N (when partition N of an epoch starts) or epoch=N (when epoch N starts). Each fault
 fires once per run: a marker in <workdir>/faults/ keeps a restarted generation from firing it
 again, and records when it fired.
@@ -18,6 +19,7 @@ import dataclasses
 import json
 import os
 import signal
+import subprocess
 import threading
 import time
 
@@ -26,7 +28,7 @@ import psutil
 from medjax import errors
 from medjax import paths
 
-KINDS = ("kill", "sigstop", "hang", "oom", "sigterm", "host", "slow")
+KINDS = ("kill", "sigstop", "hang", "oom", "sigterm", "host", "slow", "pause")
 
 
 class InjectedOutOfMemory(MemoryError):
@@ -70,9 +72,9 @@ class Injector:
   """Fires this process's faults when training reaches them."""
 
   def __init__(self, text: str, process_id: int, workdir: str, host: str | None = None,
-               slow_step_s: float = 0.0):
+               slow_step_s: float = 0.0, pause_s: float = 0.0):
     self.faults = [f for f in parse(text) if f.process == process_id]
-    self.host, self.slow_step_s = host, slow_step_s
+    self.host, self.slow_step_s, self.pause_s = host, slow_step_s, pause_s
     self.slowed = False   # a 'slow' fault fired in this generation
     self.dir = paths.RunPaths(workdir).faults
     os.makedirs(self.dir, exist_ok=True)
@@ -101,6 +103,10 @@ class Injector:
       raise InjectedOutOfMemory(f"RESOURCE_EXHAUSTED: injected out of memory at step {global_step}")
     elif fault.kind == "slow":
       self.slowed = True   # a replacement (a later generation) is not slow
+    elif fault.kind == "pause":
+      subprocess.Popen(["/bin/sh", "-c", f"sleep {self.pause_s}; kill -CONT {os.getpid()}"],
+                       start_new_session=True)
+      os.kill(os.getpid(), signal.SIGSTOP)
 
   def after_step(self, global_step: int, ready=None, trained: bool = True) -> None:
     """Fires the faults of `global_step`, after `ready()` (which waits for the step's result):

@@ -15,15 +15,19 @@ not wait for each other between averagings), and the averaging, whose weighted m
 round's only all-reduce. Same ledger, lineage and checkpoints as 'sync'.
 
 Late replicas (config.optim.late_after_s > 0, several processes): once `quorum` other processes
-have finished a round (posted through jax.distributed's key-value store, `Exchange`), a process
-still inside it waits at most late_after_s more, then skips the rest of its round's steps
-(`Rounds.take`). The averaging weighs each replica's delta by the steps it trained in the
-round; the records of the skipped steps go back to their epoch: the round's end (or a segment's
-end inside the round: `Rounds.settle`) unmarks them in the lineage, and when the epoch's plan is
-done a catch-up segment trains them (`loop`), so every record still trains exactly once per
-epoch. Checkpoints and snapshots then fall on round boundaries only, where the
-lineage knows every skip. A stopped process (SIGSTOP) still holds the others at the round's end
-until the coordinator's hang detection replaces it.
+have reached a round's end (posted through jax.distributed's key-value store, `Exchange`), a
+process still inside it waits at most late_after_s more, then skips the rest of its round's steps
+(`Rounds.take`). A process at the round's end waits at most late_after_s for the others; while
+any is missing it trains on past the end, checking after every step, so that a stopped or slow
+peer costs it throughput, not a stall; once all are in (or at a plan segment's end, which no round
+crosses this way) the processes agree on the furthest step any of them reached, and those behind
+skip up to it (`Rounds.ends`). The averaging weighs each replica's delta by the steps it trained
+in the round; the records of the skipped steps go back to their epoch: the round's end (or a
+segment's end inside the round: `Rounds.settle`) unmarks them in the lineage, and when the
+epoch's plan is done a catch-up segment trains them (`loop`), so every record still trains
+exactly once per epoch. Checkpoints and snapshots then fall on round boundaries only, where the
+lineage knows every skip. A process stopped for good (SIGSTOP) holds the others at the plan
+segment's end until the coordinator's hang detection replaces it.
 
 State: {'params': the outer (averaged) parameters, which evaluation and prediction use,
 'fill', 'opt': the outer optimiser's state, 'local': {'params', 'opt'} stacked over replicas,
@@ -196,32 +200,44 @@ def fetch_local(tree):
 
 
 class Exchange:
-  """Who finished which round, through jax.distributed's key-value store (every process posts
-  its own record; a round's key is the global step it started at)."""
+  """Who reached which round's end, and the round's records, through jax.distributed's
+  key-value store (every process posts its own; a round's keys start with the global step it
+  started at)."""
 
   def __init__(self, client, *, generation: int, process: int, processes: int,
-               timeout_s: float):
+               timeout_s: float, poll_s: float = 0.002):
     self.client, self.process, self.processes = client, process, processes
     self.prefix, self.timeout_ms = f"medjax/rounds/{generation}", int(timeout_s * 1000)
+    self.poll_s = poll_s
 
-  def _key(self, start: int, process: int) -> str:
-    return f"{self.prefix}/{start}/{process}"
+  def _key(self, key: str, process: int) -> str:
+    return f"{self.prefix}/{key}/{process}"
 
   def finished(self, start: int) -> int:
-    """Processes other than this one that finished the round started at `start` (no wait)."""
+    """Processes other than this one that reached the end of the round started at `start`
+    (no wait)."""
     entries = self.client.key_value_dir_get(f"{self.prefix}/{start}/")
     return sum(1 for k, _ in entries if not k.endswith(f"/{self.process}"))
 
-  def post(self, start: int, record: dict) -> None:
-    self.client.key_value_set(self._key(start, self.process), json.dumps(record))
+  def wait_finished(self, start: int, timeout_s: float) -> bool:
+    """Whether every other process reached the round's end within `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while self.finished(start) < self.processes - 1:
+      if time.monotonic() >= deadline:
+        return False
+      time.sleep(self.poll_s)
+    return True
 
-  def gather(self, start: int) -> list[dict]:
-    """Every process's record of the round (waiting for those not posted yet)."""
-    return [json.loads(self.client.blocking_key_value_get(self._key(start, p), self.timeout_ms))
+  def post(self, key, record: dict) -> None:
+    self.client.key_value_set(self._key(key, self.process), json.dumps(record))
+
+  def gather(self, key) -> list[dict]:
+    """Every process's record under `key` (waiting for those not posted yet)."""
+    return [json.loads(self.client.blocking_key_value_get(self._key(key, p), self.timeout_ms))
             for p in range(self.processes)]
 
-  def forget(self, start: int) -> None:
-    self.client.key_value_delete(self._key(start, self.process))
+  def forget(self, key) -> None:
+    self.client.key_value_delete(self._key(key, self.process))
 
 
 def exchange_for_run(local: Local, mesh, *, generation: int,
@@ -254,18 +270,27 @@ class Rounds:
     self.local, self.average, self.trained_sharding = local, average, trained_sharding
     self.exchange, self.clock = exchange, clock
     # Other processes done before the rest may be cut: late_quorum, or half of them (at least 1).
-    others = exchange.processes - 1 if exchange else 0
-    self.quorum = min(local.quorum, others) if local.quorum else max((others + 1) // 2, 1)
+    self.others = exchange.processes - 1 if exchange else 0
+    self.quorum = (min(local.quorum, self.others) if local.quorum
+                   else max((self.others + 1) // 2, 1))
+    self.save_wanted = self.preempt_wanted = False
+    self._mine: list[str] = []        # this process's keys in the exchange not yet forgotten
+    # Run-wide (every process's records of every round): the same in every process.
+    self.counts = {"rounds": 0, "rounds_cut": 0, "steps_skipped": 0, "records_deferred": 0,
+                   "rounds_extended": 0, "steps_extended": 0}
+    self._reset()
+
+  def _reset(self) -> None:
     self.start = None         # global step the current round started at
     self.steps = self.trained = 0
     self.deferred: list[int] = []   # this process's rows of the steps it skipped
     self._seen = None                # when `quorum` others were first seen done
     self._cut = False
     self._settles = 0                # segment ends settled in the round
-    self._posted = None              # this process's last record in the exchange
-    self.save_wanted = self.preempt_wanted = False
-    # Run-wide (every process's records of every round): the same in every process.
-    self.counts = {"rounds": 0, "rounds_cut": 0, "steps_skipped": 0, "records_deferred": 0}
+    self._reached = None             # the global step at which this process reached the end
+    self._past = 0                   # steps it trained past the end, waiting for the others
+    self.stop = None                 # the step every process agreed the round ends at
+    self._records = None             # every process's final records, where the agreement had them
 
   @functools.cached_property
   def _held(self) -> int:
@@ -285,11 +310,14 @@ class Rounds:
     return self.cuts and self.steps > 0
 
   def take(self, global_step: int) -> bool:
-    """Whether this process trains the step after `global_step` (False for the rest of a round
-    once `quorum` other processes finished it more than late_after_s ago)."""
+    """Whether this process trains the step after `global_step`: False for the rest of a round
+    once `quorum` other processes reached its end more than late_after_s ago, and for the steps
+    up to where the others agreed to end it; True past its end while it waits for the others."""
     if self.start is None:
       self.start = global_step
-    if not self.cuts or self.steps == 0:
+    if self.stop is not None:
+      return False
+    if not self.cuts or self.steps == 0 or self._reached is not None:
       return True   # a round's first step always trains: each round moves every process on
     if self._cut:
       return False
@@ -306,18 +334,52 @@ class Rounds:
     self.steps += 1
     if trained:
       self.trained += 1
+      self._past += self._reached is not None
     else:
       self.deferred.extend(int(r) for r in np.asarray(rows_b).ravel() if r >= 0)
 
-  def due(self, global_step: int) -> bool:
-    return self.steps > 0 and global_step % self.local.every == 0
+  def ends(self, global_step: int, *, segment_end: bool = False) -> bool:
+    """Whether the round ends after `global_step` (the loop then calls `end`): every
+    config.optim.local_steps global steps. Where late replicas may be cut, a process there posts
+    that it got there and waits at most late_after_s for the others; while any is missing it
+    trains on (False), asking again after every step. Once all are in, or at a plan segment's end
+    (`segment_end`: the round goes no further), every process posts the step it reached and the
+    round ends at the furthest: those behind skip up to it (`take`)."""
+    if not self.steps:
+      return False
+    if self.stop is not None:
+      return global_step >= self.stop
+    due = global_step % self.local.every == 0
+    if self.exchange is None:
+      return due
+    if self._reached is None:
+      if not due:
+        return False
+      self._reached = global_step
+      self._post(str(self.start), {})
+      if self.exchange.wait_finished(self.start, self.local.late_after_s):
+        return self._agree(global_step)
+      return False
+    if segment_end or self.exchange.finished(self.start) >= self.others:
+      return self._agree(global_step)
+    return False
+
+  def _record(self) -> dict:
+    return {"steps": self.steps, "trained": self.trained, "past": self._past,
+            "deferred": self.deferred}
+
+  def _agree(self, global_step: int) -> bool:
+    records = self._exchange(f"{self.start}.stop", {**self._record(), "at": global_step})
+    self.stop = max(r["at"] for r in records)
+    # Where every process stopped there, nobody skips more: these records are the round's.
+    self._records = records if all(r["at"] == self.stop for r in records) else None
+    return global_step >= self.stop
 
   def end(self, state, global_step: int):
     """The averaging; returns (state, rows every process skipped in the round)."""
-    start, deferred = self.start, []
-    if self.exchange is not None:
-      self.exchange.post(start, {"steps": self.steps, "trained": self.trained,
-                                 "deferred": self.deferred})
+    start, deferred, records = self.start, [], self._records
+    if self.exchange is not None and records is None:
+      records = self._exchange(f"{start}.end", self._record())
     # Each of this process's replicas weighs the steps it trained in the round: equal for all
     # replicas unless a round was cut, so a run restored inside a round averages as the
     # uninterrupted one does (examples would differ by the padding before the restore).
@@ -325,19 +387,21 @@ class Rounds:
         self.trained_sharding, np.full(self._held, self.trained, np.float32),
         (self.local.replicas,))
     state = self.average(state, trained, np.int32(global_step))
-    if self.exchange is not None:
-      records = self._gather(start)
+    if records is not None:
       deferred = [r for rec in records for r in rec["deferred"]]
       late = sum(r["trained"] < r["steps"] for r in records)
+      past = sum(r["past"] for r in records)
       self.counts["steps_skipped"] += sum(r["steps"] - r["trained"] for r in records)
+      self.counts["steps_extended"] += past
+      self.counts["rounds_extended"] += past > 0
       if late:
         self.counts["rounds_cut"] += 1
         self.counts["records_deferred"] += len(deferred)
         logging.info("round from step %d: %d of %d processes cut short, %d records deferred to "
-                     "the epoch's catch-up", start, late, len(records), len(deferred))
+                     "the epoch's catch-up; the others trained %d steps past its end while "
+                     "they waited", start, late, len(records), len(deferred), past)
     self.counts["rounds"] += 1
-    self.start, self.steps, self.trained, self.deferred = None, 0, 0, []
-    self._seen, self._cut, self._settles = None, False, 0
+    self._reset()
     return state, np.asarray(deferred, np.int64)
 
   def settle(self) -> np.ndarray:
@@ -348,19 +412,24 @@ class Rounds:
       return np.zeros(0, np.int64)
     key = f"{self.start}.{self._settles}"
     self._settles += 1
-    self.exchange.post(key, {"deferred": self.deferred})
-    deferred = [r for rec in self._gather(key) for r in rec["deferred"]]
+    deferred = [r for rec in self._exchange(key, {"deferred": self.deferred})
+                for r in rec["deferred"]]
     self.counts["records_deferred"] += len(deferred)
     self.deferred = []
     return np.asarray(deferred, np.int64)
 
-  def _gather(self, key: str):
-    """Every process's record under `key`; then this process's previous record is forgotten
-    (every process read it before posting this one)."""
+  def _post(self, key: str, record: dict) -> None:
+    self.exchange.post(key, record)
+    self._mine.append(key)
+
+  def _exchange(self, key: str, record: dict) -> list[dict]:
+    """Posts this process's record under `key` and gathers every process's; then forgets this
+    process's earlier keys (every process posted this one after reading those)."""
+    self._post(key, record)
     records = self.exchange.gather(key)
-    if self._posted is not None:
-      self.exchange.forget(self._posted)
-    self._posted = key
+    for old in self._mine[:-1]:
+      self.exchange.forget(old)
+    self._mine = [key]
     return records
 
 

@@ -179,7 +179,7 @@ class _Loop:
                          metrics=metrics)
     if self.rounds is not None:
       self.rounds.stepped(metrics is not None, rows)
-      if self.rounds.due(cursor.global_step):
+      if self.rounds.ends(cursor.global_step):
         state = self.end_round(state)
     # Not a partition's last step: its position is the boundary's (checkpointed there).
     if (self.snapshots.due(cursor.global_step) and not step.ends_partition
@@ -187,17 +187,22 @@ class _Loop:
       self.snapshots.save(state, cursor.lineage())
     return state
 
-  def end_round(self, state):
+  def end_round(self, state, *, saves: bool = True):
     """'local' mode's averaging; the records late replicas skipped go back to the epoch; a save
-    that waited for the round's end."""
+    that waited for the round's end (`saves`; a segment's end makes it once the cursor is past
+    the segment, `_round_saves`)."""
     state, deferred = self.rounds.end(state, self.cursor.global_step)
     self.cursor.processed_N[deferred] = False
+    if saves:
+      self._round_saves(state)
+    return state
+
+  def _round_saves(self, state) -> None:
     if self.rounds.save_wanted:
       self.saver.save(state, self.cursor.lineage(), optional=True)
     if self.rounds.preempt_wanted:
       self.saver.preempt(state, self.cursor.lineage())
     self.rounds.save_wanted = self.rounds.preempt_wanted = False
-    return state
 
   def save_if_due(self, state, step: Step) -> None:
     """A checkpoint inside the partition when the policy says; SIGTERM's save; commits. Inside
@@ -223,10 +228,14 @@ class _Loop:
     cursor.partition_done()
     epoch_done = cursor.partition == step.num_partitions
     if epoch_done and self.rounds is not None:
+      # Saves that waited for the round come below, once the cursor is past the segment: a
+      # lineage at a finished segment's end would restore to nothing left to plan.
+      if self.rounds.ends(cursor.global_step, segment_end=True):   # no round waits past here
+        state = self.end_round(state, saves=False)
       cursor.processed_N[self.rounds.settle()] = False
       epoch_done = not local_sgd.catch_up(cursor, data)
       if epoch_done and self.rounds.steps:
-        state = self.end_round(state)
+        state = self.end_round(state, saves=False)
     if epoch_done:
       cursor.new_segment(epoch=cursor.epoch + 1, placement=data.placement_id,
                          hosts=data.placement.hosts, base_N=np.zeros(len(data.manifest), bool))
@@ -243,6 +252,8 @@ class _Loop:
         self.rounds.save_wanted = True
       elif self.saver.save(state, cursor.lineage(), optional=not (last or validated)):
         self.policy.saved()
+    if self.rounds is not None and not self.rounds.inside:
+      self._round_saves(state)
     self._publish_cache_counters(epoch_end=cursor.epoch - 1 if epoch_done else None)
     return state
 
@@ -365,7 +376,8 @@ def _open(p: Prepared, ctx, run: paths.RunPaths, cursor: lineage_lib.Cursor,
   if stopping.wanted(config):
     validator = stopping.Validator(p, ctx, writer, is_chief=is_chief, make_trial=make_trial)
   injector = inject.Injector(config.fault.inject, jax.process_index(), p.workdir,
-                             host=p.topology.host, slow_step_s=config.fault.get("slow_step_s", 0))
+                             host=p.topology.host, slow_step_s=config.fault.get("slow_step_s", 0),
+                             pause_s=config.fault.get("pause_s", 0))
   loop = _Loop(
       p=p, ctx=ctx, run=run, is_chief=is_chief, cursor=cursor,
       plan=PlannedSteps(p, cursor, config.optim.epochs, on_partition=injector.at_partition),
