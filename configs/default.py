@@ -143,8 +143,9 @@ def get_config(arg=None):
   # every local_steps steps and at each epoch's end, through an outer SGD with Nesterov
   # momentum (DiLoCo). late_after_s > 0: once late_quorum other processes (0: half of them)
   # finished a round, a process still in it trains at most that much longer, then skips the
-  # round's rest; the records it skipped train in a catch-up at the epoch's end. With it,
-  # average plainly (outer_lr=1, outer_momentum=0): experiments/results/bench_modes.md.
+  # round's rest, and one at a round's end waits at most that much, then trains on until the
+  # others come; the records skipped train in a catch-up at the epoch's end. With it, average
+  # plainly (outer_lr=1, outer_momentum=0): experiments/results/bench_modes.md.
   optim.mode = "sync"
   optim.replicas = 0
   optim.local_steps = 16

@@ -238,13 +238,18 @@ def test_a_diverging_run_stops_at_once_with_one_line(shared):
   assert kinds.count("failure") == 1 and kinds.count("generation_start") == 1, kinds
 
 
-def test_elastic_shrink_from_two_hosts_to_one_keeps_exactly_once(shared):
-  workdir = str(shared["base"] / "elastic")
+@pytest.mark.parametrize("mode", ["sync", "local"])
+def test_elastic_shrink_from_two_hosts_to_one_keeps_exactly_once(shared, mode):
+  """A host lost for good: the run goes on with the survivor. In 'local' mode the survivor's one
+  device then trains both replicas (fixed at the run's start), late replicas cut as they come."""
+  workdir = str(shared["base"] / f"elastic_{mode}")
+  local = ["--config.optim.mode=local", "--config.optim.local_steps=4",
+           "--config.optim.late_after_s=0.05"] if mode == "local" else []
   # Writers that never rest (ckpt.writer_duty=1): the cache accounting below counts on the
   # restart resuming from the boundary after the commit at step 6, as it did before the rest.
   proc = runs.start(workdir, *_common(shared), "--config.fault.local_hosts=2",
                     "--config.fault.workers_per_host=1", "--config.fault.elastic=True",
-                    "--config.fault.host_timeout_s=3", "--config.ckpt.writer_duty=1.0")
+                    "--config.fault.host_timeout_s=3", "--config.ckpt.writer_duty=1.0", *local)
   try:
     runs.wait_for(lambda: any(e["event"] == "commit" and e["step"] >= 6
                               for e in runs.events(workdir)), 300, "a commit at step 6")
@@ -626,6 +631,8 @@ def test_a_slowed_or_paused_replica_costs_throughput_and_its_records_train_exact
                   "--config.optim.mode=local", "--config.optim.local_steps=4",
                   "--config.optim.late_after_s=0.05", "--config.fault.slow_step_s=0.3",
                   "--config.fault.pause_s=1.5", "--config.fault.hang_floor_s=4",
+                  # Boundary saves by process 0's clock: a collective, but not inside a round.
+                  "--config.ckpt.min_interval_s=0.2",
                   "--config.ckpt.writer_duty=1.0", "--config.fault.inject=slow@step=1:process=1; "
                   "kill@epoch=1:process=0; sigterm@epoch=2:process=1; pause@epoch=3:process=1")
   assert code == 0, runs.tail(workdir)

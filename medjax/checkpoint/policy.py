@@ -50,36 +50,40 @@ class SavePolicy:
     self._agree, self._clock = agree, clock
     self._last = clock()
 
-  def after_step(self, global_step: int, offset: int, partition_steps: int) -> bool:
+  def after_step(self, global_step: int, offset: int, partition_steps: int, *,
+                 agree: bool = True) -> bool:
     """Inside a partition (`offset` steps into its `partition_steps`); its last step is a
-    boundary, which `at_boundary` decides."""
+    boundary, which `at_boundary` decides. `agree=False`: by this process's clock alone (no
+    collective), where processes may be at different steps ('local' mode's rounds reconcile
+    their saves at the round's end)."""
     if offset >= partition_steps:
       return False  # the next step starts a partition: a save here would be the boundary's
     if self.strategy == "time":
-      due = self._elapsed(self.every_seconds)
+      due = self._elapsed(self.every_seconds, agree)
     else:
       k = self.every_steps
-      due = bool(k) and global_step % k == 0 and self._elapsed(self.min_interval_s)
+      due = bool(k) and global_step % k == 0 and self._elapsed(self.min_interval_s, agree)
     if due:
       self.saved()
     return due
 
-  def at_boundary(self, epoch_after: int, epoch_done: bool = False) -> bool:
+  def at_boundary(self, epoch_after: int, epoch_done: bool = False, *,
+                  agree: bool = True) -> bool:
     """At a partition boundary, with `epoch_after` the epoch the next step belongs to and
-    `epoch_done` whether the boundary ends an epoch."""
+    `epoch_done` whether the boundary ends an epoch (`agree`: as in `after_step`)."""
     if epoch_after >= self.epochs:
       return True
     if self.strategy == "epoch":
       return epoch_done
-    return self.partition_boundaries and self._elapsed(self.min_interval_s)
+    return self.partition_boundaries and self._elapsed(self.min_interval_s, agree)
 
-  def _elapsed(self, seconds: float) -> bool:
+  def _elapsed(self, seconds: float, agree: bool = True) -> bool:
     """Whether `seconds` have passed since the last save (always, for 0), by process 0's clock
     where `agree` is given (then a collective: every process asks at the same point)."""
     if seconds <= 0:
       return True
     due = self._clock() - self._last >= seconds
-    if self._agree is not None:
+    if self._agree is not None and agree:
       due = bool(self._agree(due))
     return due
 

@@ -366,7 +366,7 @@ class Rounds:
 
   def _record(self) -> dict:
     return {"steps": self.steps, "trained": self.trained, "past": self._past,
-            "deferred": self.deferred}
+            "deferred": self.deferred, "save": self.save_wanted, "preempt": self.preempt_wanted}
 
   def _agree(self, global_step: int) -> bool:
     records = self._exchange(f"{self.start}.stop", {**self._record(), "at": global_step})
@@ -388,6 +388,10 @@ class Rounds:
         (self.local.replicas,))
     state = self.average(state, trained, np.int32(global_step))
     if records is not None:
+      # A save one process wanted inside the round (decided without a collective: processes
+      # may be at different steps there) is every process's at its end.
+      self.save_wanted = any(r["save"] for r in records)
+      self.preempt_wanted = any(r["preempt"] for r in records)
       deferred = [r for rec in records for r in rec["deferred"]]
       late = sum(r["trained"] < r["steps"] for r in records)
       past = sum(r["past"] for r in records)

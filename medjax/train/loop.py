@@ -180,7 +180,9 @@ class _Loop:
     if self.rounds is not None:
       self.rounds.stepped(metrics is not None, rows)
       if self.rounds.ends(cursor.global_step):
-        state = self.end_round(state)
+        # At a partition's last step, a process whose round ends at the segment's end does so in
+        # `partition_end`: every process saves there, after the boundary's save question.
+        state = self.end_round(state, saves=not step.ends_partition)
     # Not a partition's last step: its position is the boundary's (checkpointed there).
     if (self.snapshots.due(cursor.global_step) and not step.ends_partition
         and not (self.rounds and self.rounds.inside)):
@@ -208,7 +210,8 @@ class _Loop:
     """A checkpoint inside the partition when the policy says; SIGTERM's save; commits. Inside
     a round that late replicas may cut, both wait for the round's end."""
     cursor, inside = self.cursor, self.rounds is not None and self.rounds.inside
-    if self.policy.after_step(cursor.global_step, cursor.offset, step.partition_steps):
+    if self.policy.after_step(cursor.global_step, cursor.offset, step.partition_steps,
+                              agree=not inside):
       if inside:
         self.rounds.save_wanted = True
       else:
@@ -244,11 +247,14 @@ class _Loop:
         self.reporter.flush()
         self.validator.epoch_end(state, cursor)
     validated = epoch_done and self.validator is not None
-    if self.policy.at_boundary(cursor.epoch, epoch_done) or validated:
+    # Inside a round late replicas may cut, processes can be at different steps: no collective
+    # (the round's end unites their saves).
+    inside = self.rounds is not None and self.rounds.inside
+    if self.policy.at_boundary(cursor.epoch, epoch_done, agree=not inside) or validated:
       # The end of training and an epoch's validation are always saved; other boundaries
       # when the writer wants them (config.ckpt.writer_duty).
       last = cursor.epoch >= self.policy.epochs or cursor.stopped
-      if self.rounds is not None and self.rounds.inside:
+      if inside:
         self.rounds.save_wanted = True
       elif self.saver.save(state, cursor.lineage(), optional=not (last or validated)):
         self.policy.saved()
