@@ -83,7 +83,9 @@ def run(config: str, seeds: int, local_steps: list[int], workers: int, workdir: 
       per[name].append({"seed": seed, "accuracy": s["test"]["accuracy"],
                         "macro_f1": s["test"]["macro_f1"], "wall_s": s["_wall_s"],
                         "steps": s["fault_tolerance"]["steps_committed"],
-                        "rounds": s["train"].get("rounds")})
+                        "rounds": s["train"].get("rounds"),
+                        # A restarted run (a hang, a crash) measures its recovery, not its mode.
+                        "failures": [f["kind"] for f in s["fault_tolerance"]["failures"]]})
   name = os.path.splitext(os.path.basename(config.split(":")[0]))[0]
   nbytes, source = comm.load_bytes(OUT, name)
   out = {"config": config, "seeds": seeds, "workers": workers, "bytes_per_exchange": nbytes,
@@ -115,7 +117,8 @@ def markdown(result: dict) -> str:
               "it trains (a 'slow' fault: config.fault.inject). 'late cut': "
               f"optim.late_after_s={result['late_after_s']}, a round goes on without the rest "
               "of a late replica's steps, whose records train in the epoch's catch-up "
-              "(exactly once).", ""] if result.get("slow_step_s") else []),
+              "(exactly once), and the other process trains on past the round's end while "
+              "it waits.", ""] if result.get("slow_step_s") else []),
            "| mode | accuracy | - sync | macro F1 | - sync | wall s | bytes sent per example |",
            "|---|---:|---|---:|---|---:|---:|"]
   for name, r in result["modes"].items():
@@ -123,6 +126,10 @@ def markdown(result: dict) -> str:
     lines.append(f"| {name} | {r['accuracy']:.4f} | {acc[0]:+.4f} [{acc[1]:+.4f}, {acc[2]:+.4f}]"
                  f" | {r['macro_f1']:.4f} | {f1[0]:+.4f} [{f1[1]:+.4f}, {f1[2]:+.4f}] | "
                  f"{r['wall_s']:.0f} | {r.get('bytes_sent_per_example', float('nan')):,.0f} |")
+  failed = [f"{name} (seed {r['seed']}: {', '.join(r['failures'])})"
+            for name, m in result["modes"].items() for r in m["runs"] if r.get("failures")]
+  lines += ["", "Runs that failed and restarted (their figures measure a recovery, not the "
+            "mode): " + ("; ".join(failed) if failed else "none.")]
   return "\n".join(lines) + "\n"
 
 
