@@ -249,23 +249,28 @@ class _KeyValueStore:
       del self.kv[key]
 
 
-def test_a_paused_process_costs_the_other_throughput_not_a_stall_and_every_record_trains_once():
-  """Two processes (threads over one key-value store) step a 12-step plan segment, rounds of 4.
-  Process 1 freezes for 1 s at the start of the second round. Process 0 reaches that round's
-  end, waits late_after_s, and trains on to the segment's end instead of waiting; there both
-  agree to end the round. Process 1, back, is cut short, skips up to there, and the records of
-  the steps it skipped are every process's deferred rows: each step's records trained by its
-  process or deferred, once."""
-  local = local_sgd.Local(replicas=2, every=4, outer=None, late_after_s=0.2)
+@pytest.mark.parametrize("processes", [2, 3])
+def test_a_paused_process_costs_the_others_throughput_not_a_stall_and_every_record_trains_once(
+    processes):
+  """Processes (threads over one key-value store) step a 12-step plan segment, rounds of 4.
+  Process 1 freezes for 1 s at the start of the second round. The others reach that round's
+  end, wait late_after_s, and train on to the segment's end instead of waiting; there all agree
+  to end the round. Process 1, back, is cut short, skips up to there, and the records of the
+  steps it skipped are every process's deferred rows: each step's records trained by its
+  process or deferred, once. A save the last process wanted inside the round (decided without a
+  collective) is every process's at its end."""
+  local = local_sgd.Local(replicas=processes, every=4, outer=None, late_after_s=0.2)
   store = _KeyValueStore()
   sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
   keep = lambda state, trained, step: state
-  trained, deferred, counts, stops = {}, {}, {}, {}
+  trained, deferred, counts, stops, saves = {}, {}, {}, {}, {}
+  last = processes - 1
 
   def process(p):
-    exchange = local_sgd.Exchange(store, generation=1, process=p, processes=2, timeout_s=10)
+    exchange = local_sgd.Exchange(store, generation=1, process=p, processes=processes,
+                                  timeout_s=10)
     rounds = local_sgd.Rounds(local, keep, sharding, exchange=exchange)
-    trained[p], deferred[p] = [], []
+    trained[p], deferred[p], saves[p] = [], [], []
     for step in range(12):
       if p == 1 and step == 4:
         time.sleep(1.0)
@@ -273,6 +278,8 @@ def test_a_paused_process_costs_the_other_throughput_not_a_stall_and_every_recor
       took = rounds.take(step)
       trained[p] += [int(rows[0])] if took else []
       rounds.stepped(took, rows)
+      if p == last and step == 5:
+        rounds.save_wanted = True
       time.sleep(0.005)
       ended = rounds.ends(step + 1) or (step == 11 and rounds.ends(step + 1, segment_end=True))
       if step == 11 and not ended and rounds.steps:
@@ -281,21 +288,26 @@ def test_a_paused_process_costs_the_other_throughput_not_a_stall_and_every_recor
         stops.setdefault(p, []).append(rounds.stop or step + 1)
         _, d = rounds.end(None, step + 1)
         deferred[p] += d.tolist()
+        saves[p].append(rounds.save_wanted)
     counts[p] = rounds.counts
 
-  threads = [threading.Thread(target=process, args=(p,)) for p in (0, 1)]
+  threads = [threading.Thread(target=process, args=(p,)) for p in range(processes)]
   for t in threads:
     t.start()
   for t in threads:
     t.join(30)
-  assert counts[0] == counts[1] and stops[0] == stops[1] == [4, 12], (counts, stops)
-  assert deferred[0] == deferred[1] and deferred[0], deferred
-  assert sorted(trained[0] + trained[1] + deferred[0]) == sorted(
-      100 * p + s for p in (0, 1) for s in range(12))
-  # Process 0 trained all 12 of its steps, 4 of them past the second round's end.
-  assert trained[0] == list(range(12)) and counts[0]["steps_extended"] == 4
+  fast = [p for p in range(processes) if p != 1]
+  assert all(counts[p] == counts[0] and stops[p] == [4, 12] for p in range(processes)), (
+      counts, stops)
+  assert all(deferred[p] == deferred[0] for p in range(processes)) and deferred[0], deferred
+  assert sorted(sum(trained.values(), []) + deferred[0]) == sorted(
+      100 * p + s for p in range(processes) for s in range(12))
+  # The others trained all 12 of their steps, 4 of them past the second round's end.
+  assert all(trained[p] == [100 * p + s for s in range(12)] for p in fast), trained
+  assert counts[0]["steps_extended"] == 4 * len(fast)
   assert counts[0]["rounds_extended"] == 1 and counts[0]["rounds_cut"] == 1
-  assert not store.kv.keys() - {f"medjax/rounds/1/4.end/{p}" for p in (0, 1)}
+  assert all(saves[p] == [False, True] for p in range(processes)), saves
+  assert not store.kv.keys() - {f"medjax/rounds/1/4.end/{p}" for p in range(processes)}
 
 
 def test_the_ledger_counts_a_generations_steps_across_processes_that_skipped_some(tmp_path):
