@@ -96,7 +96,8 @@ def measured_step_bytes(config, devices) -> dict:
   """The bytes medjax's compiled training step all-reduces on a data-parallel mesh over
   `devices` (at least 2), beside 4 bytes per parameter (the float32 gradient a synchronous step
   must exchange). For 'local' mode the averaging round's bytes, which run every
-  config.optim.local_steps steps ('inner_step_allreduce_bytes': the inner step's, 0). Imports JAX and medjax (the simulator itself does not)."""
+  config.optim.local_steps steps ('inner_step_allreduce_bytes': the inner step's, 0). Imports
+  JAX and medjax (the simulator itself does not)."""
   # pylint: disable=import-outside-toplevel
   import jax
   import numpy as np

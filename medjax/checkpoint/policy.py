@@ -79,7 +79,8 @@ class SavePolicy:
 
   def _elapsed(self, seconds: float, agree: bool = True) -> bool:
     """Whether `seconds` have passed since the last save (always, for 0), by process 0's clock
-    where `agree` is given (then a collective: every process asks at the same point)."""
+    where the policy was given `agree` and this call's `agree` is True (then a collective: every
+    process asks at the same point), else by this process's."""
     if seconds <= 0:
       return True
     due = self._clock() - self._last >= seconds

@@ -7,8 +7,9 @@ training thread blocks forever while heartbeats go on: a live hang), oom (raises
 error), sigterm (SIGTERM itself: a preemption), host (SIGKILL its host's agent and every worker
 of the host: a lost machine; supervised runs only), slow (from then on, every step the process
 trains takes config.fault.slow_step_s longer: a straggler), pause (SIGSTOP itself, and a helper
-process SIGCONTs it config.fault.pause_s later: a freeze shorter than hang detection). WHEN is step=N (after global step N),
-partition=N (when partition N of an epoch starts) or epoch=N (when epoch N starts). Each fault
+process SIGCONTs it config.fault.pause_s later: a freeze shorter than hang detection). WHEN is
+step=N (after global step N), partition=N (when partition N of an epoch starts) or epoch=N (when
+epoch N starts). Each fault
 fires once per run: a marker in <workdir>/faults/ keeps a restarted generation from firing it
 again, and records when it fired.
 """

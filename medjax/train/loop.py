@@ -155,6 +155,12 @@ class _Loop:
   train_seconds: float = 0.0
   saves_finished: bool = False
 
+  @property
+  def inside_round(self) -> bool:
+    """Inside a 'local' round that late replicas may cut (`local_sgd.Rounds.inside`): processes
+    may be at different steps, so no snapshot, checkpoint or collective here."""
+    return self.rounds is not None and self.rounds.inside
+
   def dispatched(self, metrics: dict | None) -> None:
     """A step was dispatched (None: this process skipped it, a late replica): at most
     config.max_steps_in_flight stay unfinished; the monitor counts it; the next batch is read
@@ -185,7 +191,7 @@ class _Loop:
         state = self.end_round(state, saves=not step.ends_partition)
     # Not a partition's last step: its position is the boundary's (checkpointed there).
     if (self.snapshots.due(cursor.global_step) and not step.ends_partition
-        and not (self.rounds and self.rounds.inside)):
+        and not self.inside_round):
       self.snapshots.save(state, cursor.lineage())
     return state
 
@@ -209,7 +215,7 @@ class _Loop:
   def save_if_due(self, state, step: Step) -> None:
     """A checkpoint inside the partition when the policy says; SIGTERM's save; commits. Inside
     a round that late replicas may cut, both wait for the round's end."""
-    cursor, inside = self.cursor, self.rounds is not None and self.rounds.inside
+    cursor, inside = self.cursor, self.inside_round
     if self.policy.after_step(cursor.global_step, cursor.offset, step.partition_steps,
                               agree=not inside):
       if inside:
@@ -249,7 +255,7 @@ class _Loop:
     validated = epoch_done and self.validator is not None
     # Inside a round late replicas may cut, processes can be at different steps: no collective
     # (the round's end unites their saves).
-    inside = self.rounds is not None and self.rounds.inside
+    inside = self.inside_round
     if self.policy.at_boundary(cursor.epoch, epoch_done, agree=not inside) or validated:
       # The end of training and an epoch's validation are always saved; other boundaries
       # when the writer wants them (config.ckpt.writer_duty).
@@ -258,7 +264,7 @@ class _Loop:
         self.rounds.save_wanted = True
       elif self.saver.save(state, cursor.lineage(), optional=not (last or validated)):
         self.policy.saved()
-    if self.rounds is not None and not self.rounds.inside:
+    if self.rounds is not None and not inside:
       self._round_saves(state)
     self._publish_cache_counters(epoch_end=cursor.epoch - 1 if epoch_done else None)
     return state
