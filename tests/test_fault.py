@@ -641,14 +641,18 @@ def test_a_slowed_or_paused_replica_costs_throughput_and_its_records_train_exact
   assert [f["kind"] for f in failures] == ["crash", "preemption"], failures
   assert failures[1]["resumed_step"] == failures[1]["last_step"], failures[1]
   _assert_exactly_once(workdir, epochs=EPOCHS)
-  # The rounds' counts are the last generation's (not slowed: its replacement is not slow, but
-  # paused); the first generation's cuts are in its log.
-  rounds = summary["train"]["rounds"]
-  assert rounds["rounds_extended"] >= 1 and rounds["steps_extended"] >= 1, rounds
-  assert rounds["rounds_cut"] >= 1 and rounds["records_deferred"] >= 1, rounds
-  logs = "".join(open(p).read()
-                 for p in glob.glob(os.path.join(workdir, "logs", "gen-001-*.log")))
-  assert "processes cut short" in logs and "catching up" in logs
+  logs = {gen: "".join(open(p).read()
+                      for p in glob.glob(os.path.join(workdir, "logs", f"gen-00{gen}-*.log")))
+          for gen in (1, 2, 3)}
+  assert "processes cut short" in logs[1] and "catching up" in logs[1]
+  # The pause lands in a later generation (not slowed: a replacement is not slow), the second
+  # or the third: the SIGTERM of epoch 2 takes effect at a round's end and a preemption sync
+  # point, which may come after epoch 3 starts. There process 0 trained on past a round's end
+  # and process 1 was cut short.
+  past = [int(n) for gen in (2, 3) for n in re.findall(
+      r"processes cut short, \d+ records deferred .* the others trained (\d+) steps past",
+      logs[gen])]
+  assert past and max(past) >= 1, (logs[2][-3000:], logs[3][-3000:])
   # In generation 1, slowed process 1 trained fewer steps than process 0: it skipped steps, it
   # did not hold the rounds.
   steps = [len(jsonl.read(os.path.join(workdir, "ledger", f"gen-001-proc-00{p}.jsonl")))
