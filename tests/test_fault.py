@@ -639,7 +639,9 @@ def test_a_slowed_or_paused_replica_costs_throughput_and_its_records_train_exact
   summary = runs.summary(workdir)
   failures = summary["fault_tolerance"]["failures"]
   assert [f["kind"] for f in failures] == ["crash", "preemption"], failures
-  assert failures[1]["resumed_step"] == failures[1]["last_step"], failures[1]
+  # The SIGTERM's save waits for the round's end, which can come after the last step the
+  # coordinator heard of (a peer trains on while the round waits): nothing is lost either way.
+  assert failures[1]["resumed_step"] >= failures[1]["last_step"], failures[1]
   _assert_exactly_once(workdir, epochs=EPOCHS)
   logs = {gen: "".join(open(p).read()
                       for p in glob.glob(os.path.join(workdir, "logs", f"gen-00{gen}-*.log")))
