@@ -19,6 +19,7 @@ import pytest
 
 from configs import sweep as sweep_config
 from medjax import errors
+from medjax import paths
 from medjax.sweep import layout
 from medjax.sweep import runner
 from medjax.sweep import spec
@@ -293,11 +294,8 @@ def test_sweep_ingests_once_prunes_survives_a_killed_trial_and_resumes(tmp_path)
   study = optuna.create_study(storage=url, study_name="sweep", direction="maximize")
   for lr in (3e-3, 2e-3, 1e-3, 1e-6):
     study.enqueue_trial({"optim.lr": lr})
-  # Thirty epochs (ten were over before the kill on an idle CI machine), judged from the third
-  # on: trial 2's run must still be going when the sweep is
-  # killed after its first epoch, or nothing is left to resume (ASHA could prune trial 2, behind
-  # trial 0, at its first rung; a tiny epoch takes ~0.2 s, and six epochs were over before the
-  # kill in a CI run). Its processes are also stopped (SIGSTOP) before the kill.
+  # Thirty epochs, judged from the third on: trial 2's run must still be going when the sweep is
+  # killed after its first epoch, or nothing is left to resume (a tiny epoch takes ~0.2 s).
   judge_late = ("--config.pruner.min_resource=3", "--config.overrides.optim.epochs=30")
   sweep = _launch(workdir, *judge_late)
   try:
@@ -306,13 +304,23 @@ def test_sweep_ingests_once_prunes_survives_a_killed_trial_and_resumes(tmp_path)
                        "trial 1 to start")
     time.sleep(3)
     os.kill(t1.user_attrs["pid"], signal.SIGKILL)
-    # Trial 2: the sweep itself SIGKILLed once the trial has reported an epoch.
-    runs.wait_for(lambda: (t := _running(url, 2)) and t.intermediate_values, 240,
-                  "trial 2 to report an epoch")
+    # Trial 2: the sweep itself SIGKILLed once the trial has reported an epoch. Its processes
+    # are frozen (SIGSTOP) the moment its metrics file shows the first validation (written
+    # just after the report reached the study): the study's database, polled, answered up to
+    # ten epochs late, and ASHA can stop trial 2 at its first rung before the kill.
+    runs.wait_for(lambda: (t := _running(url, 2)) and t.user_attrs.get("pid"), 240,
+                  "trial 2 to start")
     trial_dir = os.path.join(workdir, "trials", "trial-0002")
-    for pid in _processes_in(trial_dir):   # frozen where it is: no epoch ends before the kill
+    metrics = paths.RunPaths(trial_dir).metrics
+    runs.wait_for(lambda: os.path.exists(metrics) and os.path.getsize(metrics), 240,
+                  "trial 2 to train")
+    pids = _processes_in(trial_dir)   # its workers are up once it trains
+    runs.wait_for(lambda: '"kind": "val"' in open(metrics).read(), 240,
+                  "trial 2 to report an epoch", poll=0.01)
+    for pid in pids + _processes_in(trial_dir):   # frozen where it is
       with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGSTOP)
+    assert _running(url, 2).intermediate_values
     os.kill(sweep.pid, signal.SIGKILL)
     sweep.wait()
     assert not os.path.exists(os.path.join(trial_dir, "summary.json")), (
