@@ -5,6 +5,7 @@ import time
 
 import jax
 import numpy as np
+import optax
 import pytest
 
 from configs import default as default_config
@@ -165,11 +166,12 @@ def test_the_inner_step_has_no_collective_and_the_averaging_weighs_by_steps_trai
   import re
   config = _config(replicas=2, local_steps=3, outer_lr=1.0, outer_momentum=0.0)
   mesh = state_lib.make_mesh(config.mesh, jax.devices()[:2])
-  tx, _ = optim.make(config.optim, 100)
+  tx, lr_schedule = optim.make(config.optim, 100)
   local = local_sgd.from_config(config.optim, mesh)
   state, built = state_lib.build(config.model, tx, mesh, num_classes=5, shapes=SHAPES, seed=0,
                                  local=local)
-  inner = step_lib.make_train_step(built.graphdef, tx, built, mesh, seed=0, local=local)
+  inner = step_lib.make_train_step(built.graphdef, tx, built, mesh, seed=0, local=local,
+                                   lr_schedule=lr_schedule)
   batch = jax.device_put(_batch(np.random.default_rng(0), n=16), state_lib.batch_sharding(mesh))
   hlo = inner.lower(state, batch).compile().as_text()
   assert not re.findall(r" (all-gather|all-reduce|collective-permute|all-to-all|reduce-scatter)"
@@ -178,14 +180,18 @@ def test_the_inner_step_has_no_collective_and_the_averaging_weighs_by_steps_trai
   replicas = _host(state["local"]["params"])
   average = step_lib.make_average(built, mesh, local)
   trained = jax.device_put(np.array([3, 1], np.float32), local_sgd.replica_sharding(local, mesh))
-  state = average(state, trained, np.int32(7))
+  state = average(state, trained, np.int32(7), np.int32(5))
   expected = jax.tree.map(lambda r: 0.75 * r[0] + 0.25 * r[1], replicas)
   _close(_host(state["params"]), expected, rtol=1e-5, atol=1e-6)
   assert int(state["step"]) == 7
-  state, _ = inner(state, batch)
+  # Every replica's schedule (and Adam's bias correction) goes on from the position given.
+  counts = optax.tree_utils.tree_get_all_with_path(state["local"]["opt"], "count")
+  assert counts and all(np.asarray(c).tolist() == [5, 5] for _, c in counts)
+  state, metrics = inner(state, batch)
+  np.testing.assert_allclose(np.asarray(metrics["learning_rate"]), [lr_schedule(6)] * 2)
   replicas = _host(state["local"]["params"])
   none = jax.device_put(np.zeros(2, np.float32), local_sgd.replica_sharding(local, mesh))
-  state = average(state, none, np.int32(8))
+  state = average(state, none, np.int32(8), np.int32(8))
   _close(_host(state["params"]), jax.tree.map(lambda r: r.mean(axis=0), replicas), rtol=1e-5,
          atol=1e-6)
 
@@ -262,7 +268,7 @@ def test_a_paused_process_costs_the_others_throughput_not_a_stall_and_every_reco
   local = local_sgd.Local(replicas=processes, every=4, outer=None, late_after_s=0.2)
   store = _KeyValueStore()
   sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-  keep = lambda state, trained, step: state
+  keep = lambda state, trained, step, position: state
   trained, deferred, counts, stops, saves = {}, {}, {}, {}, {}
   last = processes - 1
 
@@ -320,3 +326,20 @@ def test_the_ledger_counts_a_generations_steps_across_processes_that_skipped_som
       w.write(s, 0, np.array([s * 10 + process]))
     w.close()
   assert ledger.steps_by_generation(str(tmp_path)) == {1: [1, 2, 3, 4, 5]}
+
+
+def test_the_schedule_follows_the_epochs_records_not_the_steps_a_replica_took():
+  """At a round's end the inner schedule stands at the epochs done plus the share of this
+  epoch's training records trained, in the plan's steps: steps a fast replica trained on past
+  its peers, or an epoch's catch-up, do not run it ahead (validation rows do not count)."""
+  import types
+  train = np.arange(0, 200, 2)                       # 100 training rows among 200
+  processed = np.zeros(200, bool)
+  processed[1::2] = True                             # validation rows: not training progress
+  cursor = types.SimpleNamespace(epoch=3, processed_N=processed)
+  assert local_sgd.schedule_position(cursor, train, steps_per_epoch=40) == 120
+  processed[train[:25]] = True
+  assert local_sgd.schedule_position(cursor, train, steps_per_epoch=40) == 130
+  processed[train] = True                            # the epoch's end, however many steps it took
+  assert local_sgd.schedule_position(cursor, train, steps_per_epoch=40) == 160
+  assert local_sgd.schedule_position(cursor, train, steps_per_epoch=40, grad_accum=4) == 40

@@ -131,20 +131,25 @@ def make_inner(update, local: Local, mesh, *, base_key, lr_schedule=None, grad_a
         _split(batch, local.replicas), keys)
     done = state["step"] + 1
     if lr_schedule is not None:
-      metrics_R["learning_rate"] = jnp.broadcast_to(lr_schedule(done // grad_accum),
-                                                    (local.replicas,))
+      # Each replica's own schedule position (`make_average` sets it at a round's end).
+      counted = optax.tree_utils.tree_get(opt_R, "ScaleByScheduleState")
+      position = (jnp.broadcast_to(done // grad_accum, (local.replicas,)) if counted is None
+                  else counted.count)
+      metrics_R["learning_rate"] = lr_schedule(position)
     return {**state, "local": {"params": params_R, "opt": opt_R}, "step": done}, metrics_R
 
   return step
 
 
 def make_average(local: Local):
-  """state, trained_R, global_step -> state: the round's end. The outer optimiser steps on
-  outer params minus the replicas' mean weighted by the steps each trained in the round
+  """state, trained_R, global_step, position -> state: the round's end. The outer optimiser
+  steps on outer params minus the replicas' mean weighted by the steps each trained in the round
   (`trained_R`; equal counts, or none at all: the plain mean), and every replica restarts from
-  its result."""
+  its result, its inner optimiser's update count set to `position` (`schedule_position`, in
+  updates): a replica that trained on past its peers, or the extra steps of an epoch's catch-up,
+  move the learning-rate schedule only as far as the epoch's progress."""
 
-  def average(state, trained_R, global_step):
+  def average(state, trained_R, global_step, position):
     total = jnp.sum(trained_R).astype(jnp.float32)
     w_R = jnp.where(total > 0, trained_R.astype(jnp.float32) / jnp.maximum(total, 1.0),
                     1.0 / local.replicas)
@@ -156,8 +161,10 @@ def make_average(local: Local):
     outer = optax.apply_updates(state["params"], updates)
     params_R = jax.tree.map(lambda o, p: jnp.broadcast_to(o, p.shape).astype(p.dtype),
                             outer, params_R)
+    opt_R = optax.tree_utils.tree_set(
+        state["local"]["opt"], count=jnp.full((local.replicas,), position, jnp.int32))
     return {**state, "params": outer, "opt": outer_opt,
-            "local": {"params": params_R, "opt": state["local"]["opt"]},
+            "local": {"params": params_R, "opt": opt_R},
             "step": jnp.asarray(global_step, state["step"].dtype)}
 
   return average
@@ -375,8 +382,10 @@ class Rounds:
     self._records = records if all(r["at"] == self.stop for r in records) else None
     return global_step >= self.stop
 
-  def end(self, state, global_step: int):
-    """The averaging; returns (state, rows every process skipped in the round)."""
+  def end(self, state, global_step: int, position: int | None = None):
+    """The averaging; returns (state, rows every process skipped in the round). `position`: the
+    inner optimisers' schedule position after it, in updates (`schedule_position`; None:
+    `global_step`)."""
     start, deferred, records = self.start, [], self._records
     if self.exchange is not None and records is None:
       records = self._exchange(f"{start}.end", self._record())
@@ -386,7 +395,8 @@ class Rounds:
     trained = jax.make_array_from_process_local_data(
         self.trained_sharding, np.full(self._held, self.trained, np.float32),
         (self.local.replicas,))
-    state = self.average(state, trained, np.int32(global_step))
+    state = self.average(state, trained, np.int32(global_step),
+                         np.int32(global_step if position is None else position))
     if records is not None:
       # A save one process wanted inside the round (decided without a collective: processes
       # may be at different steps there) is every process's at its end.
@@ -435,6 +445,19 @@ class Rounds:
       self.exchange.forget(old)
     self._mine = [key]
     return records
+
+
+def schedule_position(cursor, train_rows: np.ndarray, steps_per_epoch: int,
+                      grad_accum: int = 1) -> int:
+  """Where the inner optimisers' learning-rate schedule stands at a round's end, in updates:
+  the epochs done plus this epoch's share of its training records trained, in the plan's steps
+  per epoch. In a run no replica cut short this is the global step up to partitions' padding; a
+  replica that trained on past its peers, or an epoch's catch-up, does not run the schedule
+  ahead of the data (it counted replica steps: the fast replica of a run with a slowed peer
+  spent its second half at the schedule's floor)."""
+  done = int(np.count_nonzero(cursor.processed_N[train_rows]))
+  steps = cursor.epoch * steps_per_epoch + done * steps_per_epoch // max(1, len(train_rows))
+  return steps // grad_accum
 
 
 def catch_up(cursor, data) -> bool:

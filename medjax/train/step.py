@@ -81,11 +81,11 @@ def _jit_step(train_step, built: state_lib.Built, mesh, metrics=None):
 
 def make_average(built: state_lib.Built, mesh, local: local_sgd.Local):
   """'local' mode's round end (`local_sgd.make_average`), jitted: state, trained_R, global
-  step -> state."""
+  step, schedule position -> state."""
   return programs.cached(jax.jit(
       local_sgd.make_average(local),
       in_shardings=(built.shardings, local_sgd.replica_sharding(local, mesh),
-                    state_lib.replicated(mesh)),
+                    state_lib.replicated(mesh), state_lib.replicated(mesh)),
       out_shardings=built.shardings, donate_argnums=(0,)))
 
 
