@@ -145,7 +145,7 @@ def prepare(config, workdir: str, topology: Topology = Topology(), ctx=None,
     if average is not None:
       trained = jax.ShapeDtypeStruct((local.replicas,), np.float32,
                                      sharding=local_sgd.replica_sharding(local, mesh))
-      programs.warm(average, built.abstract, trained, np.int32(0))
+      programs.warm(average, built.abstract, trained, np.int32(0), np.int32(0))
     packer = packing.StatePacker()
     packer.warm(built.abstract)
     if init is not None:
