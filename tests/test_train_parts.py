@@ -799,3 +799,12 @@ def test_planned_steps_read_one_reader_across_partitions_and_the_next_epoch_ahea
 def test_planned_steps_resume_inside_a_partition():
   log = _walk("inline", _cursor(epoch=0, partition=0, offset=2))
   assert [e[1] for e in log if e[0] == "step"] == [2, 20, 21, 100, 101, 102, 120, 121]
+
+
+def test_planned_steps_at_a_finished_segments_end_end_it_instead_of_planning_nothing_forever():
+  """A lineage saved after its segment's last partition ended but before the epoch moved on
+  (older 'local' runs saved a round's deferred save there): its last partition ends once more,
+  with no step, and the next epoch follows."""
+  log = _walk("inline", _cursor(epoch=0, partition=3, offset=0))
+  assert log[0] == ("end", 0, 2)
+  assert [e[1] for e in log if e[0] == "step"] == [100, 101, 102, 120, 121]

@@ -57,6 +57,12 @@ class PlannedSteps:
       else:
         plan = p.data.plan(cursor.epoch, cursor.base_N)
       self._next = None
+      if cursor.partition >= plan.num_partitions > 0:
+        # A lineage at a finished segment's end (before 2026-11-28, 'local' mode saved a round's
+        # deferred save there): its last partition's end comes again, so that the segment's
+        # end (a catch-up, the next epoch) follows instead of a plan with nothing in it, forever.
+        last = plan.num_partitions - 1
+        cursor.partition, cursor.offset = last, len(plan.steps[last])
       starts = _starts(plan, cursor.partition, cursor.offset)
       self._batches = reader if reader is not None else self._reader(plan, starts)
       batches = iter(self._batches)
