@@ -22,12 +22,13 @@ any is missing it trains on past the end, checking after every step, so that a s
 peer costs it throughput, not a stall; once all are in (or at a plan segment's end, which no round
 crosses this way) the processes agree on the furthest step any of them reached, and those behind
 skip up to it (`Rounds.ends`). The averaging weighs each replica's delta by the steps it trained
-in the round; the records of the skipped steps go back to their epoch: the round's end (or a
-segment's end inside the round: `Rounds.settle`) unmarks them in the lineage, and when the
-epoch's plan is done a catch-up segment trains them (`loop`), so every record still trains
-exactly once per epoch. Checkpoints and snapshots then fall on round boundaries only, where the
-lineage knows every skip. A process stopped for good (SIGSTOP) holds the others at the plan
-segment's end until the coordinator's hang detection replaces it.
+in the round, and sets every replica's learning-rate schedule to the epoch's progress in records
+(`schedule_position`), however many steps it took. The records of the skipped steps go back to
+their epoch: the round's end (or a segment's end inside the round: `Rounds.settle`) unmarks
+them in the lineage, and when the epoch's plan is done a catch-up segment trains them (`loop`),
+so every record still trains exactly once per epoch. Checkpoints and snapshots then fall on
+round boundaries only, where the lineage knows every skip. A process stopped for good (SIGSTOP)
+holds the others at the plan segment's end until the coordinator's hang detection replaces it.
 
 State: {'params': the outer (averaged) parameters, which evaluation and prediction use,
 'fill', 'opt': the outer optimiser's state, 'local': {'params', 'opt'} stacked over replicas,

@@ -199,10 +199,11 @@ class _Loop:
     """'local' mode's averaging; the records late replicas skipped go back to the epoch; a save
     that waited for the round's end (`saves`; a segment's end makes it once the cursor is past
     the segment, `_round_saves`)."""
-    p = self.p
-    state, deferred = self.rounds.end(state, self.cursor.global_step, local_sgd.schedule_position(
-        self.cursor, p.data.manifest.indices("train"), p.steps_per_epoch, p.config.optim.grad_accum))
-    self.cursor.processed_N[deferred] = False
+    p, cursor = self.p, self.cursor
+    position = local_sgd.schedule_position(cursor, p.data.manifest.indices("train"),
+                                           p.steps_per_epoch, p.config.optim.grad_accum)
+    state, deferred = self.rounds.end(state, cursor.global_step, position)
+    cursor.processed_N[deferred] = False
     if saves:
       self._round_saves(state)
     return state
