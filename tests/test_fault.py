@@ -590,9 +590,10 @@ def test_checkpoint_strategy_decides_where_a_crash_resumes(shared, strategy, com
 
 
 def test_local_mode_recovers_each_replica_exactly_once(shared):
-  """optim.mode='local' over 2 processes (2 replicas, one on each, averaging every 4 steps): a
-  crash in the middle of a round and a hang restore every replica's parameters and optimiser
-  state, the ledger proves exactly-once, and the run ends where an uninterrupted one does."""
+  """optim.mode='local' over 2 processes (2 replicas, one on each, averaging every 4 steps): the
+  'sync' test's faults (a crash in the middle of a round, a hang, a SIGTERM) restore every
+  replica's parameters and optimiser state, the ledger proves exactly-once, and the run ends
+  where an uninterrupted one does."""
   local = [*_common(shared), TWO_WORKERS, f"--config.optim.epochs={EPOCHS}",
            "--config.optim.mode=local", "--config.optim.local_steps=4",
            "--config.ckpt.writer_duty=1.0"]
@@ -600,12 +601,13 @@ def test_local_mode_recovers_each_replica_exactly_once(shared):
   assert runs.run(clean, *local) == 0, runs.tail(clean)
   faulty = str(shared["base"] / "local_faulty")
   code = runs.run(faulty, *local, "--config.fault.inject=kill@step=6:process=1; "
-                  "sigstop@step=13:process=0", "--config.ckpt.snapshot_every_steps=2")
+                  "sigstop@step=13:process=0; sigterm@step=17:process=1",
+                  "--config.ckpt.snapshot_every_steps=2")
   assert code == 0, runs.tail(faulty)
   with open(os.path.join(faulty, "config.json")) as f:
     assert json.load(f)["optim"]["replicas"] == 2
   ft = runs.summary(faulty)["fault_tolerance"]
-  assert [f["kind"] for f in ft["failures"]] == ["crash", "hang"], ft["failures"]
+  assert [f["kind"] for f in ft["failures"]] == ["crash", "hang", "preemption"], ft["failures"]
   _assert_exactly_once(faulty, epochs=EPOCHS)
   a, step_a = checkpointer.load_arrays(os.path.join(clean, "checkpoints"))
   b, step_b = checkpointer.load_arrays(os.path.join(faulty, "checkpoints"))

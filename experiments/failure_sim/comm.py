@@ -128,7 +128,7 @@ def measured_step_bytes(config, devices) -> dict:
     trained = jax.ShapeDtypeStruct((local.replicas,), np.float32,
                                    sharding=local_sgd.replica_sharding(local, mesh))
     average = step_lib.make_average(built, mesh, local)
-    hlo = average.lower(built.abstract, trained, np.int32(0)).compile().as_text()
+    hlo = average.lower(built.abstract, trained, np.int32(0), np.int32(0)).compile().as_text()
   params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(built.abstract["params"]))
   return {"mode": config.optim.get("mode", "sync"), "devices": len(devices),
           "allreduce_bytes": allreduce_bytes(hlo), "inner_step_allreduce_bytes": step_bytes,
