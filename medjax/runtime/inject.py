@@ -9,9 +9,8 @@ of the host: a lost machine; supervised runs only), slow (from then on, every st
 trains takes config.fault.slow_step_s longer: a straggler), pause (SIGSTOP itself, and a helper
 process SIGCONTs it config.fault.pause_s later: a freeze shorter than hang detection). WHEN is
 step=N (after global step N), partition=N (when partition N of an epoch starts) or epoch=N (when
-epoch N starts). Each fault
-fires once per run: a marker in <workdir>/faults/ keeps a restarted generation from firing it
-again, and records when it fired.
+epoch N starts). Each fault fires once per run: a marker in <workdir>/faults/ keeps a restarted
+generation from firing it again, and records when it fired.
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import time
 from typing import Any, Callable
 
@@ -155,6 +156,11 @@ class _Loop:
   train_seconds: float = 0.0
   saves_finished: bool = False
 
+  @functools.cached_property
+  def train_rows(self) -> np.ndarray:
+    """The manifest's training rows (fixed for the run): each round's end reads them."""
+    return self.p.data.manifest.indices("train")
+
   @property
   def inside_round(self) -> bool:
     """Inside a 'local' round that late replicas may cut (`local_sgd.Rounds.inside`): processes
@@ -200,8 +206,8 @@ class _Loop:
     that waited for the round's end (`saves`; a segment's end makes it once the cursor is past
     the segment, `_round_saves`)."""
     p, cursor = self.p, self.cursor
-    position = local_sgd.schedule_position(cursor, p.data.manifest.indices("train"),
-                                           p.steps_per_epoch, p.config.optim.grad_accum)
+    position = local_sgd.schedule_position(cursor, self.train_rows, p.steps_per_epoch,
+                                           p.config.optim.grad_accum)
     state, deferred = self.rounds.end(state, cursor.global_step, position)
     cursor.processed_N[deferred] = False
     if saves:
