@@ -157,6 +157,9 @@ def get_config(arg=None):
   optim.class_weight_power = 0.5        # weight = count^-power (0.5: square-root balancing)
   # Stop after this many epochs without an improvement of evals.validation_metric (0: never).
   optim.early_stopping_patience = 0
+  # Evaluate (validation, best checkpoint, test) with an exponential moving average of the
+  # parameters whose time constant is this many epochs ('sync' mode; 0: the parameters).
+  optim.ema_epochs = 0.0
 
   config.mesh = mesh = ml_collections.ConfigDict()
   mesh.data = -1                        # data-parallel axis size; -1: all devices fsdp leaves

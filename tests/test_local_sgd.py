@@ -142,6 +142,11 @@ def test_the_mode_is_checked_and_the_launcher_fixes_the_replica_count():
   config.optim.mode = "sync"
   assert any("optim.late_after_s" in p and "'local' only" in p
              for p in config_check.problems(config))
+  config = _config(ema_epochs=1.0)             # replicas average their parameters each round
+  assert any("optim.ema_epochs" in p and "'sync' only" in p
+             for p in config_check.problems(config))
+  config.optim.mode = "sync"
+  assert not config_check.problems(config)
   config = _config()
   config.fault.local_hosts = 2
   layout_lib.resolve_replicas(config, layout_lib.Layout(2, 1, 'cpu', ''))

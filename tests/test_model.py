@@ -3,6 +3,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from configs import default as default_config
@@ -184,3 +185,66 @@ def test_a_platform_jax_cannot_start_is_one_line_that_says_what_to_do(monkeypatc
                                               r"set JAX_PLATFORMS=cpu") as e:
     state_lib.make_mesh(default_config.get_config().mesh)
   assert "\n" not in str(e.value)
+
+
+def test_the_optimiser_keeps_a_debiased_moving_average_of_the_parameters_after_each_update():
+  """optim.ema_epochs: after each update (not each accumulation step) the optimiser state's
+  average takes the new parameters with decay exp(-1 / (ema_epochs x updates per epoch));
+  `evaluated_params` divides out the zero start's bias, and gives the parameters before any
+  update."""
+  config = default_config.get_config()
+  config.optim.update(ema_epochs=0.5, epochs=2, grad_accum=2, warmup_fraction=0.0)
+  tx, _ = optim.make(config.optim, 16)       # 8 updates in 2 epochs: 4 per epoch
+  decay = np.exp(-1 / (0.5 * 4))
+  rng = np.random.default_rng(0)
+  params = {"w": jnp.asarray(rng.normal(size=(3, 2)), jnp.float32), "b": jnp.zeros(2)}
+  opt = tx.init(params)
+  np.testing.assert_array_equal(optim.evaluated_params(params, opt)["w"], params["w"])
+  step = jax.jit(lambda g, o, p: (lambda u, o: (optax.apply_updates(p, u), o))(
+      *tx.update(g, o, p)))
+  after_updates = []
+  for i in range(10):
+    grads = jax.tree.map(lambda p: jnp.asarray(rng.normal(size=p.shape), jnp.float32), params)
+    params, opt = step(grads, opt, params)
+    if i % 2 == 1:
+      after_updates.append(jax.tree.map(lambda x: np.asarray(x, np.float64), params))
+  n = len(after_updates)
+  expected = jax.tree.map(
+      lambda *ps: sum((1 - decay) * decay ** (n - 1 - j) * p for j, p in enumerate(ps))
+      / (1 - decay ** n), *after_updates)
+  evaluated = optim.evaluated_params(params, opt)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
+               jax.tree.map(np.asarray, evaluated), expected)
+  assert not np.allclose(evaluated["w"], params["w"])
+
+
+def test_prediction_uses_the_parameters_moving_average():
+  """With optim.ema_epochs, the predict step (validation, the best checkpoint's choice, test
+  scores) predicts with the optimiser state's average, not the parameters."""
+  config = default_config.get_config()
+  config.optim.ema_epochs = 1.0
+  config.model.update(fusion="gated", d_model=16, image_channels=(4,), labs_hidden=16, vitals_hidden=8,
+                      heads=2, mlp_dim=16)
+  mesh = state_lib.make_mesh(config.mesh, jax.devices()[:1])
+  tx, _ = optim.make(config.optim, 20)
+  state, built = state_lib.build(config.model, tx, mesh, num_classes=5, shapes=SHAPES, seed=0)
+  predict = step_lib.make_predict_step(built.graphdef, built, mesh)
+  batch = jax.device_put(_batch(np.random.default_rng(5), n=16), state_lib.batch_sharding(mesh))
+  # An average of 1.5 x the parameters, with half its weight taken (as after a few updates).
+  average = jax.tree.map(lambda p: 1.5 * p, state["params"])
+  kept = optax.tree_utils.tree_set(state["opt"], ema=jax.tree.map(lambda a: 0.5 * a, average),
+                                   weight=jnp.full((), 0.5, jnp.float32))
+  empty = optax.tree_utils.tree_set(state["opt"], weight=jnp.zeros((), jnp.float32))
+  with_average = predict({**state, "opt": kept}, batch)
+  np.testing.assert_allclose(np.asarray(with_average), np.asarray(
+      predict({**state, "params": average, "opt": empty}, batch)), rtol=1e-5, atol=1e-7)
+  assert not np.allclose(np.asarray(with_average), np.asarray(predict(
+      {**state, "opt": empty}, batch)), atol=1e-4)
+
+
+def test_without_ema_epochs_evaluation_uses_the_parameters():
+  config = default_config.get_config()
+  tx, _ = optim.make(config.optim, 10)
+  params = {"w": jnp.ones((2, 3))}
+  assert optim.evaluated_params(params, tx.init(params)) is params
+

@@ -165,6 +165,11 @@ class Checker:
       self.add("optim.late_after_s", "cuts late replicas short in config.optim.mode='local' only "
                                      "(a 'sync' step needs every worker); set it to 0 or use "
                                      "mode 'local'")
+    if self.ok("optim.mode", "optim.ema_epochs") and (
+        g("optim.ema_epochs") > 0 and g("optim.mode") != "sync"):
+      self.add("optim.ema_epochs", "averages the parameters in config.optim.mode='sync' only "
+                                   "('local' replicas average theirs each round); set it to 0 or "
+                                   "use mode 'sync'")
     wants = [f for f in ("optim.early_stopping_patience", "ckpt.keep_best") if g(f)]
     if (wants and self.ok("data.split") and len(g("data.split")) == 3
         and g("data.split")[1] == 0):

@@ -135,7 +135,7 @@ def _rules() -> dict[str, tuple[Check, ...]]:
                        ("evals.validation_metric", VALIDATION_METRICS)):
     each(_one_of(*names), field)
   each(_at_least(0, " (0: never stop early)"), "optim.early_stopping_patience")
-  each(_at_least(0, " (0: off)"), "monitor.interval_s monitor.nominal_power_w")
+  each(_at_least(0, " (0: off)"), "monitor.interval_s monitor.nominal_power_w optim.ema_epochs")
   each(_split, "data.split")
   each(_at_least(16, " (the synthetic images' air and marker regions need it)"),
        syn("image_size"))

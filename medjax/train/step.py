@@ -15,6 +15,7 @@ from flax import nnx
 from medjax import programs
 from medjax.model import ensemble
 from medjax.train import local_sgd
+from medjax.train import optim
 from medjax.train import state as state_lib
 
 
@@ -105,10 +106,12 @@ def make_grad_fn(graphdef, built: state_lib.Built, mesh, *, seed: int):
 
 
 def make_predict_step(graphdef, built: state_lib.Built, mesh):
-  """state, batch -> class probabilities (B, K), replicated on every process."""
+  """state, batch -> class probabilities (B, K), replicated on every process; from the
+  parameters' moving average where the optimiser keeps one (`optim.evaluated_params`)."""
 
   def predict(state, batch):
-    model = nnx.merge(graphdef, state["params"], state["fill"])
+    model = nnx.merge(graphdef, optim.evaluated_params(state["params"], state["opt"]),
+                      state["fill"])
     return ensemble.probabilities(ensemble.member_logits(model, batch, train=False))
 
   return programs.cached(jax.jit(
