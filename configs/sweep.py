@@ -109,7 +109,8 @@ def get_config(arg=None):
     config.overrides.data = ml_collections.ConfigDict({"root": config_dict.placeholder(str)})
     config.space = space = ml_collections.ConfigDict()
     space.optim = ml_collections.ConfigDict({
-        "lr": ("loguniform", 3e-4, 1e-2), "weight_decay": ("loguniform", 1e-5, 1e-1)})
+        "lr": ("loguniform", 3e-4, 1e-2), "weight_decay": ("loguniform", 1e-5, 1e-1),
+        "ema_epochs": ("categorical", 0.0, 1.0, 2.0, 5.0)})
     space.model = ml_collections.ConfigDict({
         "labs_bins": ("categorical", 4, 8, 16, 32),
         "labs_embed_width": ("categorical", 4, 8, 16),

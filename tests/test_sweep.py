@@ -60,7 +60,8 @@ def test_sweep_configs_load_with_their_base(tmp_path):
   tables.overrides.data.root = str(tmp_path)
   tables = spec.load(tables)
   assert tables.base.data.root == str(tmp_path) and tables.metric == "auroc_macro"
-  assert {p.field for p in tables.params} >= {"model.labs_bins", "model.labs_embed_width"}
+  assert {p.field for p in tables.params} >= {"model.labs_bins", "model.labs_embed_width",
+                                              "optim.ema_epochs"}
 
 
 def test_fields_that_shape_the_shared_ingest_cannot_be_searched():
