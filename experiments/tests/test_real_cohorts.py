@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from configs import default as default_config
-from experiments.real_cohorts import baselines, cohorts, compare
+from experiments.real_cohorts import baselines, cohorts, compare, reference
 from medjax.data import ingest
 from tests import runs
 
@@ -82,3 +82,17 @@ def test_the_tables_config_trains_on_a_public_cohort_and_reports_calibration(tmp
   assert 0 < test["validation_threshold"]["threshold"] < 1
   assert test["validation_threshold"]["sensitivity"] > test["sensitivity"]
   assert os.path.exists(os.path.join(work, "reliability.png"))
+
+
+def test_the_nwtco_reference_model_codes_histology_stage_and_their_interaction():
+  """experiments/real_cohorts/reference.py: the clinical design (unfavourable histology, stages
+  2-4, their products, local histology, study 4, an age spline) with the spline fitted on the
+  rows it is given and reused on others."""
+  _, _, features, _ = cohorts.table("nwtco")
+  x, spline = reference.design(features.iloc[:1000])
+  assert x.shape[0] == 1000 and np.isfinite(x).all()
+  unfavourable, stages, products = x[:, 0], x[:, 1:4], x[:, 4:7]
+  np.testing.assert_array_equal(products, unfavourable[:, None] * stages)
+  np.testing.assert_array_equal(stages.sum(1), (features["stage"].iloc[:1000] > 1).to_numpy())
+  y, _ = reference.design(features, spline)
+  np.testing.assert_allclose(y[:1000], x)
