@@ -200,8 +200,12 @@ def test_the_optimiser_keeps_a_debiased_moving_average_of_the_parameters_after_e
   params = {"w": jnp.asarray(rng.normal(size=(3, 2)), jnp.float32), "b": jnp.zeros(2)}
   opt = tx.init(params)
   np.testing.assert_array_equal(optim.evaluated_params(params, opt)["w"], params["w"])
-  step = jax.jit(lambda g, o, p: (lambda u, o: (optax.apply_updates(p, u), o))(
-      *tx.update(g, o, p)))
+
+  @jax.jit
+  def step(grads, opt, params):
+    updates, opt = tx.update(grads, opt, params)
+    return optax.apply_updates(params, updates), opt
+
   after_updates = []
   for i in range(10):
     grads = jax.tree.map(lambda p: jnp.asarray(rng.normal(size=p.shape), jnp.float32), params)
@@ -223,8 +227,8 @@ def test_prediction_uses_the_parameters_moving_average():
   scores) predicts with the optimiser state's average, not the parameters."""
   config = default_config.get_config()
   config.optim.ema_epochs = 1.0
-  config.model.update(fusion="gated", d_model=16, image_channels=(4,), labs_hidden=16, vitals_hidden=8,
-                      heads=2, mlp_dim=16)
+  config.model.update(fusion="gated", d_model=16, image_channels=(4,), labs_hidden=16,
+                      vitals_hidden=8, heads=2, mlp_dim=16)
   mesh = state_lib.make_mesh(config.mesh, jax.devices()[:1])
   tx, _ = optim.make(config.optim, 20)
   state, built = state_lib.build(config.model, tx, mesh, num_classes=5, shapes=SHAPES, seed=0)

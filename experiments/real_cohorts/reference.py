@@ -5,7 +5,7 @@ The NWTS relapse models (Breslow and Chatterjee 1999; Kulich and Lin 2004, on th
 data) put histology and stage in with their interaction (unfavourable histology matters most at
 advanced stages) and age as a smooth curve. Here: central histology, stage (one indicator per
 stage), histology x stage, local histology, study, and age as a cubic spline (4 knots at its
-training quantiles); L2-penalised, C chosen on validation AUROC. If this model, the trees and
+training quantiles); fitted as `baselines.logistic` (L2, C chosen on validation AUROC). If this model, the trees and
 medjax score alike, the cohort's five columns are what limits them, not the models.
 
   python -m experiments.real_cohorts.reference OUTDIR --label tables_ema2 [--seeds 10]
@@ -21,7 +21,7 @@ import json
 import os
 
 import numpy as np
-from sklearn import linear_model, pipeline, preprocessing
+from sklearn import preprocessing
 
 from experiments.real_cohorts import baselines, cohorts, compare
 
@@ -41,19 +41,6 @@ def design(features, age_spline=None):
   return np.concatenate(columns, axis=1), age_spline
 
 
-def clinical(x_tr, y_tr, x_va, y_va, x_te):
-  """p(relapse) on the test rows from the clinical model with C chosen on validation."""
-  best = (-np.inf, None)
-  for c in baselines.LOGISTIC_C:
-    model = pipeline.make_pipeline(preprocessing.StandardScaler(),
-                                   linear_model.LogisticRegression(C=c, max_iter=5000))
-    model.fit(x_tr, y_tr)
-    score = baselines._score(y_va, model.predict_proba(x_va)[:, 1])   # pylint: disable=protected-access
-    if score > best[0]:
-      best = (score, model)
-  return best[1].predict_proba(x_te)[:, 1]
-
-
 def run(outdir: str, label: str, seeds) -> dict:
   with open(os.path.join(outdir, f"real_cohorts_{label}.json")) as f:
     earlier = json.load(f)["per_seed"]["nwtco"]
@@ -66,7 +53,7 @@ def run(outdir: str, label: str, seeds) -> dict:
     _, spline = design(features[split == "train"])
     x, _ = design(features, spline)
     parts = [(x[split == s], y[split == s]) for s in ("train", "val", "test")]
-    p = clinical(*parts[0], *parts[1], parts[2][0])
+    p, _ = baselines.logistic(*parts[0], *parts[1], parts[2][0], seed)
     per_seed[seed] = {"clinical": baselines.scores(p, parts[2][1])["auroc"],
                       **{m: earlier[str(seed)][m]["auroc"] for m in ("medjax", "trees",
                                                                      "logistic")}}
