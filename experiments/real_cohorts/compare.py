@@ -5,7 +5,8 @@ reproducible and shared by every method and by runs of different medjax configs)
 by `launch.py` with `--config.seed=k` in OUTDIR/runs/<label>/<cohort>/seed<k>; its manifest gives
 every patient's split, and the baselines are fitted on the same training patients (settings
 chosen on the same validation patients) and scored on the same test patients. A run whose
-summary.json exists is read, not repeated (a long comparison can be resumed).
+summary.json exists is read, not repeated (a long comparison can be resumed), and the label's
+JSON gathers every cohort and seed its comparisons measured (`merged`).
 
 Reported per cohort and method: test AUROC, accuracy, macro F1 and ECE, their means over seeds,
 and the paired difference medjax - baseline per seed with its mean and 95% t-interval.
@@ -137,8 +138,32 @@ def compare(outdir: str, seeds, label: str, config: str, overrides: list[str],
       print(f"{label} {name} seed {seed}: AUROC medjax {r['medjax']['auroc']:.4f} trees "
             f"{r['trees']['auroc']:.4f} logistic {r['logistic']['auroc']:.4f} "
             f"({r['medjax']['wall_s']:.0f} s)", flush=True)
-  result = {"label": label, "config": config, "overrides": overrides, "seeds": list(seeds),
+  path = os.path.join(outdir, f"real_cohorts_{label}.json")
+  per_seed = merged(path, config, overrides, per_seed)
+  result = {"label": label, "config": config, "overrides": overrides,
+            "seeds": sorted({int(k) for seeds_ in per_seed.values() for k in seeds_}),
             "per_seed": per_seed, "summary": summarise(per_seed)}
-  with open(os.path.join(outdir, f"real_cohorts_{label}.json"), "w") as f:
+  with open(path, "w") as f:
     json.dump(result, f, indent=1)
   return result
+
+
+def merged(path: str, config: str, overrides: list[str], per_seed: dict) -> dict:
+  """`per_seed` over what the label's earlier comparisons measured: a comparison of some cohorts
+  or seeds (a resumed one, or several run side by side) adds to the label's record instead of
+  replacing it. A label's runs are cached under its name, so a record made with another config
+  or other overrides is an error, not something to mix in."""
+  fresh = {name: {str(k): r for k, r in seeds.items()} for name, seeds in per_seed.items()}
+  if not os.path.exists(path):
+    return fresh
+  with open(path) as f:
+    old = json.load(f)
+  if (old["config"], old["overrides"]) != (config, overrides):
+    raise ValueError(f"{path} was measured with --config {old['config']} "
+                     f"{' '.join(old['overrides'])}, not {config} {' '.join(overrides)}: "
+                     f"give this comparison its own --label")
+  out = {name: dict(seeds) for name, seeds in old["per_seed"].items()}
+  for name, seeds in fresh.items():
+    out.setdefault(name, {}).update(seeds)
+  return {name: dict(sorted(seeds.items(), key=lambda kv: int(kv[0])))
+          for name, seeds in out.items()}

@@ -65,6 +65,24 @@ def test_paired_interval_is_students_t_over_seeds():
                              [d.mean(), d.mean() - half, d.mean() + half], rtol=1e-6)
 
 
+def test_a_labels_record_gathers_the_cohorts_and_seeds_of_its_comparisons(tmp_path):
+  # Two comparisons of one label run side by side (pbc's extra seeds; covid's seeds in two
+  # halves) and one made earlier: the label's JSON holds all of them, seeds in order.
+  path, cfg, over = str(tmp_path / "real_cohorts_x.json"), "configs/tables.py", ["--config.a=1"]
+  run = lambda auroc: {"medjax": {"auroc": auroc}}
+  first = compare.merged(path, cfg, over, {"pbc": {k: run(0.8) for k in range(10)},
+                                           "nwtco": {0: run(0.7)}})
+  with open(path, "w") as f:
+    json.dump({"config": cfg, "overrides": over, "per_seed": first}, f)
+  got = compare.merged(path, cfg, over, {"pbc": {10: run(0.9), 2: run(0.5)},
+                                         "covid_testing": {5: run(0.6)}})
+  assert list(got["pbc"]) == [str(k) for k in range(11)]
+  assert got["pbc"]["2"] == run(0.5) and got["pbc"]["3"] == run(0.8)
+  assert list(got["nwtco"]) == ["0"] and list(got["covid_testing"]) == ["5"]
+  with pytest.raises(ValueError, match="its own --label"):
+    compare.merged(path, cfg, ["--config.a=2"], {"pbc": {0: run(0.8)}})
+
+
 def test_the_tables_config_trains_on_a_public_cohort_and_reports_calibration(tmp_path):
   # End to end, as a user runs it (shortened): the labs' bin edges from the training data, the
   # best checkpoint by validation log-loss, 4 members, and for nwtco (14% relapses) the
