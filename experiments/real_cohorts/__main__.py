@@ -17,6 +17,7 @@
 import argparse
 import json
 import os
+import sys
 
 from experiments.real_cohorts import cohorts, compare, report
 
@@ -52,10 +53,14 @@ def main():
                   [v for v in args.variants.split(",") if v]))
     return
   label = args.label or os.path.splitext(os.path.basename(args.config))[0]
-  result = compare.compare(args.outdir, range(args.first_seed, args.first_seed + args.seeds),
-                           label, args.config,
-                           [f"--config.{s}" for s in args.set],
-                           [c for c in args.cohorts.split(",") if c] or None)
+  try:
+    result = compare.compare(args.outdir, range(args.first_seed, args.first_seed + args.seeds),
+                             label, args.config,
+                             [f"--config.{s}" for s in args.set],
+                             [c for c in args.cohorts.split(",") if c] or None)
+  except ValueError as e:   # another config's record under this label
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(2)
   print(report.table(result))
 
 

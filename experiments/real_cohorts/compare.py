@@ -128,6 +128,8 @@ def summarise(per_seed: dict) -> dict:
 def compare(outdir: str, seeds, label: str, config: str, overrides: list[str],
             names=None) -> dict:
   names = names or list(cohorts.COHORTS)
+  path = os.path.join(outdir, f"real_cohorts_{label}.json")
+  merged(path, config, overrides, {})   # another config's record is refused before any run
   per_seed = {}
   for name in names:
     if not os.path.exists(os.path.join(outdir, "cohorts", name, "labels.csv")):
@@ -138,10 +140,9 @@ def compare(outdir: str, seeds, label: str, config: str, overrides: list[str],
       print(f"{label} {name} seed {seed}: AUROC medjax {r['medjax']['auroc']:.4f} trees "
             f"{r['trees']['auroc']:.4f} logistic {r['logistic']['auroc']:.4f} "
             f"({r['medjax']['wall_s']:.0f} s)", flush=True)
-  path = os.path.join(outdir, f"real_cohorts_{label}.json")
   per_seed = merged(path, config, overrides, per_seed)
   result = {"label": label, "config": config, "overrides": overrides,
-            "seeds": sorted({int(k) for seeds_ in per_seed.values() for k in seeds_}),
+            "seeds": sorted({int(k) for runs in per_seed.values() for k in runs}),
             "per_seed": per_seed, "summary": summarise(per_seed)}
   with open(path, "w") as f:
     json.dump(result, f, indent=1)
