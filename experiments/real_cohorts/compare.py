@@ -129,7 +129,7 @@ def compare(outdir: str, seeds, label: str, config: str, overrides: list[str],
             names=None) -> dict:
   names = names or list(cohorts.COHORTS)
   path = os.path.join(outdir, f"real_cohorts_{label}.json")
-  merged(path, config, overrides, {})   # another config's record is refused before any run
+  record(path, config, overrides)   # another config's record is refused before any run
   per_seed = {}
   for name in names:
     if not os.path.exists(os.path.join(outdir, "cohorts", name, "labels.csv")):
@@ -149,22 +149,26 @@ def compare(outdir: str, seeds, label: str, config: str, overrides: list[str],
   return result
 
 
-def merged(path: str, config: str, overrides: list[str], per_seed: dict) -> dict:
-  """`per_seed` over what the label's earlier comparisons measured: a comparison of some cohorts
-  or seeds (a resumed one, or several run side by side) adds to the label's record instead of
-  replacing it. A label's runs are cached under its name, so a record made with another config
-  or other overrides is an error, not something to mix in."""
-  fresh = {name: {str(k): r for k, r in seeds.items()} for name, seeds in per_seed.items()}
+def record(path: str, config: str, overrides: list[str]) -> dict:
+  """The label's per-seed record so far ({} if none). A label's runs are cached under its name,
+  so a record made with another config or other overrides is an error, not something to mix in."""
   if not os.path.exists(path):
-    return fresh
+    return {}
   with open(path) as f:
     old = json.load(f)
   if (old["config"], old["overrides"]) != (config, overrides):
     raise ValueError(f"{path} was measured with --config {old['config']} "
                      f"{' '.join(old['overrides'])}, not {config} {' '.join(overrides)}: "
                      f"give this comparison its own --label")
-  out = {name: dict(seeds) for name, seeds in old["per_seed"].items()}
-  for name, seeds in fresh.items():
-    out.setdefault(name, {}).update(seeds)
+  return old["per_seed"]
+
+
+def merged(path: str, config: str, overrides: list[str], per_seed: dict) -> dict:
+  """`per_seed` over the label's `record`, read again now: a comparison of some cohorts or seeds
+  (a resumed one, or several run side by side) adds to the label's record instead of replacing
+  it."""
+  out = {name: dict(seeds) for name, seeds in record(path, config, overrides).items()}
+  for name, seeds in per_seed.items():
+    out.setdefault(name, {}).update({str(k): r for k, r in seeds.items()})
   return {name: dict(sorted(seeds.items(), key=lambda kv: int(kv[0])))
           for name, seeds in out.items()}

@@ -5,8 +5,9 @@ The NWTS relapse models (Breslow and Chatterjee 1999; Kulich and Lin 2004, on th
 data) put histology and stage in with their interaction (unfavourable histology matters most at
 advanced stages) and age as a smooth curve. Here: central histology, stage (one indicator per
 stage), histology x stage, local histology, study, and age as a cubic spline (4 knots at its
-training quantiles); fitted as `baselines.logistic` (L2, C chosen on validation AUROC). If this model, the trees and
-medjax score alike, the cohort's five columns are what limits them, not the models.
+training quantiles); fitted as `baselines.logistic` (L2, C chosen on validation AUROC). If this
+model, the trees and medjax score alike, the cohort's five columns are what limits them, not the
+models.
 
   python -m experiments.real_cohorts.reference OUTDIR --label tables_ema2 [--seeds 10]
       needs OUTDIR/runs/<label>/nwtco/seed<k> (their manifests give the splits) and
