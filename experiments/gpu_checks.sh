@@ -23,7 +23,9 @@
 #              the chip's peak (issue 33)
 #   train      (not by default: `loop` reports the TFLOP/s) experiments.bench_train's FLOP/s part
 #              on configs/paper.py at batch 512, float32 and bfloat16
-#   startup    experiments.bench_data: the cache fill's records/s in one process and on every core
+#   startup    experiments.bench_data --config paper (2,000 patients, the paper's 64-px images): the
+#              cache fill's records/s in one process and on every core, the writing process's CPU
+#              a record, and how many cores one process per core gets at once
 #   precision  the quickstart in float32 and in bfloat16 on one salt (the same split): test accuracy
 #              and macro F1 of each (model.dtype='auto' picks bfloat16 on a GPU)
 #   tiny       the tests' tiny config end to end, supervised, in the auto layout (one worker
@@ -62,7 +64,8 @@ fi
 stage env 60 bash -c '
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
   ls /proc/driver/nvidia/gpus /dev/nvidia* 2>&1 | head
-  nproc; free -g | head -2
+  nproc; free -g | head -2; grep -m1 "model name" /proc/cpuinfo; df -hT /tmp | tail -1
+  cat /sys/fs/cgroup/cpu.max /sys/fs/cgroup/cpu/cpu.cfs_quota_us 2> /dev/null
   python3 - <<EOF
 import importlib.metadata as md
 for name in ("jax", "jaxlib", "jax-cuda13-plugin", "jax-cuda12-plugin", "flax", "optax",
@@ -93,7 +96,8 @@ stage train 120 bash -c "python3 -m experiments.bench_train --config paper --pat
     --out $out/bench_train_f32.json \
   && python3 -m experiments.bench_train --config paper --patients 1500 --batch-sizes 512 \
     --parts flops --rounds 5 --set model.dtype=bfloat16 --out $out/bench_train_bf16.json"
-stage startup 150 python3 -m experiments.bench_data --patients 3000 --out "$out/bench_data.json"
+stage startup 150 python3 -m experiments.bench_data --config paper --patients 2000 --batches 5 \
+  --one-process-records 300 --out "$out/bench_data.json"
 rm -rf /tmp/gpu_p32 /tmp/gpu_p16
 stage precision 150 bash -c "python3 launch.py --config configs/quickstart.py --workdir /tmp/gpu_p32 \
     --config.model.dtype=float32 --config.fault.supervised=False \

@@ -20,9 +20,20 @@ import os
 from concurrent.futures.process import BrokenProcessPool
 from typing import Callable
 
+import numpy as np
+
 from medjax.data import records
+from medjax.data.cache import disk as disk_lib
 
 MIN_RECORDS = 256   # fewer records than this decode in the calling process
+
+
+def decode_stored(job: tuple) -> tuple[dict[str, np.ndarray], list[dict], int, float]:
+  """`records.decode_images_timed`, images in the dtype the cache stores (float16): a fill's
+  process sends half the bytes back, and the writing process casts nothing."""
+  images, rejected, nbytes, seconds = records.decode_images_timed(job)
+  images["images"] = images["images"].astype(disk_lib.IMAGE_DTYPE)
+  return images, rejected, nbytes, seconds
 
 
 def processes_for(configured: int) -> int:
@@ -45,19 +56,21 @@ class DecodePool:
   def decode(self, jobs: list[tuple]) -> list[tuple]:
     return self.start(jobs)()
 
-  def start(self, jobs: list[tuple]) -> Callable[[], list[tuple]]:
-    """Starts decoding `jobs` (in the pool: they are under way when this returns); the returned
-    function waits for and returns their results, in order.
+  def start(self, jobs: list[tuple], fn: Callable[[tuple], tuple] = records.decode_images_timed
+            ) -> Callable[[], list[tuple]]:
+    """Starts decoding `jobs` with `fn` (`records.decode_images_timed` or `decode_stored`; in
+    the pool: they are under way when this returns); the returned function waits for and
+    returns their results, in order.
 
     A pool process that dies (the kernel's OOM killer, a signal) breaks the pool: the fill goes
     on in this process from the chunk that was lost, with a warning, instead of failing.
     """
-    here = lambda: [records.decode_images_timed(job) for job in jobs]
+    here = lambda: [fn(job) for job in jobs]
     if self._pool is None:
       return here
     chunk = max(1, len(jobs) // (4 * self.processes))
     try:
-      results = self._pool.map(records.decode_images_timed, jobs, chunksize=chunk)
+      results = self._pool.map(fn, jobs, chunksize=chunk)
     except BrokenProcessPool:
       self._broken()
       return here

@@ -214,12 +214,14 @@ class Cache:
 
   def _start_decode(self, rows: list[int], pool: fill_lib.DecodePool | None = None):
     """Starts reading `rows` from shared storage (called without the lock held): their images
-    decoded in `pool`'s processes (under way when this returns) or, without one, here when
-    `_finish_decode` collects them; a record without images is built from the tables."""
+    decoded in `pool`'s processes (under way when this returns; as the cache stores them, for
+    `_write`) or, without one, here when `_finish_decode` collects them; a record without
+    images is built from the tables."""
     jobs = [r for r in rows if not self._table_only(r)]
     args = [(self.manifest.image_files[r], self.data_root, self.shapes, self.decoder)
             for r in jobs]
-    return rows, jobs, (pool or fill_lib.DecodePool(1, 0)).start(args)
+    return rows, jobs, (fill_lib.DecodePool(1, 0).start(args) if pool is None
+                        else pool.start(args, fill_lib.decode_stored))
 
   def _finish_decode(self, started) -> list[dict[str, np.ndarray]]:
     rows, jobs, results = started
