@@ -10,6 +10,7 @@
 
 from medjax.data.dicom.files import Header
 from medjax.data.dicom.files import load_image
+from medjax.data.dicom.files import load_image_if
 from medjax.data.dicom.files import read_header
 from medjax.data.dicom.files import transfer_syntax
 from medjax.data.dicom.limits import Budgets

@@ -105,11 +105,16 @@ class Decoder:
     path = os.fspath(path)
     if self.isolate == "none":
       return dicom.load_image(path, self.budgets, roots=roots)
-    ts = dicom.transfer_syntax(path, self.budgets, roots=roots)
-    known = ts is not None and ts.is_transfer_syntax
-    if self.isolate == "compressed" and known and not (ts.is_encapsulated or ts.is_deflated):
-      return dicom.load_image(path, self.budgets, roots=roots)
-    what = ts.name if known else "a dataset without a known transfer syntax"
+    seen = []
+
+    def here(ts) -> bool:   # native pixel data decodes here, in the same read
+      seen.append(ts if ts is not None and ts.is_transfer_syntax else None)
+      return (self.isolate == "compressed" and seen[0] is not None
+              and not (ts.is_encapsulated or ts.is_deflated))
+    image = dicom.load_image_if(path, here, self.budgets, roots=roots)
+    if image is not None:
+      return image
+    what = seen[0].name if seen[0] is not None else "a dataset without a known transfer syntax"
     pool = _pool(self.memory_mb, self.timeout_s, self.workers)
     return pool.decode(path, {"path": path, "roots": [os.fspath(r) for r in roots],
                               "budgets": dataclasses.asdict(self.budgets)}, what)

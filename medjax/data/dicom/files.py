@@ -63,6 +63,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
+from collections.abc import Callable
 from collections.abc import Sequence
 
 import numpy as np
@@ -175,16 +176,38 @@ def transfer_syntax(path: str | os.PathLike, budgets: Budgets | None = None, *,
   Raises:
     RejectedFile: the path is not a regular file within budget.
   """
-  path = os.fspath(path)
+  return _guarded(os.fspath(path), budgets or Budgets(), roots, lambda f, size: _meta_syntax(f))
 
-  def meta(f, size):
-    del size
-    try:
-      filereader.read_preamble(f, False)
-      return filereader._read_file_meta_info(f).get("TransferSyntaxUID")  # pylint: disable=protected-access
-    except Exception:  # pylint: disable=broad-except  # no usable file meta: the full read decides
+
+def load_image_if(path: str | os.PathLike, here: Callable[[uids.UID | None], bool],
+                  budgets: Budgets | None = None, *, roots: Sequence[str] = ()
+                  ) -> np.ndarray | None:
+  """`load_image` if `here(the file's transfer_syntax)` is true, else None (the caller decodes
+  the file elsewhere): one open and one read of the file meta serve both, where
+  `transfer_syntax` then `load_image` took two of each.
+
+  Raises:
+    RejectedFile: as `load_image` (as `transfer_syntax` when `here` says no).
+  """
+  path = os.fspath(path)
+  budgets = budgets or Budgets()
+
+  def load(f, size):
+    syntax = _meta_syntax(f)
+    if not here(syntax):
       return None
-  return _guarded(path, budgets or Budgets(), roots, meta)
+    deflated = syntax is None or syntax == uids.DeflatedExplicitVRLittleEndian
+    return _load(path, f, size, budgets, deflated=deflated)
+  return _guarded(path, budgets, roots, load)
+
+
+def _meta_syntax(f) -> uids.UID | None:
+  """The transfer syntax in the file meta of the file `f`; None without a usable one."""
+  try:
+    filereader.read_preamble(f, False)
+    return filereader._read_file_meta_info(f).get("TransferSyntaxUID")  # pylint: disable=protected-access
+  except Exception:  # pylint: disable=broad-except  # no usable file meta: the full read decides
+    return None
 
 
 def _guarded(path: str, budgets: Budgets, roots: Sequence[str], fn):
@@ -200,8 +223,8 @@ def _guarded(path: str, budgets: Budgets, roots: Sequence[str], fn):
     raise RejectedFile(path, f"unreadable: {dicom_limits.describe(e)}") from e
 
 
-def _load(path: str, f, size: int, budgets: Budgets) -> np.ndarray:
-  ds, header = _inspect(path, f, size, budgets)
+def _load(path: str, f, size: int, budgets: Budgets, deflated: bool = True) -> np.ndarray:
+  ds, header = _inspect(path, f, size, budgets, deflated)
   ts = ds.file_meta.TransferSyntaxUID
   try:
     arr, props = pydicom.pixels.get_decoder(ts).as_array(ds)
@@ -214,10 +237,11 @@ def _load(path: str, f, size: int, budgets: Budgets) -> np.ndarray:
   return dicom_pixels.to_unit_range(arr, ds, props)
 
 
-def _inspect(path: str, f, size: int, budgets: Budgets):
+def _inspect(path: str, f, size: int, budgets: Budgets, deflated: bool = True):
   """Returns (dataset with pixel data deferred, Header) or raises RejectedFile (with the
-  file's PatientID once its header was read)."""
-  ds = _read(path, f, budgets)
+  file's PatientID once its header was read). `deflated`: False when the file meta was read
+  and names another transfer syntax (its inflation is not bounded again)."""
+  ds = _read(path, f, budgets, deflated)
   try:
     return _checked(path, f, size, budgets, ds)
   except RejectedFile as e:
@@ -275,8 +299,9 @@ def _check_bits(path: str, ds, bits: int) -> None:
                        f"({stored - 1}) and BitsAllocated - 1 ({bits - 1})")
 
 
-def _read(path: str, f, budgets: Budgets):
-  dicom_limits.check_deflated(path, f, budgets)
+def _read(path: str, f, budgets: Budgets, deflated: bool = True):
+  if deflated:
+    dicom_limits.check_deflated(path, f, budgets)
   f.seek(0)
   try:
     ds = pydicom.dcmread(f, defer_size=_DEFER_BYTES)
