@@ -74,11 +74,10 @@ def bench_cache(tmp: str, config, patients: int, batches: int, batch_size: int,
           "main_bound_records_per_s": round(len(rows) / max(main_cpu_s, 1e-9), 1)}
   rng = np.random.default_rng(0)
   picks = [rng.choice(rows, batch_size, replace=False) for _ in range(batches)]
-  cache = pooled    # holds every record
-  cache.read(picks[0])  # warm up TensorStore's thread pool
+  pooled.read(picks[0])  # warm up TensorStore's thread pool
   t0 = time.perf_counter()
   for p in picks:
-    cache.read(p)
+    pooled.read(p)
   cache_s = (time.perf_counter() - t0) / batches
   t0 = time.perf_counter()
   for p in picks:
@@ -92,7 +91,7 @@ def bench_cache(tmp: str, config, patients: int, batches: int, batch_size: int,
           "images_in_batches": images, "cache_fill_s": round(fill_s, 3),
           "cache_batch_ms": round(cache_s * 1e3, 3), "decode_batch_ms": round(decode_s * 1e3, 3),
           "cache_speedup": round(decode_s / cache_s, 2), "target_speedup": 10.0,
-          "cache_counters": cache.counters, "fill": fill}, root
+          "cache_counters": pooled.counters, "fill": fill}, root
 
 
 def bench_scan(root: str) -> dict:
@@ -108,17 +107,8 @@ def bench_scan(root: str) -> dict:
   return out
 
 
-def _spin(seconds: float) -> int:
-  """Pure-Python work for `seconds` of this process's CPU time; returns the loops done."""
-  n, end = 0, time.process_time() + seconds
-  while time.process_time() < end:
-    for _ in range(10_000):
-      n += 1
-  return n
-
-
-def _spin_wall(seconds: float) -> float:
-  """Loops per wall second of `_spin`-like work for `seconds` of wall time."""
+def _spin(seconds: float) -> float:
+  """Pure-Python loops per wall second, spinning for `seconds` of wall time."""
   n, t0 = 0, time.perf_counter()
   while time.perf_counter() - t0 < seconds:
     for _ in range(10_000):
@@ -135,11 +125,11 @@ def bench_cpus(seconds: float = 1.0) -> dict:
     if os.path.exists(path):
       with open(path) as f:
         out["cgroup_" + os.path.basename(path)] = f.read().strip()
-  one = _spin_wall(seconds)
+  one = _spin(seconds)
   with concurrent.futures.ProcessPoolExecutor(
       cores, mp_context=multiprocessing.get_context("forkserver")) as pool:
     list(pool.map(_spin, [0.01] * cores))   # every process started
-    rates = list(pool.map(_spin_wall, [seconds] * cores))
+    rates = list(pool.map(_spin, [seconds] * cores))
   out["cores_busy_at_once"] = round(sum(rates) / one, 2)
   return out
 

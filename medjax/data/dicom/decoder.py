@@ -105,19 +105,22 @@ class Decoder:
     path = os.fspath(path)
     if self.isolate == "none":
       return dicom.load_image(path, self.budgets, roots=roots)
-    seen = []
-
-    def here(ts) -> bool:   # native pixel data decodes here, in the same read
-      seen.append(ts if ts is not None and ts.is_transfer_syntax else None)
-      return (self.isolate == "compressed" and seen[0] is not None
-              and not (ts.is_encapsulated or ts.is_deflated))
-    image = dicom.load_image_if(path, here, self.budgets, roots=roots)
+    image, ts = dicom.load_image_if(path, self._decodes_here, self.budgets, roots=roots)
     if image is not None:
       return image
-    what = seen[0].name if seen[0] is not None else "a dataset without a known transfer syntax"
+    what = ts.name if _known(ts) else "a dataset without a known transfer syntax"
     pool = _pool(self.memory_mb, self.timeout_s, self.workers)
     return pool.decode(path, {"path": path, "roots": [os.fspath(r) for r in roots],
                               "budgets": dataclasses.asdict(self.budgets)}, what)
+
+  def _decodes_here(self, ts) -> bool:
+    """Native pixel data decodes in this process ('compressed'), in the read that found it."""
+    return (self.isolate == "compressed" and _known(ts)
+            and not (ts.is_encapsulated or ts.is_deflated))
+
+
+def _known(ts) -> bool:
+  return ts is not None and ts.is_transfer_syntax
 
 
 def default() -> Decoder:

@@ -166,28 +166,18 @@ def load_image(path: str | os.PathLike, budgets: Budgets | None = None, *,
   return _guarded(path, budgets, roots, lambda f, size: _load(path, f, size, budgets))
 
 
-def transfer_syntax(path: str | os.PathLike, budgets: Budgets | None = None, *,
-                    roots: Sequence[str] = ()) -> uids.UID | None:
-  """The transfer syntax in the file meta, read without parsing the dataset; None if it has none.
-
-  For choosing where to decode a file: the path checks and the file-size budget apply, the
-  rest of the file is not read. A bare dataset (no preamble or file meta) gives None.
-
-  Raises:
-    RejectedFile: the path is not a regular file within budget.
-  """
-  return _guarded(os.fspath(path), budgets or Budgets(), roots, lambda f, size: _meta_syntax(f))
-
-
 def load_image_if(path: str | os.PathLike, here: Callable[[uids.UID | None], bool],
                   budgets: Budgets | None = None, *, roots: Sequence[str] = ()
-                  ) -> np.ndarray | None:
-  """`load_image` if `here(the file's transfer_syntax)` is true, else None (the caller decodes
-  the file elsewhere): one open and one read of the file meta serve both, where
-  `transfer_syntax` then `load_image` took two of each.
+                  ) -> tuple[np.ndarray | None, uids.UID | None]:
+  """(image, transfer syntax): the file's transfer syntax, read from its file meta without
+  parsing the dataset (None for a bare dataset, without preamble or file meta), and the image
+  `load_image` decodes if `here(that syntax)` is true, else None (the caller decodes the file
+  elsewhere). One open and one read of the file meta serve both: choosing where to decode, then
+  decoding, used to take two of each.
 
   Raises:
-    RejectedFile: as `load_image` (as `transfer_syntax` when `here` says no).
+    RejectedFile: as `load_image`; when `here` says no, only for the path checks and the
+      file-size budget (the rest of the file is not read).
   """
   path = os.fspath(path)
   budgets = budgets or Budgets()
@@ -195,9 +185,9 @@ def load_image_if(path: str | os.PathLike, here: Callable[[uids.UID | None], boo
   def load(f, size):
     syntax = _meta_syntax(f)
     if not here(syntax):
-      return None
+      return None, syntax
     deflated = syntax is None or syntax == uids.DeflatedExplicitVRLittleEndian
-    return _load(path, f, size, budgets, deflated=deflated)
+    return _load(path, f, size, budgets, deflated=deflated), syntax
   return _guarded(path, budgets, roots, load)
 
 
