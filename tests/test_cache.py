@@ -379,3 +379,22 @@ def test_a_fill_whose_decoding_process_dies_goes_on_in_this_process(tmp_path, in
     assert pool.processes == 1 and "a decoding process died" in caplog.text
   for a, (b, *_) in zip(expected, got):
     np.testing.assert_array_equal(a, b["images"])
+
+
+def test_batches_carry_images_as_stored_however_they_were_read(tmp_path, ingested):
+  """float16 (records.IMAGE_DTYPE) from a miss decoded here, a hit on disk, a held record and
+  padding alike: one dtype for the compiled step, and a record reads the same before and after
+  it was cached."""
+  config, result, root = ingested
+  cache = _open(tmp_path, config, result, root)
+  rows = np.concatenate([np.arange(len(result.manifest)), [-1]])
+  missed = cache.read(rows)   # nothing cached yet: decoded here
+  assert cache.counters["misses"] == len(rows) - 1
+  from_disk = _open(tmp_path, config, result, root).read(rows)
+  cache.hold_in_memory(rows[:-1], budget_mb=64)
+  held = cache.read(rows)
+  for batch in (missed, from_disk, held):
+    assert batch["images"].dtype == records.IMAGE_DTYPE == np.float16
+    assert batch["labs"].dtype == batch["vitals"].dtype == np.float32
+    for k in batch:
+      np.testing.assert_array_equal(batch[k], missed[k])

@@ -72,9 +72,9 @@ class BatchReader:
 def read_threads() -> int:
   """Prefetch threads for the 'thread' path: a quarter of the host's cores, 1 to 4.
 
-  A batch of 512 paper-size records is ~32 MB of float32 gathered, normalised and copied to the
-  device; numpy and the transfer release the GIL, so a few threads read several steps at once
-  (one thread read a 512-slot batch in 6.7 ms on a 16-core H100 host when it held only ~90 real
+  A batch of 512 paper-size records is ~17 MB (float16 images) gathered, normalised and copied
+  to the device; numpy and the transfer release the GIL, so a few threads read several steps at
+  once (one thread read a 512-slot batch in 6.7 ms on a 16-core H100 host when it held only ~90 real
   records: about the step's time at full batches). More would take cores from the host's other
   work (decoding children, the saver, the monitor).
   """

@@ -1,7 +1,8 @@
 """One manifest row -> the fixed-shape arrays the model reads.
 
 A record is a dict of numpy arrays:
-  images_MxSxS   float32 in [0, 1], up to M images (frames count as images), letterboxed to S x S
+  images_MxSxS   in [0, 1], up to M images (frames count as images), letterboxed to S x S: float32
+                 as decoded, float16 in batches (IMAGE_DTYPE, as the cache stores them)
   image_mask_M   bool
   labs_L         raw lab values (NaN-free; 0 where missing)
   labs_mask_L    bool
@@ -24,6 +25,10 @@ from medjax.data.dicom import decoder as decoder_lib
 from medjax.data.dicom import limits as dicom_limits
 
 KEYS = ("images", "image_mask", "labs", "labs_mask", "vitals", "vitals_mask")
+# Batches carry images as the cache stores them, and the model casts them to its dtype on the
+# device: half the bytes of float32 to gather and copy to the device (a batch of 512 paper
+# records is 16 MB, not 32), and the same values, since every image was stored in float16.
+IMAGE_DTYPE = np.float16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,8 +57,9 @@ def shapes_for(data_config, tables: dict[str, np.ndarray]) -> Shapes:
 
 
 def empty(shapes: Shapes, n: int) -> dict[str, np.ndarray]:
-  """n all-missing records (padding)."""
-  return {k: np.zeros((n, *shape), bool if k.endswith("mask") else np.float32)
+  """n all-missing records (padding), in batch dtypes."""
+  return {k: np.zeros((n, *shape), bool if k.endswith("mask") else
+                      IMAGE_DTYPE if k == "images" else np.float32)
           for k, shape in shapes.record_shapes().items()}
 
 

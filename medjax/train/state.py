@@ -153,7 +153,8 @@ def statistics(reader, rows: np.ndarray, tables) -> tuple:
   size = reader.cache.shapes.image_size
   sample = reader.cache.read(rows[:256])
   images = sample["images"][sample["image_mask"]]
-  image_mean = images.mean(0) if len(images) else np.zeros((size, size), np.float32)
+  image_mean = (images.mean(0, dtype=np.float32) if len(images)
+                else np.zeros((size, size), np.float32))
   labs_mask = tables["labs_mask"][rows]
   return (image_mean, -tables["labs_mean"] / tables["labs_std"],
           -tables["vitals_mean"] / tables["vitals_std"],

@@ -27,7 +27,7 @@ from medjax.data import records
 
 FORMAT_VERSION = 1
 TABLES = -1        # the slot of a record without images: built from the tables, not stored
-IMAGE_DTYPE = np.float16
+IMAGE_DTYPE = records.IMAGE_DTYPE
 _COMPRESSOR = {"id": "blosc", "cname": "lz4", "clevel": 1, "shuffle": 2}
 
 
@@ -215,7 +215,7 @@ class Disk:
   def unpack(self, images: np.ndarray, tab: np.ndarray) -> dict[str, np.ndarray]:
     """One record's arrays from its packed form, or a batch's (leading batch axis on both)."""
     lead = tab.shape[:-1]
-    out = {"images": images.astype(np.float32)}
+    out = {"images": images}   # as stored: batches carry float16 images (records.IMAGE_DTYPE)
     offset = 0
     for k, size in zip([k for k in records.KEYS if k != "images"], self._tab_sizes):
       value = tab[..., offset:offset + size].reshape(*lead, *self._shapes[k])

@@ -121,7 +121,7 @@ class Cache:
     checksums checked, once here. Returns how many records are held (0: over budget).
     """
     rows = np.asarray([r for r in rows if self.manifest.record_ids[r] in self.index], np.int64)
-    per_record = sum(int(np.prod(s)) * (1 if k.endswith("mask") else 4)
+    per_record = sum(int(np.prod(s)) * records.empty(self.shapes, 1)[k].itemsize
                      for k, s in self.disk.record_shapes.items())
     if not len(rows) or len(rows) * per_record > budget_mb * 2**20:
       if len(rows):
