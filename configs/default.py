@@ -72,7 +72,9 @@ def get_config(arg=None):
   # Processes that decode a cache fill (the records of a host's first epoch); 0: one per CPU core.
   data.decode_processes = 0
   data.cache_dir = ""         # node-local decoded cache; default <workdir>/cache
-  data.cache_memory_mb = 1024  # also hold a host's cached records in memory when they fit
+  # Also hold a process's cached records in memory when they fit in this many MB; -1: a quarter
+  # of the memory available, shared by the host's processes; 0: never.
+  data.cache_memory_mb = -1
   data.prefetch = "auto"      # read ahead: 'thread', 'inline' (training thread), 'auto'
                               # (CPU: inline)
   data.reingest = False       # ingest again even if <workdir>/ingest exists

@@ -7,10 +7,12 @@ import os
 import shutil
 
 import numpy as np
+import psutil
 import pytest
 
 from configs import default as default_config
 from medjax.data import cache as cache_lib
+from medjax.data import host
 from medjax.data import ingest
 from medjax.data import loader
 from medjax.data import records
@@ -379,6 +381,14 @@ def test_a_fill_whose_decoding_process_dies_goes_on_in_this_process(tmp_path, in
     assert pool.processes == 1 and "a decoding process died" in caplog.text
   for a, (b, *_) in zip(expected, got):
     np.testing.assert_array_equal(a, b["images"])
+
+
+def test_the_memory_budget_is_as_set_or_a_quarter_of_the_free_memory_shared_by_processes():
+  assert host.memory_budget_mb(0, 2) == 0 and host.memory_budget_mb(512, 4) == 512
+  free_mb = psutil.virtual_memory().available / 2**20
+  auto = host.memory_budget_mb(-1, 1)
+  assert 0.2 * free_mb < auto < 0.3 * free_mb   # free memory moves a little between the calls
+  assert 0.15 * auto < host.memory_budget_mb(-1, 4) < 0.35 * auto
 
 
 def test_batches_carry_images_as_stored_however_they_were_read(tmp_path, ingested):

@@ -105,7 +105,8 @@ def _rules() -> dict[str, tuple[Check, ...]]:
        "optim.local_steps fault.local_hosts fault.devices_per_worker fault.min_hosts "
        "fault.jax_heartbeat_timeout_s " + syn("num_patients num_analytes max_images "
        "mean_images latent_dim_shared class_rank_shared image_latent_dim max_missing_panels"))
-  each(_at_least(0), "seed data.cache_memory_mb model.fusion_layers optim.weight_decay "
+  each(_at_least(-1, " (-1: a quarter of the free memory; 0: none)"), "data.cache_memory_mb")
+  each(_at_least(0), "seed model.fusion_layers optim.weight_decay ckpt.every_seconds "
        "optim.class_weight_power fault.replacement_wait_s fault.backoff_s fault.backoff_max_s "
        "fault.workers_per_host fault.local_spares optim.replicas optim.late_after_s "
        "fault.max_failures_without_progress fault.max_coordinator_restarts fault.hang_factor "
@@ -154,7 +155,6 @@ def _rules() -> dict[str, tuple[Check, ...]]:
   each(_at_least(0, " (0: keep all)"), "ckpt.max_to_keep")
   each(_at_least(0, " (0: no confidence intervals)"), "evals.bootstrap")
   each(_at_least(0, " (0: only at partition boundaries)"), "ckpt.every_steps")
-  each(_at_least(0), "ckpt.every_seconds")
   each(_at_least(0, " (0: a checkpoint at every boundary)"), "ckpt.min_interval_s")
   each(_at_least(0, " (0: no host-local snapshots)"), "ckpt.snapshot_every_steps")
   each(lambda v: None if 0 < v <= 1 else "must be in (0, 1] (1: no rest)", "ckpt.writer_duty")

@@ -121,13 +121,12 @@ class Cache:
     checksums checked, once here. Returns how many records are held (0: over budget).
     """
     rows = np.asarray([r for r in rows if self.manifest.record_ids[r] in self.index], np.int64)
-    per_record = sum(int(np.prod(s)) * records.empty(self.shapes, 1)[k].itemsize
-                     for k, s in self.disk.record_shapes.items())
+    per_record = sum(v.nbytes for v in records.empty(self.shapes, 1).values())
     if not len(rows) or len(rows) * per_record > budget_mb * 2**20:
       if len(rows):
-        logging.info("cache %s: %d records need %.0f MB, over config.data.cache_memory_mb=%s; "
-                     "reading them from disk", self.path, len(rows),
-                     len(rows) * per_record / 2**20, budget_mb)
+        logging.warning("cache %s: %d records need %.0f MB, over the %.0f MB budget; reading them "
+                        "from disk, slower (raise config.data.cache_memory_mb)", self.path,
+                        len(rows), len(rows) * per_record / 2**20, budget_mb)
       return 0
     hits = self.counters["hits"]
     batch = self.read(rows)
