@@ -26,8 +26,9 @@ from medjax.data.dicom import limits as dicom_limits
 
 KEYS = ("images", "image_mask", "labs", "labs_mask", "vitals", "vitals_mask")
 # Batches carry images as the cache stores them, and the model casts them to its dtype on the
-# device: half the bytes of float32 to gather and copy to the device (a batch of 512 paper
-# records is 16 MB, not 32), and the same values, since every image was stored in float16.
+# device: half the bytes of float32 to gather and copy to the device (16.8 MB of images in a
+# batch of 512 paper records, not 33.6), and the same values, since every image was stored in
+# float16.
 IMAGE_DTYPE = np.float16
 
 

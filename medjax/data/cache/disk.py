@@ -27,7 +27,6 @@ from medjax.data import records
 
 FORMAT_VERSION = 1
 TABLES = -1        # the slot of a record without images: built from the tables, not stored
-IMAGE_DTYPE = records.IMAGE_DTYPE
 _COMPRESSOR = {"id": "blosc", "cname": "lz4", "clevel": 1, "shuffle": 2}
 
 
@@ -138,7 +137,7 @@ class Disk:
     if os.path.exists(index_path):
       self._index_mtime = os.stat(index_path).st_mtime_ns
     s, m = self.shapes.image_size, self.shapes.max_images
-    self.images, made_images = self._array("images", ts.dtype(IMAGE_DTYPE), [64, m, s, s])
+    self.images, made_images = self._array("images", ts.dtype(records.IMAGE_DTYPE), [64, m, s, s])
     self.tab, made_tab = self._array("tab", ts.float32, [64, sum(self._tab_sizes)])
     if (made_images or made_tab) and any(e[0] != TABLES for e in self.index.values()):
       # New arrays hold no record: the entries that name a slot name nothing (and a slot past
@@ -201,7 +200,7 @@ class Disk:
       return
     capacity = max([slot for slot, _, _ in index.values()], default=-1) + 1
     if capacity > self.images.shape[0]:
-      self.images, _ = self._array("images", ts.dtype(IMAGE_DTYPE), list(self.images.shape))
+      self.images, _ = self._array("images", ts.dtype(records.IMAGE_DTYPE), list(self.images.shape))
       self.tab, _ = self._array("tab", ts.float32, list(self.tab.shape))
     self.index = {rid: e for rid, e in index.items() if e[0] < self.images.shape[0]}
 
@@ -210,7 +209,7 @@ class Disk:
   def pack(self, rec: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     tab = np.concatenate([rec[k].astype(np.float32).ravel() for k in records.KEYS
                           if k != "images"])
-    return np.asarray(rec["images"], IMAGE_DTYPE), tab   # no copy when it is already
+    return np.asarray(rec["images"], records.IMAGE_DTYPE), tab   # no copy when it is already
 
   def unpack(self, images: np.ndarray, tab: np.ndarray) -> dict[str, np.ndarray]:
     """One record's arrays from its packed form, or a batch's (leading batch axis on both)."""

@@ -23,7 +23,6 @@ from typing import Callable
 import numpy as np
 
 from medjax.data import records
-from medjax.data.cache import disk as disk_lib
 
 MIN_RECORDS = 256   # fewer records than this decode in the calling process
 
@@ -32,7 +31,7 @@ def decode_stored(job: tuple) -> tuple[dict[str, np.ndarray], list[dict], int, f
   """`records.decode_images_timed`, images in the dtype the cache stores (float16): a fill's
   process sends half the bytes back, and the writing process casts nothing."""
   images, rejected, nbytes, seconds = records.decode_images_timed(job)
-  images["images"] = images["images"].astype(disk_lib.IMAGE_DTYPE)
+  images["images"] = images["images"].astype(records.IMAGE_DTYPE)
   return images, rejected, nbytes, seconds
 
 
