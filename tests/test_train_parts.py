@@ -21,6 +21,7 @@ from medjax.checkpoint import policy
 from medjax.checkpoint import restore
 from medjax.checkpoint import saver as saver_lib
 from medjax.runtime import context
+from medjax.train import loop as loop_lib
 from medjax.train import reporting
 
 
@@ -808,3 +809,37 @@ def test_planned_steps_at_a_finished_segments_end_end_it_instead_of_planning_not
   log = _walk("inline", _cursor(epoch=0, partition=3, offset=0))
   assert log[0] == ("end", 0, 2)
   assert [e[1] for e in log if e[0] == "step"] == [100, 101, 102, 120, 121]
+
+
+def test_boundaries_publish_the_cache_counters_at_most_every_interval_and_epoch_ends_always(
+    monkeypatch):
+  """A partition's boundary publishes this process's cache counters only when the last
+  publication is `COUNTERS_EVERY_S` old; an epoch's end publishes, waits for every process and
+  has the chief log every host's."""
+  now = [100.0]
+  monkeypatch.setattr(loop_lib.time, "monotonic", lambda: now[0])
+  calls = []
+  data = types.SimpleNamespace(publish_counters=lambda: calls.append("publish"),
+                               gathered_counters=lambda: {"total": {}})
+  config = ml_collections.ConfigDict({"fault": {"timeout_compile_s": 5.0}})
+  ctx = types.SimpleNamespace(phase="training", set_phase=lambda phase: None)
+  loop = types.SimpleNamespace(
+      p=types.SimpleNamespace(data=data, config=config,
+                              barrier=lambda name, timeout: calls.append("barrier")),
+      ctx=ctx, is_chief=True, cursor=types.SimpleNamespace(global_step=7),
+      reporter=types.SimpleNamespace(cache_counters=lambda *a: calls.append("log")),
+      counters_published_at=float("-inf"))
+
+  def publish(epoch_end):
+    loop_lib._Loop._publish_cache_counters(loop, epoch_end=epoch_end)
+
+  publish(epoch_end=None)
+  assert calls == ["publish"]
+  now[0] += loop_lib.COUNTERS_EVERY_S / 2
+  publish(epoch_end=None)
+  assert calls == ["publish"]                       # too soon: nothing written
+  publish(epoch_end=0)
+  assert calls == ["publish", "publish", "barrier", "log"]
+  now[0] += loop_lib.COUNTERS_EVERY_S
+  publish(epoch_end=None)
+  assert calls[-1] == "publish" and len(calls) == 5
