@@ -166,7 +166,7 @@ def get_config(arg=None):
   config.mesh = mesh = ml_collections.ConfigDict()
   mesh.data = -1                        # data-parallel axis size; -1: all devices fsdp leaves
   mesh.fsdp = 1                         # parameter-sharding axis size
-  # JAX persistent compilation cache; default <workdir>/jax_cache.
+  # JAX persistent compilation cache; unset: $JAX_COMPILATION_CACHE_DIR, else <workdir>/jax_cache
   mesh.compilation_cache_dir = ""
 
   config.ckpt = ckpt = ml_collections.ConfigDict()

@@ -122,8 +122,10 @@ class RunPaths:
 
   @property
   def compilation_cache(self) -> str:
-    """JAX's persistent compilation cache: config.mesh.compilation_cache_dir or jax_cache/."""
-    return self._configured("mesh", "compilation_cache_dir") or self._in("jax_cache")
+    """JAX's persistent compilation cache: config.mesh.compilation_cache_dir, else JAX's own
+    JAX_COMPILATION_CACHE_DIR (`compilation_cache_or`), else jax_cache/."""
+    return (self._configured("mesh", "compilation_cache_dir")
+            or compilation_cache_or(self._in("jax_cache")))
 
   @property
   def metrics(self) -> str:
@@ -214,3 +216,10 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
   except (OSError, ValueError, TypeError) as e:
     raise errors.InputError(f"{path} is damaged or unreadable ({type(e).__name__}); start the "
                             "coordinator or launcher again with --config to write it") from e
+
+
+def compilation_cache_or(default: str) -> str:
+  """JAX_COMPILATION_CACHE_DIR where the environment sets it (JAX's own setting: one cache that
+  every run on the machine shares, so a run compiles only what no run compiled before), else
+  `default`."""
+  return os.environ.get("JAX_COMPILATION_CACHE_DIR") or default

@@ -1,13 +1,27 @@
-"""Test setup: 8 fake CPU devices, set before jax is imported anywhere."""
+"""Test setup: 8 fake CPU devices, set before jax is imported anywhere; one JAX compilation
+cache for the session's runs."""
 
 import os
 import shutil
+import tempfile
 
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                            + " --xla_force_host_platform_device_count=8").strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# Every run the suite starts (launch.py, workers, in-process runs) shares one compilation cache,
+# fresh per session (`paths.compilation_cache_or`): a run compiles only programs no run compiled
+# before (the tiny config's first run spent 14 s compiling). A test that sets
+# mesh.compilation_cache_dir keeps its own.
+_COMPILATION_CACHE = tempfile.mkdtemp(prefix="medjax-tests-jax-cache-")
+os.environ["JAX_COMPILATION_CACHE_DIR"] = _COMPILATION_CACHE
 
 import pytest  # pylint: disable=wrong-import-position
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _compilation_cache_removed_after_the_session():
+  yield
+  shutil.rmtree(_COMPILATION_CACHE, ignore_errors=True)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -15,6 +15,7 @@ import pytest
 
 from medjax import errors
 from medjax import lineage
+from medjax import paths
 from medjax.checkpoint import checkpointer
 from medjax.checkpoint import packing
 from medjax.checkpoint import policy
@@ -618,7 +619,6 @@ def test_checkpoints_unknown_to_the_lineage_store_are_never_deleted(tmp_path):
 def test_standby_lists_checkpoints_again_when_one_is_pruned_meanwhile(monkeypatch, tmp_path):
   # CI saw it: the running generation's coordinator deleted step 208 while the standby's Orbax
   # read its metadata, and the standby gave up preparing ahead.
-  from medjax import paths  # pylint: disable=import-outside-toplevel
   from medjax.train import prepare  # pylint: disable=import-outside-toplevel
   calls = []
 
@@ -843,3 +843,15 @@ def test_boundaries_publish_the_cache_counters_at_most_every_interval_and_epoch_
   now[0] += loop_lib.COUNTERS_EVERY_S
   publish(epoch_end=None)
   assert calls[-1] == "publish" and len(calls) == 5
+
+
+def test_the_compilation_cache_is_the_configs_else_jaxs_environment_setting_else_the_workdirs(
+    monkeypatch):
+  config = ml_collections.ConfigDict({"mesh": {"compilation_cache_dir": ""}})
+  monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
+  assert paths.RunPaths("/w", config).compilation_cache == "/w/jax_cache"
+  monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", "/machine/jax_cache")
+  assert paths.RunPaths("/w", config).compilation_cache == "/machine/jax_cache"
+  assert paths.RunPaths("/w").compilation_cache == "/machine/jax_cache"
+  config.mesh.compilation_cache_dir = "/shared/jax_cache"
+  assert paths.RunPaths("/w", config).compilation_cache == "/shared/jax_cache"

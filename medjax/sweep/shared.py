@@ -66,7 +66,8 @@ def wiring(sweep: spec.Sweep, where: layout_lib.SweepPaths) -> dict:
   out = {"data.root": base.data.root or data_run.cohort,
          "data.salt_file": data_run.salt,
          "data.cache_dir": data_run.cache_root,
-         "mesh.compilation_cache_dir": base.mesh.compilation_cache_dir or where.compilation_cache}
+         "mesh.compilation_cache_dir": (base.mesh.compilation_cache_dir
+                                        or paths.compilation_cache_or(where.compilation_cache))}
   return out
 
 
