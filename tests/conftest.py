@@ -10,8 +10,8 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # Every run the suite starts (launch.py, workers, in-process runs) shares one compilation cache,
 # fresh per session (`paths.compilation_cache_or`): a run compiles only programs no run compiled
-# before (the tiny config's first run spent 14 s compiling). A test that sets
-# mesh.compilation_cache_dir keeps its own.
+# before (the tiny config's first run spent 14 s compiling; the suite in a fresh clone on 2 cores
+# took 1,931 s against 2,002). A test that sets mesh.compilation_cache_dir keeps its own.
 _COMPILATION_CACHE = tempfile.mkdtemp(prefix="medjax-tests-jax-cache-")
 os.environ["JAX_COMPILATION_CACHE_DIR"] = _COMPILATION_CACHE
 
