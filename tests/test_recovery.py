@@ -129,6 +129,19 @@ def _agent(tmp_path, workers_per_host: int = 1) -> agent_lib.Agent:
                          fault_config=config.fault)
 
 
+def test_a_cpu_worker_keeps_the_users_xla_flags_with_its_own_device_count(tmp_path, monkeypatch):
+  """The agent gives each CPU worker its device count and keeps the user's other XLA flags (a
+  dump folder, the backend's optimisation level); a device count the user set is replaced."""
+  agent = _agent(tmp_path)
+  monkeypatch.setenv("XLA_FLAGS", "--xla_backend_optimization_level=0 "
+                     "--xla_force_host_platform_device_count=8 --xla_dump_to=/tmp/d")
+  assert agent._env(2)["XLA_FLAGS"].split() == [
+      "--xla_backend_optimization_level=0", "--xla_dump_to=/tmp/d",
+      "--xla_force_host_platform_device_count=2"]
+  monkeypatch.delenv("XLA_FLAGS")
+  assert agent._env(1)["XLA_FLAGS"] == "--xla_force_host_platform_device_count=1"
+
+
 def test_on_a_gpu_only_spares_started_beside_a_running_worker_prepare(tmp_path, monkeypatch):
   """JAX takes 75% of a GPU's memory at its start: a spare started while a generation trains
   allocates what it uses instead, so that it can prepare beside the worker on the same GPU;

@@ -60,6 +60,14 @@ def _suspended(pid: int) -> bool:
     return False
 
 
+def with_device_count(xla_flags: str, devices: int) -> str:
+  """The user's XLA_FLAGS with the CPU device count a worker gets (any count they held
+  replaced): flags such as --xla_dump_to or the backend's optimisation level reach the workers."""
+  kept = [f for f in xla_flags.split()
+          if not f.startswith("--xla_force_host_platform_device_count")]
+  return " ".join([*kept, f"--xla_force_host_platform_device_count={devices}"])
+
+
 class Agent:
   """Supervises one host's workers for the coordinator at `address`."""
 
@@ -102,7 +110,7 @@ class Agent:
     anything trains keep JAX's default: a run that never fails runs as it always did."""
     env = dict(os.environ)
     if self.layout.platform == "cpu":
-      env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+      env["XLA_FLAGS"] = with_device_count(env.get("XLA_FLAGS", ""), devices)
       env.setdefault("JAX_PLATFORMS", "cpu")
     elif self.layout.platform == "gpu" and beside:
       env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
