@@ -5,12 +5,7 @@ import os
 import shutil
 import tempfile
 
-# LLVM's optimisation level 0 for every program the suite compiles (in this process and, through
-# runs.env and the agents, in every worker): the suite's models are tiny and train for seconds, so
-# compiling is most of their time. It changes no HLO pass, only how fast the CPU code is: the
-# tiny config's cold compile took 7.1 s against 19.6 s, its steps 68/s against 81/s.
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                           + " --xla_backend_optimization_level=0"
                            + " --xla_force_host_platform_device_count=8").strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # Every run the suite starts (launch.py, workers, in-process runs) shares one compilation cache,
