@@ -112,7 +112,7 @@ def test_an_exception_python_can_only_report_goes_to_the_log_not_after_the_error
 @pytest.fixture(scope="module")
 def shared(tmp_path_factory):
   base = tmp_path_factory.mktemp("bad_state")
-  return {"base": base, "common": [f"--config.mesh.compilation_cache_dir={base / 'jax_cache'}"]}
+  return {"base": base, "common": []}   # the session's compilation cache (conftest.py)
 
 
 def _finished_run(shared, name: str, *overrides: str) -> str:

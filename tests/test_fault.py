@@ -31,15 +31,13 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def shared(tmp_path_factory):
-  """One cohort and one compilation cache shared by the runs of this module."""
-  base = tmp_path_factory.mktemp("fault")
-  return {"base": base, "cache": str(base / "jax_cache")}
+  """The runs' base folder and their salt (the compilation cache is the session's, conftest.py)."""
+  return {"base": tmp_path_factory.mktemp("fault")}
 
 
 def _common(shared):
   # One salt: the same pseudonymous ids, hence the same split and plans, in every run.
-  return [f"--config.mesh.compilation_cache_dir={shared['cache']}",
-          f"--config.data.salt_file={shared['base'] / 'id_salt'}"]
+  return [f"--config.data.salt_file={shared['base'] / 'id_salt'}"]
 
 
 def _ledger_counts(workdir, final_step):
@@ -491,12 +489,13 @@ def test_a_crash_recovers_through_a_warm_standby_with_its_phases(shared):
   workdir = str(shared["base"] / "warm")
   # 'always': by default a CPU host keeps a spare standby, prepared, only once the run has
   # failed (a clean run does not pay for it); this run's first crash is to find one. The crash
-  # must come while it still trains, and saves that never wait for the writer made 30 epochs
-  # end before the standby was ready.
-  # 300 epochs: on a loaded machine 100 ended (or the crash came after training, path
-  # 'unknown') before the standby was prepared.
-  proc = runs.start(workdir, *_common(shared), "--config.optim.epochs=300",
-                    "--config.fault.warm_standby=always")
+  # must come while it still trains: at full speed 100 epochs ended on a loaded machine (or the
+  # crash came after training, path 'unknown') before the standby was prepared. So the first
+  # generation is slowed (a 'slow' fault, 0.1 s more a step: 600 steps take a minute or more);
+  # its replacement is not, and trains what is left at full speed.
+  proc = runs.start(workdir, *_common(shared), "--config.optim.epochs=40",
+                    "--config.fault.warm_standby=always", "--config.fault.slow_step_s=0.1",
+                    "--config.fault.inject=slow@step=1:process=0")
   _kill_once_prepared(proc, workdir, prepared=1, generation=1)
   ft = runs.summary(workdir)["fault_tolerance"]
   (crash,) = ft["failures"]
@@ -520,7 +519,7 @@ def test_a_crash_recovers_through_a_warm_standby_with_its_phases(shared):
   assert [(e["generation"], e["path"]) for e in reports] == [(1, "standby"),
                                                             (2, "warm_standby")], reports
   assert reports[0]["phases"]["compile"] > 0 and "compile" not in reports[1]["phases"]
-  _assert_exactly_once(workdir, epochs=300)
+  _assert_exactly_once(workdir, epochs=40)
 
 
 def test_two_processes_recover_through_a_group_of_standbys_that_joined_ahead(shared):

@@ -277,7 +277,6 @@ def test_a_killed_unsupervised_run_rerun_resumes_from_its_snapshot(tmp_path):
   common = ["--config.fault.supervised=False", "--config.optim.epochs=4",
             "--config.data.num_partitions=1", "--config.ckpt.every_steps=0",
             "--config.ckpt.snapshot_every_steps=1", "--config.ckpt.writer_duty=1.0",
-            f"--config.mesh.compilation_cache_dir={tmp_path / 'jax_cache'}",
             f"--config.data.salt_file={tmp_path / 'id_salt'}"]
   clean, killed = str(tmp_path / "clean"), str(tmp_path / "killed")
   assert runs.run(clean, *common) == 0, runs.tail(clean)
