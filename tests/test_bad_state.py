@@ -110,27 +110,27 @@ def test_an_exception_python_can_only_report_goes_to_the_log_not_after_the_error
 # for the rule itself: its exit code, the one line on stderr, the events and the recovery.
 
 @pytest.fixture(scope="module")
-def shared(tmp_path_factory):
-  base = tmp_path_factory.mktemp("bad_state")
-  return {"base": base, "common": []}   # the session's compilation cache (conftest.py)
+def base(tmp_path_factory):
+  """The folder of the module's finished runs (the compilation cache is the session's)."""
+  return tmp_path_factory.mktemp("bad_state")
 
 
-def _finished_run(shared, name: str, *overrides: str) -> str:
-  workdir = str(shared["base"] / name)
-  assert runs.run(workdir, *shared["common"], *overrides, timeout=300) == 0, runs.tail(workdir)
+def _finished_run(base, name: str, *overrides: str) -> str:
+  workdir = str(base / name)
+  assert runs.run(workdir, *overrides, timeout=300) == 0, runs.tail(workdir)
   return workdir
 
 
 @pytest.fixture(scope="module")
-def supervised(shared):
+def supervised(base):
   """A finished tiny run: launcher, coordinator, one agent, one worker."""
-  return _finished_run(shared, "supervised")
+  return _finished_run(base, "supervised")
 
 
 @pytest.fixture(scope="module")
-def unsupervised(shared):
+def unsupervised(base):
   """A finished tiny run in one process."""
-  return _finished_run(shared, "unsupervised", "--config.fault.supervised=False")
+  return _finished_run(base, "unsupervised", "--config.fault.supervised=False")
 
 
 def _copy(run: str, to) -> str:
@@ -142,11 +142,11 @@ def _copy(run: str, to) -> str:
   return to
 
 
-def _resume(shared, work: str, *overrides: str, supervised_run: bool = False) -> int:
+def _resume(work: str, *overrides: str, supervised_run: bool = False) -> int:
   """The run again, one more epoch, as a user reruns it."""
   more = ["--config.optim.epochs=3"] + ([] if supervised_run else
                                         ["--config.fault.supervised=False"])
-  return runs.run(work, *shared["common"], *more, *overrides, timeout=300)
+  return runs.run(work, *more, *overrides, timeout=300)
 
 
 def _lines(work: str, name: str = "launcher.log") -> list[str]:
@@ -247,13 +247,13 @@ def test_a_coordinator_state_of_another_shape_starts_fresh_naming_the_field(
 @pytest.mark.parametrize("change, field", [
     ({"generation": "3"}, "generation"), ({"failures": [1, 2]}, "failures[0]"),
     ({"spec": []}, "spec"), ({"status": 7}, "status")])
-def test_a_run_resumes_past_a_coordinator_state_of_another_shape(shared, supervised, tmp_path,
-                                                                  change, field):
+def test_a_run_resumes_past_a_coordinator_state_of_another_shape(supervised, tmp_path, change,
+                                                                  field):
   work = _copy(supervised, tmp_path / "work")
   before = len(runs.events(work))
   state_file = os.path.join(work, "lineage", "state", "coordinator")
   _write_json(state_file, {**_read_json(state_file), **change})
-  assert _resume(shared, work, supervised_run=True) == 0, runs.tail(work)
+  assert _resume(work, supervised_run=True) == 0, runs.tail(work)
   events = runs.events(work)[before:]
   names = [e["event"] for e in events]
   # One coordinator, started once: the state is refused where it is read, not in a crash later
@@ -284,7 +284,7 @@ def _newest(work: str) -> int:
     (lambda d: d.update(validation=[[0, True, 15]]), "validation[0][1]"),
 ])
 def test_a_lineage_record_of_another_shape_is_skipped_for_the_previous_checkpoint(
-    shared, unsupervised, tmp_path, change, field):
+    unsupervised, tmp_path, change, field):
   work = _copy(unsupervised, tmp_path / "work")
   newest = _newest(work)
   path = os.path.join(work, "lineage", "log", f"{newest:012d}")
@@ -293,7 +293,7 @@ def test_a_lineage_record_of_another_shape_is_skipped_for_the_previous_checkpoin
   _write_json(path, record)
   with pytest.raises(lineage.LineageError, match=f"lineage field {re.escape(repr(field))} "):
     lineage.LineageStore(os.path.join(work, "lineage")).record(newest)
-  assert _resume(shared, work) == 0, runs.tail(work)
+  assert _resume(work) == 0, runs.tail(work)
   log = _log(work)
   assert (f"checkpoint {newest} has an unreadable lineage record (lineage field {field!r} "
           in log), runs.tail(work, "log.txt")
@@ -330,12 +330,12 @@ def test_a_records_state_of_another_shape_stops_with_what_to_do(unsupervised, tm
 @pytest.mark.slow
 @pytest.mark.parametrize("supervised_run", [False, True])
 def test_a_run_with_a_records_state_of_another_shape_stops_with_one_line(
-    shared, supervised, unsupervised, tmp_path, supervised_run):
+    supervised, unsupervised, tmp_path, supervised_run):
   work = _copy(supervised if supervised_run else unsupervised, tmp_path / "work")
   _write_json(os.path.join(work, "lineage", "state", "records"),
               {"fingerprint": 5, "count": 300})
   before = len(runs.events(work))
-  code = _resume(shared, work, supervised_run=supervised_run)
+  code = _resume(work, supervised_run=supervised_run)
   _stops_with_one_line(
       work, code, f"{work}/lineage/state/records: field 'fingerprint' is 5, not a non-empty "
       "string; the file is damaged; restore it from a backup, or delete it",
@@ -347,12 +347,12 @@ def test_a_run_with_a_records_state_of_another_shape_stops_with_one_line(
 
 
 @pytest.mark.slow
-def test_a_run_with_a_snapshot_run_id_of_another_shape_stops_with_one_line(shared, unsupervised,
+def test_a_run_with_a_snapshot_run_id_of_another_shape_stops_with_one_line(unsupervised,
                                                                            tmp_path):
   work = _copy(unsupervised, tmp_path / "work")
   _write_json(os.path.join(work, "lineage", "state", "snapshots"), {"run": ["../other"]})
   _stops_with_one_line(
-      work, _resume(shared, work),
+      work, _resume(work),
       f"{work}/lineage/state/snapshots: field 'run' is ['../other'], not a string; the file is "
       "damaged; delete it", "training goes on from the newest committed checkpoint)")
 
@@ -360,15 +360,14 @@ def test_a_run_with_a_snapshot_run_id_of_another_shape_stops_with_one_line(share
 # -- 3. the decoded cache's own files -----------------------------------------------------------
 
 @pytest.mark.slow
-def test_a_run_rebuilds_what_its_cache_files_of_another_shape_held(shared, unsupervised,
-                                                                   tmp_path):
+def test_a_run_rebuilds_what_its_cache_files_of_another_shape_held(unsupervised, tmp_path):
   work = _copy(unsupervised, tmp_path / "work")
   cache = os.path.join(work, "cache", "host-0")
   _write_json(os.path.join(cache, "counters.0.json"), [1, 2])   # Cache() raised AttributeError
   index = _read_json(os.path.join(cache, "index.json"))
   index[sorted(index)[3]][2] = "crc"
   _write_json(os.path.join(cache, "index.json"), index)
-  assert _resume(shared, work) == 0, runs.tail(work)
+  assert _resume(work) == 0, runs.tail(work)
   log = _log(work)
   assert (f"cache: {cache}/counters.0.json is damaged (the file is [1, 2], not an object); its "
           "counters start again from zero") in log
@@ -452,13 +451,13 @@ def test_a_worker_process_with_a_damaged_spec_exits_with_its_line(supervised, tm
 
 
 @pytest.mark.slow
-def test_a_spec_damaged_before_its_worker_reads_it_costs_one_restart(shared, tmp_path):
+def test_a_spec_damaged_before_its_worker_reads_it_costs_one_restart(tmp_path):
   """gen-001.json rewritten the moment the coordinator writes it (its fresh worker, no standby,
   still imports JAX for a second or more): the worker leaves its line, its agent reports it,
   and the coordinator starts generation 2 with a spec of its own."""
   work = str(tmp_path / "work")
   spec_path = os.path.join(work, "generations", "gen-001.json")
-  proc = runs.start(work, *shared["common"], "--config.fault.standby_workers=False")
+  proc = runs.start(work, "--config.fault.standby_workers=False")
   try:
     good = runs.wait_for(lambda: os.path.exists(spec_path) and _spec_or_none(spec_path), 240,
                          "the first generation's spec", poll=0.002)
@@ -492,7 +491,7 @@ def _spec_or_none(path: str):
 
 
 @pytest.mark.slow
-def test_snapshot_headers_of_another_shape_are_skipped_for_the_checkpoint(shared, tmp_path):
+def test_snapshot_headers_of_another_shape_are_skipped_for_the_checkpoint(tmp_path):
   """A run killed mid-epoch; the host-local snapshots it left (one or two: the kill may land
   while the oldest is being written over) get headers of another shape: the rerun skips them,
   each with a warning naming the field, and resumes from the newest committed checkpoint (from
@@ -500,7 +499,7 @@ def test_snapshot_headers_of_another_shape_are_skipped_for_the_checkpoint(shared
   work = str(tmp_path / "work")
   # One partition per epoch (14-15 steps): a checkpoint at each epoch's end only (as
   # test_snapshots.py's run killed in its third epoch).
-  common = [*shared["common"], "--config.fault.supervised=False", "--config.optim.epochs=4",
+  common = ["--config.fault.supervised=False", "--config.optim.epochs=4",
             "--config.data.num_partitions=1", "--config.ckpt.every_steps=0",
             "--config.ckpt.snapshot_every_steps=1", "--config.ckpt.writer_duty=1.0"]
   code = runs.run(work, *common, "--config.fault.inject=kill@step=37:process=0", timeout=300)
@@ -630,14 +629,14 @@ def test_an_ingest_file_of_another_shape_is_one_line_saying_to_ingest_again(
 @pytest.mark.slow
 @pytest.mark.parametrize("which, supervised_run", [(0, False), (11, False), (18, True)])
 def test_a_run_over_an_ingest_of_another_shape_stops_with_one_line(
-    shared, supervised, unsupervised, tmp_path, which, supervised_run):
+    supervised, unsupervised, tmp_path, which, supervised_run):
   kind, damage, problem = INGEST_DAMAGE[which]
   work = _copy(supervised if supervised_run else unsupervised, tmp_path / "work")
   problem = problem.format()   # (these three name no count)
   path = damage(work)
-  line = _stops_with_one_line(work, _resume(shared, work, supervised_run=supervised_run),
+  line = _stops_with_one_line(work, _resume(work, supervised_run=supervised_run),
                               f"{path} is damaged", f"; {ingested.REDO}")
   assert problem in line, (kind, line)
   if which == 0:   # what the line says to do works
-    assert _resume(shared, work, "--config.data.reingest=True") == 0, runs.tail(work)
+    assert _resume(work, "--config.data.reingest=True") == 0, runs.tail(work)
     _finished(work)
