@@ -27,15 +27,16 @@ def env() -> dict:
   return e
 
 
-def start(workdir: str, *overrides: str, config: str = TINY):
-  """Starts `launch.py` (the local role) in the background; stdout/stderr to workdir/launcher.log."""
+def start(workdir: str, *overrides: str, config: str = TINY, extra_env: dict | None = None):
+  """Starts `launch.py` (the local role) in the background; stdout/stderr to workdir/launcher.log.
+  `extra_env`: variables set in its environment beside `env()`'s."""
   os.makedirs(workdir, exist_ok=True)
   if config == TINY:
     _seed_tiny_cohort(workdir)
   log = open(os.path.join(workdir, "launcher.log"), "w")
   return subprocess.Popen([sys.executable, LAUNCH, f"--config={config}", f"--workdir={workdir}",
-                           *overrides], cwd=ROOT, env=env(), stdout=log, stderr=subprocess.STDOUT,
-                          start_new_session=True)
+                           *overrides], cwd=ROOT, env={**env(), **(extra_env or {})}, stdout=log,
+                          stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def _seed_tiny_cohort(workdir: str) -> None:

@@ -222,6 +222,23 @@ def test_crash_loop_guard_stops_with_error(shared):
   assert [e["event"] for e in runs.events(workdir)].count("failure") == 3
 
 
+def test_workers_that_cannot_start_stop_the_run_with_their_fatal_line(shared):
+  # XLA exits at its first use when XLA_FLAGS names a flag it does not know, before Python can
+  # write an error file: the agent finds the FATAL line in the worker's log, and the user's
+  # error line names it once, with how many times it happened.
+  workdir = str(shared["base"] / "fatal")
+  code = runs.run(workdir, *_common(shared), "--config.fault.max_failures_without_progress=1",
+                  extra_env={"XLA_FLAGS": "--xla_medjax_no_such_flag=1"})
+  log = runs.tail(workdir, n=80)
+  assert code == 2, log
+  (line,) = [l for l in log.splitlines() if l.startswith("error: ")]
+  assert line.endswith("Last failures: error of worker 0 at step 0 (fatal: Unknown flag in "
+                       "XLA_FLAGS: --xla_medjax_no_such_flag=1) (2 times)"), line
+  failures = [e for e in runs.events(workdir) if e["event"] == "failure"]
+  assert [f["reason"] for f in failures] == [
+      "fatal: Unknown flag in XLA_FLAGS: --xla_medjax_no_such_flag=1"] * 2
+
+
 def test_a_diverging_run_stops_at_once_with_one_line(shared):
   # A non-finite loss is the config's (or the records'): resumed from the last good checkpoint
   # it would diverge again. One line and exit 2, no restart, no "internal error".

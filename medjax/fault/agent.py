@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import re
 import signal
 import subprocess
 import time
@@ -51,6 +52,28 @@ class Worker:
   proc: subprocess.Popen
   reported: bool = False
   term_sent: float = 0.0
+
+
+# An abseil FATAL line (XLA's and the runtime's LOG(FATAL), a failed CHECK): severity F, the
+# date and time, the thread, the source line, then the message.
+_FATAL = re.compile(r"^F\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ [^\]]+\] (.+)$")
+_TAIL_BYTES = 64 << 10
+
+
+def fatal_line(log_path: str) -> str:
+  """The message of the last FATAL line near the end of `log_path`, as 'fatal: <message>';
+  '' without one."""
+  try:
+    with open(log_path, "rb") as f:
+      f.seek(max(os.fstat(f.fileno()).st_size - _TAIL_BYTES, 0))
+      tail = f.read().decode("utf-8", "replace")
+  except OSError:
+    return ""
+  for line in reversed(tail.splitlines()):
+    match = _FATAL.match(line)
+    if match:
+      return f"fatal: {match.group(1).strip()}"[:600]
+  return ""
 
 
 def _suspended(pid: int) -> bool:
@@ -200,12 +223,17 @@ class Agent:
         pass  # reported on a later pass
 
   def _reason(self, w: Worker) -> str:
-    """The worker's one-line error, if it left one (a worker killed by a signal leaves none)."""
+    """The worker's one-line error, if it left one; else the FATAL line its native code logged
+    last before it exited (an XLA flag it does not know, a failed check), if any. A worker
+    killed by a signal leaves neither."""
     try:
       with open(self.run_paths.worker_error(self.generation, w.process_id)) as f:
         return f.readline().strip()[:600]
     except OSError:
+      pass
+    if w.proc.returncode == 0:
       return ""
+    return fatal_line(self.run_paths.worker_output(self.generation, w.process_id))
 
   def run(self) -> int:
     """Runs until the coordinator says the run is over."""

@@ -20,6 +20,7 @@ events.jsonl, the lineage store); tests/test_coordinator_policy.py drives it wit
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from typing import Callable
 
@@ -436,8 +437,12 @@ class Policy:
   def _give_up(self, why: str, *, error: str = "") -> None:
     """Stops the run; `error` (else a line from `why` and the failures) is what the user reads."""
     s = self.state
-    failures = "; ".join(f"{f.kind} of worker {f.worker} at step {f.step}"
-                         + (f" ({f.reason})" if f.reason else "") for f in s.failures[-3:])
+    lines = [f"{f.kind} of worker {f.worker} at step {f.step}" + (f" ({f.reason})" if f.reason
+                                                                 else "")
+             for f in s.failures[-3:]]
+    # The same failure each time (a worker that cannot start) is said once, with its count.
+    failures = "; ".join(line + (f" ({n} times)" if n > 1 else "")
+                         for line, n in collections.Counter(lines).items())
     s.error = error or f"training stopped: {why}. Last failures: {failures or 'none'}"
     s.status = Status.FAILED
     self._emit("gave_up", error=s.error)
