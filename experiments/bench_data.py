@@ -21,7 +21,6 @@
 import argparse
 import concurrent.futures
 import json
-import multiprocessing
 import os
 import tempfile
 import time
@@ -32,6 +31,7 @@ from configs import default as default_config
 from configs import paper as paper_config
 from medjax.data import cache as cache_lib
 from medjax.data import ingest
+from medjax.data import pools
 from medjax.data import records
 from medjax.data import synthetic
 from medjax.data.cache import fill as fill_lib
@@ -128,8 +128,7 @@ def bench_cpus(seconds: float = 1.0) -> dict:
       with open(path) as f:
         out["cgroup_" + os.path.basename(path)] = f.read().strip()
   one = _spin(seconds)
-  with concurrent.futures.ProcessPoolExecutor(
-      cores, mp_context=multiprocessing.get_context("forkserver")) as pool:
+  with concurrent.futures.ProcessPoolExecutor(cores, mp_context=pools.context()) as pool:
     list(pool.map(_spin, [0.01] * cores))   # every process started
     rates = list(pool.map(_spin, [seconds] * cores))
   one = max(one, _spin(seconds))

@@ -5,6 +5,8 @@ import json
 import logging
 import os
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import psutil
@@ -345,6 +347,20 @@ def test_a_fill_decoded_in_processes_equals_one_decoded_here(tmp_path, ingested,
   for k in ("pfs_reads", "pfs_files", "pfs_bytes", "records_written"):
     assert here.counters[k] == pooled.counters[k], k
   assert list(pooled.rejected) == list(here.rejected) == [damaged]
+
+
+def test_pool_processes_start_with_the_decoding_code_imported():
+  """The data layer's pools fork from a forkserver that imported the decoding code once: a pool
+  process that has run nothing but os.getpid has TensorStore's and PIL's libraries loaded. In a
+  fresh interpreter, whose forkserver this starts."""
+  script = ("import concurrent.futures, os\n"
+            "from medjax.data import pools\n"
+            "with concurrent.futures.ProcessPoolExecutor(1, mp_context=pools.context()) as pool:\n"
+            "  pid = pool.submit(os.getpid).result()\n"
+            "  print(open(f'/proc/{pid}/maps').read())\n")
+  maps = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                        check=True, timeout=60).stdout
+  assert "_tensorstore" in maps and "_imaging" in maps
 
 
 def test_prefetch_threads_yield_the_steps_in_order_as_read_inline(tmp_path, ingested):

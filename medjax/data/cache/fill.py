@@ -7,21 +7,21 @@ decoder's budgets, and returning its images. The cache itself (the index, the wr
 counters, the quarantine) stays in the calling process. Compressed files are still decoded in
 the decoder's own isolated children (`medjax.data.dicom.decoder`), now from every pool process.
 
-Small fills decode in-process: starting the pool (a forkserver, then one import of pydicom per
-process) costs about a second.
+Small fills decode in-process: starting the pool (a forkserver that imports the decoding code
+once, `medjax.data.pools`, then a fork per process) costs about a second.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import logging
-import multiprocessing
 import os
 from concurrent.futures.process import BrokenProcessPool
 from typing import Callable
 
 import numpy as np
 
+from medjax.data import pools
 from medjax.data import records
 
 MIN_RECORDS = 256   # fewer records than this decode in the calling process
@@ -48,9 +48,8 @@ class DecodePool:
     self.processes = processes if records_to_decode >= MIN_RECORDS else 1
     self._pool = None
     if self.processes > 1:
-      # Not fork: the caller may have started JAX's threads (a forked copy can deadlock on them).
-      self._pool = concurrent.futures.ProcessPoolExecutor(
-          self.processes, mp_context=multiprocessing.get_context("forkserver"))
+      self._pool = concurrent.futures.ProcessPoolExecutor(self.processes,
+                                                          mp_context=pools.context())
 
   def decode(self, jobs: list[tuple]) -> list[tuple]:
     return self.start(jobs)()

@@ -8,10 +8,10 @@ step (it needs every patient's files).
 from __future__ import annotations
 
 import concurrent.futures
-import multiprocessing
 import os
 
 from medjax import errors
+from medjax.data import pools
 from medjax.data.dicom import files
 from medjax.data.dicom import limits
 
@@ -70,9 +70,7 @@ def scan_dicom(dicom_root: str, workers: int = 0, budgets: limits.Budgets | None
   workers = workers or os.cpu_count() or 1
   jobs = [(dicom_root, r, roots, budgets) for r in rels]
   if workers > 1 and len(rels) > 500:
-    # Not fork: the caller may have started JAX's threads (a forked copy can deadlock on them).
-    with concurrent.futures.ProcessPoolExecutor(
-        workers, mp_context=multiprocessing.get_context("forkserver")) as pool:
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=pools.context()) as pool:
       results = list(pool.map(_scan_one, jobs, chunksize=64))
   else:
     results = [_scan_one(j) for j in jobs]
