@@ -249,6 +249,25 @@ def _spawn(code: str) -> int:
   return os.posix_spawn(sys.executable, [sys.executable, "-c", code], os.environ)
 
 
+@pytest.mark.parametrize("code, reason", [
+    ("import jax; jax.devices()", "fatal: Unknown flag in XLA_FLAGS: --xla_medjax_no_such_flag=1"),
+    ("import ctypes; ctypes.string_at(0)", "fatal: Segmentation fault"),
+    ("import os, signal; os.kill(os.getpid(), signal.SIGKILL)", ""),
+])
+def test_a_workers_fatal_line_is_read_from_its_log(tmp_path, code, reason):
+  """Real exits from native code: XLA refusing a flag, a segmentation fault (faulthandler on, as
+  absl's app.run has it in workers), and a SIGKILL, which leaves nothing to read."""
+  log = tmp_path / "gen-001-proc-000.log"
+  env = {**os.environ, "XLA_FLAGS": "--xla_medjax_no_such_flag=1", "JAX_PLATFORMS": "cpu"}
+  with open(log, "w") as out:
+    out.write("I1129 04:05:59.387455 140700453243776 worker.py:293] worker 0: generation 1\n")
+    out.flush()
+    run = subprocess.run([sys.executable, "-X", "faulthandler", "-c", code], stdout=out,
+                         stderr=out, env=env, timeout=60, check=False)
+  assert run.returncode != 0
+  assert agent_lib.fatal_line(str(log)) == reason, log.read_text()[-2000:]
+
+
 def test_a_forked_handle_reads_its_childs_status_like_popen():
   child = forking.Forked(_spawn("import time; time.sleep(0.5); raise SystemExit(3)"))
   assert child.poll() is None

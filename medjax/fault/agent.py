@@ -54,9 +54,10 @@ class Worker:
   term_sent: float = 0.0
 
 
-# An abseil FATAL line (XLA's and the runtime's LOG(FATAL), a failed CHECK): severity F, the
-# date and time, the thread, the source line, then the message.
-_FATAL = re.compile(r"^F\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ [^\]]+\] (.+)$")
+# An abseil FATAL line (XLA's and the runtime's LOG(FATAL), a failed CHECK: severity F, the date
+# and time, the thread, the source line, then the message), or the first line of Python's
+# faulthandler report of a fatal signal (absl's app.run enables it in every worker).
+_FATAL = re.compile(r"^(?:F\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ [^\]]+\] |Fatal Python error: )(.+)$")
 _TAIL_BYTES = 64 << 10
 
 
@@ -224,8 +225,8 @@ class Agent:
 
   def _reason(self, w: Worker) -> str:
     """The worker's one-line error, if it left one; else the FATAL line its native code logged
-    last before it exited (an XLA flag it does not know, a failed check), if any. A worker
-    killed by a signal leaves neither."""
+    last before it exited (an XLA flag it does not know, a failed check, a segmentation fault),
+    if any. A worker killed by SIGKILL or SIGTERM leaves neither."""
     try:
       with open(self.run_paths.worker_error(self.generation, w.process_id)) as f:
         return f.readline().strip()[:600]
