@@ -6,6 +6,7 @@ and workers would send and carries out its effects in memory (events, persisted 
 
 import collections
 import json
+import signal
 
 import ml_collections
 import pytest
@@ -692,6 +693,17 @@ def test_bad_input_in_a_worker_stops_the_run_at_once_with_its_line():
   assert run.state.error == line
   assert run.named("gave_up") == [{"error": line}]
   assert run.state.failures[-1].kind == "input" and run.state.failures[-1].reason == line
+
+
+@pytest.mark.parametrize("signum", [signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE,
+                                    signal.SIGABRT, signal.SIGKILL])
+def test_a_worker_dead_of_a_fatal_signal_is_a_crash_with_its_reason(signum):
+  run = Run()
+  run.start()
+  run.beat(0)
+  run.exit(0, -signum, reason="fatal: Segmentation fault")
+  failure = run.state.failures[-1]
+  assert (failure.kind, failure.reason) == ("crash", "fatal: Segmentation fault")
 
 
 def test_a_crash_loop_error_carries_the_workers_reasons():

@@ -19,9 +19,11 @@ from medjax import schema
 EXIT_ERROR, EXIT_INPUT, EXIT_STOPPED, EXIT_PREEMPTED, EXIT_OOM = 1, 2, 10, 11, 12
 
 
-EXIT_KINDS = {-9: "crash", -15: "sigterm", -19: "hang", -6: "crash", EXIT_ERROR: "error",
-              EXIT_INPUT: "input", EXIT_PREEMPTED: "preemption", EXIT_OOM: "oom",
-              EXIT_STOPPED: "stopped", 0: "exit"}
+# A crash is SIGKILL or a fatal signal of the process's own (abort, segmentation or bus fault,
+# illegal instruction, arithmetic error).
+EXIT_KINDS = {-9: "crash", -6: "crash", -11: "crash", -7: "crash", -4: "crash", -8: "crash",
+              -15: "sigterm", -19: "hang", EXIT_ERROR: "error", EXIT_INPUT: "input",
+              EXIT_PREEMPTED: "preemption", EXIT_OOM: "oom", EXIT_STOPPED: "stopped", 0: "exit"}
 
 
 class Status(enum.Enum):
