@@ -1,7 +1,7 @@
 """Data-layer benchmark, measured side by side in one run; writes experiments/results/bench_data.json.
 
   python -m experiments.bench_data [--config default|paper] [--patients 300] [--batches 20]
-      [--one-process-records N]
+      [--one-process-records N] [--pool-processes N] [--pool-rounds 3]
 
 1. Batch reads from the decoded cache vs decoding the same records from DICOM (target: >= 10x);
    the cache fill's records/s decoded in one process (the first N records, all by default) and
@@ -16,12 +16,18 @@
 4. The host's CPUs as processes see them: the cores, the affinity mask, the cgroup's quota, and
    how many cores a pure-Python loop in one process per core gets at once (a quota or a shared
    host shows here, and caps every "on every core" figure above).
+5. A data pool's start (`--pool-processes`, one per core by default), each process importing
+   the decoding code as a fill's first job does: forked from the forkserver that imported it
+   once (`medjax.data.pools`) against a plain forkserver, alternated, each in a fresh
+   interpreter: wall seconds until every process answered, and the pool's CPU seconds.
 """
 
 import argparse
 import concurrent.futures
 import json
 import os
+import subprocess
+import sys
 import tempfile
 import time
 
@@ -136,6 +142,45 @@ def bench_cpus(seconds: float = 1.0) -> dict:
   return out
 
 
+# One pool's start in a fresh interpreter (so a fresh forkserver): `processes` processes, each of
+# which imports the fill's module as a fill's first job does; the wall time until every one has
+# answered, and the CPU seconds of the forkserver and the pool's processes.
+_POOL_START = """
+import concurrent.futures, importlib, json, multiprocessing, sys, time
+import psutil
+from medjax.data import pools
+processes, preload = int(sys.argv[1]), sys.argv[2] == "preloaded"
+context = pools.context() if preload else multiprocessing.get_context("forkserver")
+t0 = time.perf_counter()
+with concurrent.futures.ProcessPoolExecutor(
+    processes, mp_context=context, initializer=importlib.import_module,
+    initargs=("medjax.data.cache.fill",)) as pool:
+  pids = set(pool.map(time.sleep, [0.3] * processes, chunksize=1))
+  wall = time.perf_counter() - t0 - 0.3
+  cpu = sum(sum(p.cpu_times()[:2]) for p in psutil.Process().children(recursive=True))
+print(json.dumps({"wall_s": wall, "cpu_s": cpu}))
+"""
+
+
+def bench_pool_start(processes: int, rounds: int = 3) -> dict:
+  """A data pool's start with the forkserver's preload (`medjax.data.pools`) against a plain
+  forkserver whose processes each import the decoding code, alternated `rounds` times."""
+  sides = {"preloaded": [], "plain": []}
+  for _ in range(rounds):
+    for side, runs in sides.items():
+      out = subprocess.run([sys.executable, "-c", _POOL_START, str(processes), side], check=True,
+                           capture_output=True, text=True, timeout=300).stdout
+      runs.append(json.loads(out.splitlines()[-1]))
+  median = lambda runs, key: round(float(np.median([r[key] for r in runs])), 3)
+  result = {"processes": processes, "rounds": rounds}
+  for side, runs in sides.items():
+    result[side] = {"wall_s": median(runs, "wall_s"), "cpu_s": median(runs, "cpu_s"),
+                    "runs": runs}
+  result["cpu_ratio_plain_over_preloaded"] = round(
+      result["plain"]["cpu_s"] / max(result["preloaded"]["cpu_s"], 1e-9), 2)
+  return result
+
+
 def bench_placement(num_patients: int, num_hosts: int) -> dict:
   t0 = time.perf_counter()
   manifest = synthetic.manifest_without_pixels(num_patients)
@@ -170,6 +215,10 @@ def main():
                       help="whose images: the default config's, or configs/paper.py's")
   parser.add_argument("--one-process-records", type=int, default=None,
                       help="records the one-process fill decodes (default: all)")
+  parser.add_argument("--pool-processes", type=int, default=0,
+                      help="processes of the pool-start comparison (default: one per core)")
+  parser.add_argument("--pool-rounds", type=int, default=3,
+                      help="alternations of the pool-start comparison")
   parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results",
                                                     "bench_data.json"))
   args = parser.parse_args()
@@ -179,7 +228,9 @@ def main():
                                      args.one_process_records)
     scan_result = bench_scan(root)
   result = {"config": args.config, "cache_vs_decode": cache_result, "header_scan": scan_result,
-            "placement": bench_placement(53420, 16), "cpus": bench_cpus()}
+            "placement": bench_placement(53420, 16), "cpus": bench_cpus(),
+            "pool_start": bench_pool_start(args.pool_processes or os.cpu_count() or 1,
+                                           args.pool_rounds)}
   os.makedirs(os.path.dirname(args.out), exist_ok=True)
   with open(args.out, "w") as f:
     json.dump(result, f, indent=2, default=float)
@@ -201,6 +252,10 @@ def main():
   print(f"cpus: {cpus['cpu_count']} cores, affinity {cpus['affinity']}, one process per core "
         f"busies {cpus['cores_busy_at_once']} at once "
         f"{' '.join(f'{k}={v}' for k, v in cpus.items() if k.startswith('cgroup'))}")
+  start = result["pool_start"]
+  print(f"a pool of {start['processes']} processes starts in {start['preloaded']['wall_s']} s "
+        f"and {start['preloaded']['cpu_s']} CPU s from the preloaded forkserver, "
+        f"{start['plain']['wall_s']} s and {start['plain']['cpu_s']} CPU s from a plain one")
   print(f"wrote {args.out}")
 
 

@@ -69,7 +69,8 @@ class Runner:
 
   def _shared(self) -> list[str]:
     """One synthetic cohort, salt (so one split), compilation cache and decoded-record cache for
-    every run, written once."""
+    every run, written once. The compilation cache is JAX_COMPILATION_CACHE_DIR where the
+    environment sets it (the runs' workers use it then, as every medjax run does)."""
     base = self.workdir
     if not os.path.isdir(f"{base}/cohort"):
       log(f"synthesising the {self.scale.config} cohort into {base}/cohort")
@@ -78,9 +79,10 @@ class Runner:
                       "--config.mode=synth", *self.scale.overrides], cwd=ROOT, check=True,
                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
       os.rename(f"{base}/synth/cohort", f"{base}/cohort")
-    return [f"--config.mesh.compilation_cache_dir={base}/jax_cache",
-            f"--config.data.salt_file={base}/id_salt", f"--config.data.root={base}/cohort",
-            f"--config.data.cache_dir={base}/cache"]
+    own_cache = ([] if os.environ.get("JAX_COMPILATION_CACHE_DIR") else
+                 [f"--config.mesh.compilation_cache_dir={base}/jax_cache"])
+    return [*own_cache, f"--config.data.salt_file={base}/id_salt",
+            f"--config.data.root={base}/cohort", f"--config.data.cache_dir={base}/cache"]
 
   def run(self, name: str, flags: list[str]) -> dict:
     """summary.json of launch.py run with the scale's config and `flags`, plus '_wall_s' (the

@@ -12,7 +12,8 @@ def test_the_paper_config_fill_reports_both_rates_and_the_writing_processs_share
   out = tmp_path / "bench_data.json"
   subprocess.run([sys.executable, "-m", "experiments.bench_data", "--config", "paper",
                   "--patients", "40", "--batches", "2", "--batch-size", "8",
-                  "--one-process-records", "12", "--out", str(out)], check=True, timeout=300)
+                  "--one-process-records", "12", "--pool-rounds", "1", "--out", str(out)],
+                 check=True, timeout=300)
   result = json.loads(out.read_text())
   cache = result["cache_vs_decode"]
   assert result["config"] == "paper"
@@ -22,6 +23,10 @@ def test_the_paper_config_fill_reports_both_rates_and_the_writing_processs_share
   assert fill["one_process_records_per_s"] > 0 and fill["all_cores_records_per_s"] > 0
   assert fill["main_cpu_ms_per_record"] > 0 and fill["main_bound_records_per_s"] > 0
   assert cache["cache_counters"]["records_written"] == 40   # the cache the reads came from
+  start = result["pool_start"]
+  assert start["processes"] >= 1 and start["rounds"] == 1
+  for side in ("preloaded", "plain"):
+    assert start[side]["wall_s"] > 0 and start[side]["cpu_s"] > 0
 
 
 def test_the_cpu_probe_counts_the_cores_processes_get():
