@@ -155,7 +155,7 @@ t0 = time.perf_counter()
 with concurrent.futures.ProcessPoolExecutor(
     processes, mp_context=context, initializer=importlib.import_module,
     initargs=("medjax.data.cache.fill",)) as pool:
-  pids = set(pool.map(time.sleep, [0.3] * processes, chunksize=1))
+  list(pool.map(time.sleep, [0.3] * processes, chunksize=1))
   wall = time.perf_counter() - t0 - 0.3
   cpu = sum(sum(p.cpu_times()[:2]) for p in psutil.Process().children(recursive=True))
 print(json.dumps({"wall_s": wall, "cpu_s": cpu}))

@@ -437,9 +437,8 @@ class Policy:
   def _give_up(self, why: str, *, error: str = "") -> None:
     """Stops the run; `error` (else a line from `why` and the failures) is what the user reads."""
     s = self.state
-    lines = [f"{f.kind} of worker {f.worker} at step {f.step}" + (f" ({f.reason})" if f.reason
-                                                                 else "")
-             for f in s.failures[-3:]]
+    lines = [f"{f.kind} of worker {f.worker} at step {f.step}"
+             + (f" ({f.reason})" if f.reason else "") for f in s.failures[-3:]]
     # The same failure each time (a worker that cannot start) is said once, with its count.
     failures = "; ".join(line + (f" ({n} times)" if n > 1 else "")
                          for line, n in collections.Counter(lines).items())
