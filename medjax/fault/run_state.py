@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import signal
 
 from medjax import schema
 
@@ -20,9 +21,11 @@ EXIT_ERROR, EXIT_INPUT, EXIT_STOPPED, EXIT_PREEMPTED, EXIT_OOM = 1, 2, 10, 11, 1
 
 
 # A crash is SIGKILL or a fatal signal of the process's own (abort, segmentation or bus fault,
-# illegal instruction, arithmetic error).
-EXIT_KINDS = {-9: "crash", -6: "crash", -11: "crash", -7: "crash", -4: "crash", -8: "crash",
-              -15: "sigterm", -19: "hang", EXIT_ERROR: "error", EXIT_INPUT: "input",
+# illegal instruction, arithmetic error). Killed by signal N, a process exits with -N.
+_CRASH_SIGNALS = (signal.SIGKILL, signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS, signal.SIGILL,
+                  signal.SIGFPE)
+EXIT_KINDS = {**{-s: "crash" for s in _CRASH_SIGNALS}, -signal.SIGTERM: "sigterm",
+              -signal.SIGSTOP: "hang", EXIT_ERROR: "error", EXIT_INPUT: "input",
               EXIT_PREEMPTED: "preemption", EXIT_OOM: "oom", EXIT_STOPPED: "stopped", 0: "exit"}
 
 
