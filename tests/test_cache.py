@@ -363,6 +363,41 @@ def test_pool_processes_start_with_the_decoding_code_imported():
   assert "_tensorstore" in maps and "_imaging" in maps
 
 
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# A main module that notes each process that runs it (the script, then `__mp_main__` copies),
+# and whose pool of 4 runs a function of its own, 8 times.
+_NOTED_MAIN = """
+import concurrent.futures, os, sys, time
+with open(os.path.join(os.environ["NOTES"], str(os.getpid())), "w") as f:
+  f.write(__name__)
+def job(_):
+  time.sleep(0.05)
+  return os.getpid()
+if __name__ == "__main__":
+  from medjax.data import pools
+  with concurrent.futures.ProcessPoolExecutor(4, mp_context=pools.context()) as pool:
+    print(len(set(pool.map(job, range(8), chunksize=1))))
+"""
+
+
+@pytest.mark.parametrize("how", ["script", "module"])
+def test_a_pools_processes_do_not_run_the_main_module_again(tmp_path, how):
+  """The forkserver runs the caller's main module once (`medjax.data.pool_main`); before, each
+  pool process of `python launch.py` or `python -m experiments.bench_data` ran it again
+  (Python < 3.13 ignores a '__main__' preload). The pool still runs the module's functions."""
+  (tmp_path / "noted_main.py").write_text(_NOTED_MAIN)
+  notes = tmp_path / "notes"
+  notes.mkdir()
+  args = ["noted_main.py"] if how == "script" else ["-m", "noted_main"]
+  env = dict(os.environ, NOTES=str(notes),
+             PYTHONPATH=os.pathsep.join([str(tmp_path), _REPO]))
+  out = subprocess.run([sys.executable, *args], cwd=tmp_path, env=env, capture_output=True,
+                       text=True, check=True, timeout=120).stdout
+  assert out.split()[-1] == "4"   # the pool ran `job` in its 4 processes
+  names = sorted(p.read_text() for p in notes.iterdir())
+  assert names == ["__main__", "__mp_main__"], names   # the script, and the forkserver
+
+
 def test_prefetch_threads_yield_the_steps_in_order_as_read_inline(tmp_path, ingested):
   """The 'thread' path (accelerators) reads several steps at once and keeps their order."""
   config, result, root = ingested
