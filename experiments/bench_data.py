@@ -20,12 +20,19 @@
    the decoding code as a fill's first job does: forked from the forkserver that imported it
    once (`medjax.data.pools`) against a plain forkserver, alternated, each in a fresh
    interpreter: wall seconds until every process answered, and the pool's CPU seconds.
+6. The fill on `--simulate-processes` decoding processes (16 by default, issue 33's GPU host)
+   that use no CPU: each job sleeps the one-process fill's measured decode time a record, then
+   returns a record decoded once beforehand. On a host with fewer cores, this shows whether the
+   fill's pipeline, its pool's start and its writing process keep that many decoding processes
+   busy: records/s against the ideal, that many processes decoding without a pause.
 """
 
 import argparse
 import concurrent.futures
+import functools
 import json
 import os
+import pickle
 import subprocess
 import sys
 import tempfile
@@ -76,6 +83,8 @@ def bench_cache(tmp: str, config, patients: int, batches: int, batch_size: int,
           "processes": cores if len(rows) >= fill_lib.MIN_RECORDS else 1,
           "all_cores_s": round(pooled_s, 3), "all_cores_records_per_s": round(all_rate, 1),
           "speedup": round(all_rate / one_rate, 3),
+          "one_process_decode_ms_per_record": round(
+              1e3 * alone.counters["decode_s"] / max(alone.counters["pfs_reads"], 1), 3),
           "main_cpu_ms_per_record": round(1e3 * main_cpu_s / len(rows), 3),
           "main_bound_records_per_s": round(len(rows) / max(main_cpu_s, 1e-9), 1)}
   rng = np.random.default_rng(0)
@@ -97,7 +106,54 @@ def bench_cache(tmp: str, config, patients: int, batches: int, batch_size: int,
           "images_in_batches": images, "cache_fill_s": round(fill_s, 3),
           "cache_batch_ms": round(cache_s * 1e3, 3), "decode_batch_ms": round(decode_s * 1e3, 3),
           "cache_speedup": round(decode_s / cache_s, 2), "target_speedup": 10.0,
-          "cache_counters": pooled.counters, "fill": fill}, root
+          "cache_counters": pooled.counters, "fill": fill}, (root, result, shapes)
+
+
+_template = None   # a simulated decoding process's record (`_simulated_decode`)
+
+
+def _simulated_decode(template: str, seconds: float, job: tuple) -> tuple:
+  """A fill's job (`fill.decode_stored`'s result) that uses no CPU: `seconds` asleep, then the
+  record decoded once beforehand (`template`, a pickle read once a process)."""
+  global _template
+  t0 = time.perf_counter()
+  if _template is None:
+    with open(template, "rb") as f:
+      _template = pickle.load(f)
+  time.sleep(max(0.0, seconds - (time.perf_counter() - t0)))
+  images, rejected, nbytes, _ = _template
+  return images, rejected, nbytes, time.perf_counter() - t0
+
+
+def bench_fill_simulated(tmp: str, ingested: tuple, processes: int, seconds: float) -> dict:
+  """The fill of every record on `processes` simulated decoding processes (`_simulated_decode`,
+  `seconds` a record), into a fresh cache, against the ideal: that many processes decoding
+  without a pause. What it costs beyond that is the fill's own: the pool's start, the chunks'
+  hand-offs, the writing process."""
+  root, result, shapes = ingested
+  rows = np.arange(len(result.manifest))
+  images = [r for r in rows if result.manifest.image_files[r]]
+  cache = cache_lib.Cache(os.path.join(tmp, "cache_simulated"), result.manifest, result.tables,
+                          shapes, root, fill_processes=processes)
+  template = os.path.join(tmp, "simulated_record.pkl")
+  with open(template, "wb") as f:
+    pickle.dump(fill_lib.decode_stored((result.manifest.image_files[images[0]], root, shapes,
+                                        cache.decoder)), f)
+  real = fill_lib.decode_stored
+  fill_lib.decode_stored = functools.partial(_simulated_decode, template, seconds)
+  try:
+    t0, cpu0 = time.perf_counter(), time.process_time()
+    cache.ensure(rows)
+    fill_s, main_cpu_s = time.perf_counter() - t0, time.process_time() - cpu0
+  finally:
+    fill_lib.decode_stored = real
+  ideal_s = len(images) * seconds / processes
+  return {"processes": processes, "decode_ms_per_record": round(seconds * 1e3, 3),
+          "records": len(rows), "records_with_images": len(images), "fill_s": round(fill_s, 3),
+          "records_per_s": round(len(rows) / fill_s, 1),
+          "ideal_records_per_s": round(len(rows) / ideal_s, 1),
+          "efficiency": round(ideal_s / fill_s, 3),
+          "main_cpu_ms_per_record": round(1e3 * main_cpu_s / len(rows), 3)}
 
 
 def bench_scan(root: str) -> dict:
@@ -219,15 +275,23 @@ def main():
                       help="processes of the pool-start comparison (default: one per core)")
   parser.add_argument("--pool-rounds", type=int, default=3,
                       help="alternations of the pool-start comparison")
+  parser.add_argument("--simulate-processes", type=int, default=16,
+                      help="simulated decoding processes of the fill's part 6 (0: skip it)")
   parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results",
                                                     "bench_data.json"))
   args = parser.parse_args()
   config = (paper_config if args.config == "paper" else default_config).get_config()
   with tempfile.TemporaryDirectory() as tmp:
-    cache_result, root = bench_cache(tmp, config, args.patients, args.batches, args.batch_size,
-                                     args.one_process_records)
-    scan_result = bench_scan(root)
+    cache_result, ingested = bench_cache(tmp, config, args.patients, args.batches,
+                                         args.batch_size, args.one_process_records)
+    scan_result = bench_scan(ingested[0])
+    simulated = None
+    if args.simulate_processes > 0:
+      simulated = bench_fill_simulated(
+          tmp, ingested, args.simulate_processes,
+          cache_result["fill"]["one_process_decode_ms_per_record"] / 1e3)
   result = {"config": args.config, "cache_vs_decode": cache_result, "header_scan": scan_result,
+            "fill_simulated": simulated,
             "placement": bench_placement(53420, 16), "cpus": bench_cpus(),
             "pool_start": bench_pool_start(args.pool_processes or os.cpu_count() or 1,
                                            args.pool_rounds)}
@@ -256,6 +320,12 @@ def main():
   print(f"a pool of {start['processes']} processes starts in {start['preloaded']['wall_s']} s "
         f"and {start['preloaded']['cpu_s']} CPU s from the preloaded forkserver, "
         f"{start['plain']['wall_s']} s and {start['plain']['cpu_s']} CPU s from a plain one")
+  if simulated:
+    print(f"cache fill on {simulated['processes']} simulated decoding processes "
+          f"({simulated['decode_ms_per_record']} ms a record asleep): "
+          f"{simulated['records_per_s']} records/s of an ideal {simulated['ideal_records_per_s']}"
+          f" ({simulated['efficiency']}); the writing process "
+          f"{simulated['main_cpu_ms_per_record']} ms of CPU a record")
   print(f"wrote {args.out}")
 
 
