@@ -32,10 +32,11 @@ def _config(**overrides):
 
 @pytest.fixture(scope="module")
 def written(tmp_path_factory):
-  """A small cohort written twice with the same config, plus its in-memory twin."""
+  """A small cohort written twice with the same config, plus its in-memory twin: once in this
+  process, once by a pool of two processes."""
   cfg = _config()
   roots = [str(tmp_path_factory.mktemp("cohort") / "root") for _ in range(2)]
-  all_stats = [synthetic.generate(cfg, root) for root in roots]
+  all_stats = [synthetic.generate(cfg, root, processes=n) for root, n in zip(roots, (1, 2))]
   return cfg, synthetic.sample_cohort(cfg), roots, all_stats
 
 

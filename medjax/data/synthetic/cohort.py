@@ -418,12 +418,15 @@ def canonical_image(u_E: np.ndarray, image_size: int) -> np.ndarray:
   return synthetic_dicom.canonical_image(u_E, image_size)
 
 
-def write_cohort(cohort: Cohort, root: str, cfg) -> dict:
+def write_cohort(cohort: Cohort, root: str, cfg, processes: int | None = None) -> dict:
   """Writes the cohort's input layout under `root`.
 
   `root` must be absent, empty, or hold an earlier synthetic cohort (it has oracle.npz), which is
   replaced as a whole. Files are written to a sibling temporary folder and renamed into place
   at the end, so an interrupted run never leaves a half-written or mixed cohort behind.
+
+  `processes`: the DICOM files' writing processes (`synthetic.dicom.write_dicom`; default: one
+  per core for a cohort of `dicom.MIN_POOL_FILES` image files or more).
 
   Returns:
     Stats: counts, the written image files with their header variants ('images'), the junk
@@ -440,7 +443,7 @@ def write_cohort(cohort: Cohort, root: str, cfg) -> dict:
   t0 = time.perf_counter()
   synthetic_tables.write_tables(cohort, tmp, VITALS_CHANNELS)
   t1 = time.perf_counter()
-  stats = synthetic_dicom.write_dicom(cohort, os.path.join(tmp, "dicom"), cfg)
+  stats = synthetic_dicom.write_dicom(cohort, os.path.join(tmp, "dicom"), cfg, processes)
   t2 = time.perf_counter()
   if os.path.isdir(root):  # Empty, or an earlier synthetic cohort: move it aside, then drop it.
     old = f"{root}.old-{os.getpid()}"
@@ -460,12 +463,13 @@ def write_cohort(cohort: Cohort, root: str, cfg) -> dict:
   return stats
 
 
-def generate(cfg, root: str) -> dict:
-  """Samples the cohort of `cfg` and writes it under `root`; returns `write_cohort`'s stats."""
+def generate(cfg, root: str, processes: int | None = None) -> dict:
+  """Samples the cohort of `cfg` and writes it under `root` (`processes`: `write_cohort`'s);
+  returns `write_cohort`'s stats."""
   t0 = time.perf_counter()
   cohort = sample_cohort(cfg)
   sample_s = time.perf_counter() - t0
-  stats = write_cohort(cohort, root, cfg)
+  stats = write_cohort(cohort, root, cfg, processes)
   stats["timings"]["sample_s"] = sample_s
   return stats
 

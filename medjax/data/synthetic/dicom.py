@@ -15,11 +15,13 @@ Files are linked to patients only by the PatientID tag; folder names are random.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import functools
 import logging
 import os
 import time
 import typing
+from concurrent.futures.process import BrokenProcessPool
 
 import numpy as np
 import pydicom
@@ -282,11 +284,19 @@ class _Writer:
     return uid.generate_uid(entropy_srcs=[str(self.seed), "sop", rel_path])
 
   def save(self, ds: pydicom.Dataset, rel_path: str) -> None:
-    ds.save_as(os.path.join(self.root, rel_path), enforce_file_format=True)
+    _save(ds, self.root, rel_path)
 
 
-def write_dicom(cohort, dicom_root: str, cfg) -> dict:
+def _save(ds: pydicom.Dataset, root: str, rel_path: str) -> None:
+  ds.save_as(os.path.join(root, rel_path), enforce_file_format=True)
+
+
+def write_dicom(cohort, dicom_root: str, cfg, processes: int | None = None) -> dict:
   """Writes every patient's images and `cfg.junk_files` junk files under `dicom_root`.
+
+  The files' contents and names are planned here and written by `processes` processes (default:
+  one per core, or this process alone for fewer than MIN_POOL_FILES files), the same bytes
+  however many.
 
   Returns:
     Stats: 'images' (one dict per image file: path relative to the cohort root, patient_id,
@@ -298,24 +308,26 @@ def write_dicom(cohort, dicom_root: str, cfg) -> dict:
   level = openjpeg_log.level
   openjpeg_log.setLevel(max(level, logging.WARNING))
   try:
-    return _write_all(cohort, dicom_root, cfg)
+    return _write_all(cohort, dicom_root, cfg, processes)
   finally:
     openjpeg_log.setLevel(level)
 
 
-def _write_all(cohort, dicom_root: str, cfg) -> dict:
+# Fewer image files than this are written in the calling process: a pool's start costs more.
+MIN_POOL_FILES = 256
+
+
+def _write_all(cohort, dicom_root: str, cfg, processes: int | None) -> dict:
   writer = _Writer(dicom_root, cfg.seed)
   phi = _patients_phi(cohort.patient_ids, np.random.default_rng(
       np.random.SeedSequence([cfg.seed, 2001])))
   num_files = int(cohort.num_images.sum())
   variants = plan_headers(num_files, cfg.headers, np.random.default_rng(
       np.random.SeedSequence([cfg.seed, 2002])))
-  images, t0, last_log, f = [], time.perf_counter(), time.perf_counter(), 0
-  for i in np.nonzero(cohort.num_images)[0]:
-    n_img = int(cohort.num_images[i])
-    v_BxHxW = render_hu(cohort.image_latents[i, :n_img], cfg.image_size)
-    studies = {}  # One study per modality per patient, each image its own series.
-    for j in range(n_img):
+  images, jobs, f = [], [], 0
+  for i in np.nonzero(cohort.num_images)[0]:   # the plan: studies, names, UIDs, in order
+    files, studies = [], {}  # One study per modality per patient, each image its own series.
+    for j in range(int(cohort.num_images[i])):
       var = variants[f]
       f += 1
       if var["modality"] not in studies:
@@ -323,13 +335,13 @@ def _write_all(cohort, dicom_root: str, cfg) -> dict:
             phi[i], f"{cohort.patient_ids[i]}/{var['modality']}")
       study = studies[var["modality"]]
       rel = writer.next_path(study)
-      writer.save(image_dataset(v_BxHxW[j], var, writer.sop_uid(rel), study, j + 1), rel)
+      files.append((var, writer.sop_uid(rel), study, j + 1, rel))
       images.append(dict(var, path=f"dicom/{rel}", patient_id=str(cohort.patient_ids[i]),
                          image_index=j, study=study))
-    if time.perf_counter() - last_log > 10:
-      last_log = time.perf_counter()
-      logging.info("synthetic dicom: %d / %d image files (%.0f files/s)", f, num_files,
-                   f / (last_log - t0))
+    jobs.append((cohort.image_latents[i, :len(files)], cfg.image_size, dicom_root, files))
+  if processes is None:
+    processes = (os.cpu_count() or 1) if num_files >= MIN_POOL_FILES else 1
+  _write_jobs(jobs, num_files, processes)
   junk = _write_junk(writer, images, cfg)
   for im in images:
     del im["study"]
@@ -337,6 +349,42 @@ def _write_all(cohort, dicom_root: str, cfg) -> dict:
             for k in ("photometric", "window", "padding", "rescale", "transfer_syntax",
                       "modality")}
   return {"num_image_files": len(images), "images": images, "junk": junk, "variants": counts}
+
+
+def write_patient(job: tuple) -> int:
+  """Writes one patient's planned image files (a pool's job); returns how many."""
+  latents_BxE, image_size, root, files = job
+  v_BxHxW = render_hu(latents_BxE, image_size)
+  for k, (variant, sop_uid, study, series_number, rel) in enumerate(files):
+    _save(image_dataset(v_BxHxW[k], variant, sop_uid, study, series_number), root, rel)
+  return len(files)
+
+
+def _write_jobs(jobs: list[tuple], num_files: int, processes: int) -> None:
+  """Runs `write_patient` on every job, in a pool of `processes` (the data layer's forkserver,
+  `medjax.data.pools`) or here; logs progress every 10 s."""
+  t0 = last_log = time.perf_counter()
+  written, done = 0, 0   # image files, jobs
+
+  def progress(n: int) -> None:
+    nonlocal written, done, last_log
+    written, done = written + n, done + 1
+    if time.perf_counter() - last_log > 10:
+      last_log = time.perf_counter()
+      logging.info("synthetic dicom: %d / %d image files (%.0f files/s)", written, num_files,
+                   written / (last_log - t0))
+
+  if processes > 1 and len(jobs) > 1:
+    from medjax.data import pools  # pylint: disable=import-outside-toplevel
+    try:
+      with concurrent.futures.ProcessPoolExecutor(processes, mp_context=pools.context()) as pool:
+        for n in pool.map(write_patient, jobs, chunksize=max(1, len(jobs) // (8 * processes))):
+          progress(n)
+      return
+    except BrokenProcessPool:   # a process killed (the OOM killer): write the rest here
+      logging.warning("synthetic dicom: a writing process died; writing the rest in this process")
+  for job in jobs[done:]:
+    progress(write_patient(job))
 
 
 _JUNK_KINDS = ("sr_report", "truncated", "no_patient_id", "text")
