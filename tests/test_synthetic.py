@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import functools
 import importlib.util
+import logging
+import multiprocessing
 import os
+import signal
 
 import numpy as np
 import pydicom
@@ -88,6 +92,29 @@ def test_same_seed_writes_identical_bytes(written):
   assert sorted(a) == sorted(b)
   assert [k for k in a if a[k] != b[k]] == []
   assert all_stats[0]["junk"] == all_stats[1]["junk"]
+
+
+def _write_or_die(job: tuple) -> int:
+  """`write_patient`, except that the first pool process to take a job is killed (SIGKILL, as
+  the OOM killer would) before it writes anything."""
+  marker = os.path.join(os.path.dirname(os.path.dirname(job[2])), "killed")  # beside the root
+  if multiprocessing.parent_process() is not None and not os.path.exists(marker):
+    open(marker, "x").close()
+    os.kill(os.getpid(), signal.SIGKILL)
+  return synthetic_dicom.write_patient(job)
+
+
+def test_a_writing_process_killed_costs_the_pool_not_the_cohort(written, tmp_path, monkeypatch,
+                                                                caplog):
+  cfg, cohort, roots, _ = written
+  monkeypatch.setattr(synthetic_dicom, "_write_jobs",
+                      functools.partial(synthetic_dicom._write_jobs, write=_write_or_die))
+  root = str(tmp_path / "root")
+  with caplog.at_level(logging.WARNING):
+    synthetic_cohort.write_cohort(cohort, root, cfg, processes=2)
+  assert "a writing process died" in caplog.text
+  a, b = _tree(roots[0]), _tree(root)
+  assert sorted(a) == sorted(b) and [k for k in a if a[k] != b[k]] == []
 
 
 def test_different_seed_gives_different_cohort(written, tmp_path):

@@ -27,6 +27,8 @@ import numpy as np
 import pydicom
 from pydicom import uid
 
+from medjax.data import pools
+
 AIR_HU, MARKER_HU, BODY_HU, BLOB_HU = -1000.0, 1000.0, 40.0, 200.0
 
 TRANSFER_SYNTAXES = {
@@ -360,8 +362,9 @@ def write_patient(job: tuple) -> int:
   return len(files)
 
 
-def _write_jobs(jobs: list[tuple], num_files: int, processes: int) -> None:
-  """Runs `write_patient` on every job, in a pool of `processes` (the data layer's forkserver,
+def _write_jobs(jobs: list[tuple], num_files: int, processes: int,
+                write: typing.Callable[[tuple], int] = write_patient) -> None:
+  """Runs `write` on every job, in a pool of `processes` (the data layer's forkserver,
   `medjax.data.pools`) or here; logs progress every 10 s."""
   t0 = last_log = time.perf_counter()
   written, done = 0, 0   # image files, jobs
@@ -375,16 +378,15 @@ def _write_jobs(jobs: list[tuple], num_files: int, processes: int) -> None:
                    written / (last_log - t0))
 
   if processes > 1 and len(jobs) > 1:
-    from medjax.data import pools  # pylint: disable=import-outside-toplevel
     try:
       with concurrent.futures.ProcessPoolExecutor(processes, mp_context=pools.context()) as pool:
-        for n in pool.map(write_patient, jobs, chunksize=max(1, len(jobs) // (8 * processes))):
+        for n in pool.map(write, jobs, chunksize=max(1, len(jobs) // (8 * processes))):
           progress(n)
       return
     except BrokenProcessPool:   # a process killed (the OOM killer): write the rest here
       logging.warning("synthetic dicom: a writing process died; writing the rest in this process")
   for job in jobs[done:]:
-    progress(write_patient(job))
+    progress(write(job))
 
 
 _JUNK_KINDS = ("sr_report", "truncated", "no_patient_id", "text")
