@@ -25,7 +25,11 @@
 #              on configs/paper.py at batch 512, float32 and bfloat16
 #   startup    experiments.bench_data --config paper (2,000 patients, the paper's 64-px images): the
 #              cache fill's records/s in one process and on every core, the writing process's CPU
-#              a record, and how many cores one process per core gets at once
+#              a record, how many cores one process per core gets at once, a 16-process pool's
+#              start, and the fill on 16 simulated decoding processes (what it costs beyond
+#              decoding). Synthetic cohorts are written on every core since 2026-11-29; the
+#              `loop` stage's first data setup (63 s on 2026-11-27) wrote its 6,000 patients
+#              in one process
 #   precision  the quickstart in float32 and in bfloat16 on one salt (the same split): test accuracy
 #              and macro F1 of each (model.dtype='auto' picks bfloat16 on a GPU)
 #   tiny       the tests' tiny config end to end, supervised, in the auto layout (one worker
