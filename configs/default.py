@@ -52,7 +52,7 @@ def get_config(arg=None):
   # different patients and counted in the ingest summary. On, record ids hash the casefolded id.
   data.ids_case_insensitive = False
   data.salt_file = ""         # pseudonymisation salt; default <workdir>/secrets/id_salt
-  data.scan_workers = 0       # header-scan processes; 0: one per CPU core
+  data.scan_workers = 0       # header-scan processes; 0: one per core it may use
   # DICOM budgets, checked on the file size and header before any pixel is decoded; a file over
   # one is quarantined with the numbers and the field to raise. Rows x Columns x Frames x
   # Samples: 2**29 = 537M holds a 2000-frame 512x512 CT (524M) or a 4096x3328 mammogram (14M)
@@ -69,7 +69,8 @@ def get_config(arg=None):
   data.decode_memory_mb = 2048
   data.decode_timeout_s = 120.0   # per file in a child (a 120-frame colour JPEG takes ~8 s)
   data.decode_workers = 2     # children at most (the cache decodes from up to 2 threads)
-  # Processes that decode a cache fill (the records of a host's first epoch); 0: one per CPU core.
+  # Processes that decode a cache fill (the records of a host's first epoch); 0: one per core
+  # the worker may use (its CPU affinity: a SLURM allocation or cpuset, not the whole node).
   data.decode_processes = 0
   data.cache_dir = ""         # node-local decoded cache; default <workdir>/cache
   # Also hold a process's cached records in memory when they fit in this many MB; -1: a quarter

@@ -363,6 +363,19 @@ def test_pool_processes_start_with_the_decoding_code_imported():
   assert "_tensorstore" in maps and "_imaging" in maps
 
 
+def test_one_process_per_core_counts_the_cores_this_process_may_use():
+  """A job given one core of a bigger machine (a SLURM allocation, a cpuset, taskset) decodes in
+  one process, not one per core of the machine."""
+  script = ("import os\n"
+            "os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})\n"
+            "from medjax.data import pools\n"
+            "from medjax.data.cache import fill\n"
+            "print(pools.cores(), fill.processes_for(0), fill.processes_for(3))\n")
+  out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                       check=True, timeout=60).stdout.split()
+  assert out == ["1", "1", "3"]
+
+
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # A main module that notes each process that runs it (the script, then `__mp_main__` copies),
 # and whose pool of 4 runs a function of its own, 8 times.

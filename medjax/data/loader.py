@@ -14,13 +14,13 @@ step fed this way takes 1.02-1.05x the time of one fed from batches already on d
 
 from __future__ import annotations
 
-import os
 
 import grain
 import jax
 import numpy as np
 
 from medjax import errors
+from medjax.data import pools
 from medjax.data import records
 
 
@@ -78,7 +78,7 @@ def read_threads() -> int:
   records: about the step's time at full batches). More would take cores from the host's other
   work (decoding children, the saver, the monitor).
   """
-  return max(1, min(4, (os.cpu_count() or 1) // 4))
+  return max(1, min(4, pools.cores() // 4))
 
 
 def prefetched(reader: BatchReader, steps_SxWxb: np.ndarray, *, start: int = 0,

@@ -28,6 +28,16 @@ PRELOAD = ("medjax.data.pool_main", "medjax.data.cache.fill", "medjax.data.dicom
 MAIN_ENV = "MEDJAX_POOL_MAIN"
 
 
+def cores() -> int:
+  """The cores this process may run on: its CPU affinity (what a SLURM allocation, a cpuset or
+  `taskset` gives it), not the machine's count, which a job given 4 cores of a 128-core node
+  would otherwise fill with 128 processes."""
+  try:
+    return len(os.sched_getaffinity(0)) or 1
+  except (AttributeError, OSError):   # no affinity API (macOS)
+    return os.cpu_count() or 1
+
+
 def context() -> multiprocessing.context.ForkServerContext:
   """The forkserver context of the data layer's pools (the preload applies from the
   forkserver's start, the first pool of the process)."""

@@ -23,6 +23,8 @@ import dataclasses
 import glob
 import os
 
+from medjax.data import pools
+
 
 @dataclasses.dataclass(frozen=True)
 class Layout:
@@ -72,9 +74,8 @@ def resolve(fault_config, environ=None) -> Layout:
   if platform == "tpu":
     # JAX drives a host's TPU chips from one process.
     return Layout(1, count, platform, f"auto: {count} TPU chips, one worker process")
-  cores = os.cpu_count() or 1
   return Layout(1, dpw, platform, f"auto: CPU only, one worker process of {dpw} device(s) "
-                                  f"using the {cores} cores")
+                                  f"using the {pools.cores()} cores")
 
 
 # Platforms where a spare standby can build the next generation while the current one trains

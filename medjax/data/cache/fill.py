@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
-import os
 from concurrent.futures.process import BrokenProcessPool
 from typing import Callable
 
@@ -36,8 +35,8 @@ def decode_stored(job: tuple) -> tuple[dict[str, np.ndarray], list[dict], int, f
 
 
 def processes_for(configured: int) -> int:
-  """config.data.decode_processes: 0 means one per core."""
-  return int(configured) if configured and configured > 0 else (os.cpu_count() or 1)
+  """config.data.decode_processes: 0 means one per core this process may use (`pools.cores`)."""
+  return int(configured) if configured and configured > 0 else pools.cores()
 
 
 class DecodePool:

@@ -67,7 +67,7 @@ def scan_dicom(dicom_root: str, workers: int = 0, budgets: limits.Budgets | None
     for name in filenames:
       rels.append(os.path.relpath(os.path.join(dirpath, name), dicom_root))
   rels.sort()
-  workers = workers or os.cpu_count() or 1
+  workers = workers or pools.cores()
   jobs = [(dicom_root, r, roots, budgets) for r in rels]
   if workers > 1 and len(rels) > 500:
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=pools.context()) as pool:

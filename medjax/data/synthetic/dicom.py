@@ -342,7 +342,7 @@ def _write_all(cohort, dicom_root: str, cfg, processes: int | None) -> dict:
                          image_index=j, study=study))
     jobs.append((cohort.image_latents[i, :len(files)], cfg.image_size, dicom_root, files))
   if processes is None:
-    processes = (os.cpu_count() or 1) if num_files >= MIN_POOL_FILES else 1
+    processes = pools.cores() if num_files >= MIN_POOL_FILES else 1
   _write_jobs(jobs, num_files, processes)
   junk = _write_junk(writer, images, cfg)
   for im in images:
