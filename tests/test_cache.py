@@ -349,31 +349,34 @@ def test_a_fill_decoded_in_processes_equals_one_decoded_here(tmp_path, ingested,
   assert list(pooled.rejected) == list(here.rejected) == [damaged]
 
 
+def _python(script: str) -> str:
+  """What `script` prints in a fresh interpreter (which starts its own forkserver)."""
+  return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                        check=True, timeout=60).stdout
+
+
 def test_pool_processes_start_with_the_decoding_code_imported():
   """The data layer's pools fork from a forkserver that imported the decoding code once: a pool
   process that has run nothing but os.getpid has TensorStore's and PIL's libraries loaded. In a
   fresh interpreter, whose forkserver this starts."""
-  script = ("import concurrent.futures, os\n"
-            "from medjax.data import pools\n"
-            "with concurrent.futures.ProcessPoolExecutor(1, mp_context=pools.context()) as pool:\n"
-            "  pid = pool.submit(os.getpid).result()\n"
-            "  print(open(f'/proc/{pid}/maps').read())\n")
-  maps = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                        check=True, timeout=60).stdout
+  maps = _python("import concurrent.futures, os\n"
+                 "from medjax.data import pools\n"
+                 "ctx = pools.context()\n"
+                 "with concurrent.futures.ProcessPoolExecutor(1, mp_context=ctx) as p:\n"
+                 "  pid = p.submit(os.getpid).result()\n"
+                 "  print(open(f'/proc/{pid}/maps').read())\n")
   assert "_tensorstore" in maps and "_imaging" in maps
 
 
 def test_one_process_per_core_counts_the_cores_this_process_may_use():
   """A job given one core of a bigger machine (a SLURM allocation, a cpuset, taskset) decodes in
   one process, not one per core of the machine."""
-  script = ("import os\n"
-            "os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})\n"
-            "from medjax.data import pools\n"
-            "from medjax.data.cache import fill\n"
-            "print(pools.cores(), fill.processes_for(0), fill.processes_for(3))\n")
-  out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                       check=True, timeout=60).stdout.split()
-  assert out == ["1", "1", "3"]
+  out = _python("import os\n"
+                "os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})\n"
+                "from medjax.data import pools\n"
+                "from medjax.data.cache import fill\n"
+                "print(pools.cores(), fill.processes_for(0), fill.processes_for(3))\n")
+  assert out.split() == ["1", "1", "3"]
 
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
