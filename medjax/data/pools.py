@@ -1,4 +1,5 @@
-"""The data layer's process pools (the header scan, the cache fill) start from one forkserver.
+"""The data layer's process pools (the header scan, the cache fill, the synthetic writer) start
+from one forkserver; `cores` is how many processes "one per core" means.
 
 Not fork: the caller may have started JAX's threads, and a forked copy can deadlock on them. The
 forkserver is a fresh interpreter, started once per process, and it imports the decoding code
@@ -6,9 +7,9 @@ forkserver is a fresh interpreter, started once per process, and it imports the 
 starts with it imported instead of importing it again (about 0.6 CPU seconds a process, and
 the pool's start on a host with many cores).
 
-It also runs the caller's main module once, as a pool process would (`medjax.data.
-pool_main`). Each pool process runs the parent's main module (a script, or a `-m` module other
-than a package's `__main__`) before its first job, unless the forkserver already ran it.
+It also runs the caller's main module once, as a pool process would
+(`medjax.data.pool_main`). Each pool process runs the parent's main module (a script, or a `-m`
+module other than a package's `__main__`) before its first job, unless the forkserver ran it.
 Preloading '__main__' was meant to do that, and on Python before 3.13 it does nothing
 (CPython gh-126631): every process of a pool started from `python launch.py` or `python -m
 experiments.bench_data` ran that module's imports again. `python -m medjax`, the workers'
