@@ -206,8 +206,8 @@ import concurrent.futures, importlib, json, multiprocessing, sys, time
 import psutil
 from medjax.data import pools
 processes, preload = int(sys.argv[1]), sys.argv[2] == "preloaded"
+t0 = time.perf_counter()   # pools.context() starts the forkserver
 context = pools.context() if preload else multiprocessing.get_context("forkserver")
-t0 = time.perf_counter()
 with concurrent.futures.ProcessPoolExecutor(
     processes, mp_context=context, initializer=importlib.import_module,
     initargs=("medjax.data.cache.fill",)) as pool:

@@ -3,8 +3,10 @@
 import glob
 import json
 import logging
+import multiprocessing
 import os
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -17,6 +19,7 @@ from medjax.data import cache as cache_lib
 from medjax.data import host
 from medjax.data import ingest
 from medjax.data import loader
+from medjax.data import pools
 from medjax.data import records
 from medjax.data.cache import fill
 from tests import cohorts
@@ -448,6 +451,36 @@ def test_a_fill_whose_decoding_process_dies_goes_on_in_this_process(tmp_path, in
     assert pool.processes == 1 and "a decoding process died" in caplog.text
   for a, (b, *_) in zip(expected, got):
     np.testing.assert_array_equal(a, b["images"])
+
+
+def _square_or_die(job: tuple[int, str]) -> int:
+  """job[0] squared, except that the first pool process to take job 5 is killed (SIGKILL, as the
+  OOM killer would)."""
+  i, marker = job
+  if i == 5 and multiprocessing.parent_process() is not None:
+    try:
+      open(marker, "x").close()
+    except FileExistsError:
+      pass
+    else:
+      os.kill(os.getpid(), signal.SIGKILL)
+  return i * i
+
+
+def test_a_pool_whose_process_dies_finishes_every_map_under_way_here(tmp_path, caplog):
+  """The scan's, the fill's and the synthetic writer's pool: two maps handed out, then a pool
+  process killed mid-way. Both return every result, in order; the pool warns once and runs what
+  comes after in this process."""
+  marker = str(tmp_path / "killed")
+  with caplog.at_level(logging.WARNING), pools.Pool(2, "test pool: a process died") as pool:
+    assert pools.MAIN_ENV not in os.environ   # set only while the forkserver started
+    first = pool.map(_square_or_die, [(i, marker) for i in range(12)])
+    second = pool.map(_square_or_die, [(i, marker) for i in range(12, 20)])
+    assert list(first) == [i * i for i in range(12)]
+    assert list(second) == [i * i for i in range(12, 20)]
+    assert os.path.exists(marker) and pool.processes == 1
+    assert list(pool.map(_square_or_die, [(5, marker)])) == [25]
+  assert caplog.text.count("test pool: a process died") == 1
 
 
 def test_the_memory_budget_is_as_set_or_a_quarter_of_the_free_memory_shared_by_processes():

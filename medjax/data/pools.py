@@ -1,5 +1,6 @@
-"""The data layer's process pools (the header scan, the cache fill, the synthetic writer) start
-from one forkserver; `cores` is how many processes "one per core" means.
+"""The data layer's process pools (the header scan, the cache fill, the synthetic writer): `Pool`
+maps jobs in order on processes from one forkserver, and finishes in this process when one of
+them dies; `cores` is how many processes "one per core" means.
 
 Not fork: the caller may have started JAX's threads, and a forked copy can deadlock on them. The
 forkserver is a fresh interpreter, started once per process, and it imports the decoding code
@@ -18,9 +19,14 @@ command, runs a package's `__main__`, which pool processes skip in any case.
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
+import logging
 import multiprocessing
 import os
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures.process import BrokenProcessPool
+from multiprocessing import forkserver
 from multiprocessing import spawn
 
 # What the forkserver imports once, in this order; `pool_main` runs the caller's main module
@@ -39,12 +45,73 @@ def cores() -> int:
     return os.cpu_count() or 1
 
 
+class Pool:
+  """`map` runs jobs in order on `processes` processes from the data layer's forkserver, or in
+  this process where `processes` is 1.
+
+  A pool process that dies (the kernel's OOM killer, a signal) breaks the pool: each map under
+  way goes on in this process from the first result it had not returned, after one warning
+  (`on_death`), instead of failing. A job is a file name and settings, and the results are in
+  the jobs' order, so a map's results are the same either way.
+  """
+
+  def __init__(self, processes: int, on_death: str):
+    self.processes, self.on_death = max(1, int(processes)), on_death
+    self._pool = None
+    if self.processes > 1:
+      self._pool = concurrent.futures.ProcessPoolExecutor(self.processes, mp_context=context())
+
+  def map(self, fn: Callable, jobs: Iterable, chunksize: int = 1) -> Iterator:
+    """`fn` of each job, in order. In the pool, every job is handed out before this returns
+    (under way while the caller does something else); here, each runs as it is reached."""
+    jobs = list(jobs)
+    if self._pool is not None:
+      try:
+        return self._collect(fn, jobs, self._pool.map(fn, jobs, chunksize=chunksize))
+      except BrokenProcessPool:
+        self._broken()
+    return map(fn, jobs)
+
+  def _collect(self, fn: Callable, jobs: list, results: Iterator) -> Iterator:
+    done = 0
+    try:
+      for result in results:
+        yield result
+        done += 1
+    except (BrokenProcessPool, concurrent.futures.CancelledError):   # cancelled: by _broken
+      self._broken()
+      yield from map(fn, jobs[done:])
+
+  def _broken(self) -> None:
+    if self._pool is None:   # another map of this pool found it broken first
+      return
+    logging.warning(self.on_death)
+    self._pool.shutdown(wait=False, cancel_futures=True)
+    self._pool, self.processes = None, 1
+
+  def __enter__(self) -> Pool:
+    return self
+
+  def __exit__(self, *exc) -> None:
+    if self._pool is not None:
+      self._pool.shutdown(wait=True, cancel_futures=True)
+
+
 def context() -> multiprocessing.context.ForkServerContext:
-  """The forkserver context of the data layer's pools (the preload applies from the
-  forkserver's start, the first pool of the process)."""
-  os.environ[MAIN_ENV] = main_entry()   # the forkserver inherits it when it starts
+  """The forkserver context of the data layer's pools, its forkserver running: started here
+  with the preload (and this process's main module named to `pool_main`, for that start only)
+  where it was not running yet."""
   ctx = multiprocessing.get_context("forkserver")
   ctx.set_forkserver_preload(list(PRELOAD))
+  previous = os.environ.get(MAIN_ENV)
+  os.environ[MAIN_ENV] = main_entry()   # the forkserver inherits it when it starts
+  try:
+    forkserver.ensure_running()
+  finally:
+    if previous is None:
+      del os.environ[MAIN_ENV]
+    else:
+      os.environ[MAIN_ENV] = previous
   return ctx
 
 

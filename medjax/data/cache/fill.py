@@ -13,9 +13,6 @@ once, `medjax.data.pools`, then a fork per process) costs about a second.
 
 from __future__ import annotations
 
-import concurrent.futures
-import logging
-from concurrent.futures.process import BrokenProcessPool
 from typing import Callable
 
 import numpy as np
@@ -39,16 +36,15 @@ def processes_for(configured: int) -> int:
   return int(configured) if configured and configured > 0 else pools.cores()
 
 
-class DecodePool:
+class DecodePool(pools.Pool):
   """`decode(jobs)`: `records.decode_images_timed` of each job, in order; in a process pool when
-  `processes` > 1 and the fill has at least MIN_RECORDS records, else here."""
+  `processes` > 1 and the fill has at least MIN_RECORDS records, else here. A decoding process
+  that dies costs the pool, not the fill (`pools.Pool`)."""
 
   def __init__(self, processes: int, records_to_decode: int):
-    self.processes = processes if records_to_decode >= MIN_RECORDS else 1
-    self._pool = None
-    if self.processes > 1:
-      self._pool = concurrent.futures.ProcessPoolExecutor(self.processes,
-                                                          mp_context=pools.context())
+    super().__init__(processes if records_to_decode >= MIN_RECORDS else 1,
+                     "cache fill: a decoding process died; decoding the rest in this process "
+                     "(one core)")
 
   def decode(self, jobs: list[tuple]) -> list[tuple]:
     return self.start(jobs)()
@@ -57,38 +53,6 @@ class DecodePool:
             ) -> Callable[[], list[tuple]]:
     """Starts decoding `jobs` with `fn` (`records.decode_images_timed` or `decode_stored`; in
     the pool: they are under way when this returns); the returned function waits for and
-    returns their results, in order.
-
-    A pool process that dies (the kernel's OOM killer, a signal) breaks the pool: the fill goes
-    on in this process from the chunk that was lost, with a warning, instead of failing.
-    """
-    here = lambda: [fn(job) for job in jobs]
-    if self._pool is None:
-      return here
-    chunk = max(1, len(jobs) // (4 * self.processes))
-    try:
-      results = self._pool.map(fn, jobs, chunksize=chunk)
-    except BrokenProcessPool:
-      self._broken()
-      return here
-
-    def collect() -> list[tuple]:
-      try:
-        return list(results)
-      except BrokenProcessPool:
-        self._broken()
-        return here()
-    return collect
-
-  def _broken(self) -> None:
-    logging.warning("cache fill: a decoding process died; decoding the rest in this process "
-                    "(one core)")
-    self._pool.shutdown(wait=False, cancel_futures=True)
-    self._pool, self.processes = None, 1
-
-  def __enter__(self) -> DecodePool:
-    return self
-
-  def __exit__(self, *exc) -> None:
-    if self._pool is not None:
-      self._pool.shutdown(wait=True, cancel_futures=True)
+    returns their results, in order."""
+    results = self.map(fn, jobs, chunksize=max(1, len(jobs) // (4 * self.processes)))
+    return lambda: list(results)

@@ -7,7 +7,6 @@ step (it needs every patient's files).
 
 from __future__ import annotations
 
-import concurrent.futures
 import os
 
 from medjax import errors
@@ -69,11 +68,9 @@ def scan_dicom(dicom_root: str, workers: int = 0, budgets: limits.Budgets | None
   rels.sort()
   workers = workers or pools.cores()
   jobs = [(dicom_root, r, roots, budgets) for r in rels]
-  if workers > 1 and len(rels) > 500:
-    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=pools.context()) as pool:
-      results = list(pool.map(_scan_one, jobs, chunksize=64))
-  else:
-    results = [_scan_one(j) for j in jobs]
+  with pools.Pool(workers if len(rels) > 500 else 1, "dicom scan: a scanning process died; "
+                  "scanning the rest in this process") as pool:
+    results = list(pool.map(_scan_one, jobs, chunksize=64))
   accepted, kept = [], {}
   for rel, header, reason, patient_id in results:
     key = (header.patient_id, header.instance) if header is not None else None

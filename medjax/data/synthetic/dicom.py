@@ -15,13 +15,11 @@ Files are linked to patients only by the PatientID tag; folder names are random.
 from __future__ import annotations
 
 import collections
-import concurrent.futures
 import functools
 import logging
 import os
 import time
 import typing
-from concurrent.futures.process import BrokenProcessPool
 
 import numpy as np
 import pydicom
@@ -367,26 +365,20 @@ def _write_jobs(jobs: list[tuple], num_files: int, processes: int,
   """Runs `write` on every job, in a pool of `processes` (the data layer's forkserver,
   `medjax.data.pools`) or here; logs progress every 10 s."""
   t0 = last_log = time.perf_counter()
-  written, done = 0, 0   # image files, jobs
+  written = 0
 
   def progress(n: int) -> None:
-    nonlocal written, done, last_log
-    written, done = written + n, done + 1
+    nonlocal written, last_log
+    written += n
     if time.perf_counter() - last_log > 10:
       last_log = time.perf_counter()
       logging.info("synthetic dicom: %d / %d image files (%.0f files/s)", written, num_files,
                    written / (last_log - t0))
 
-  if processes > 1 and len(jobs) > 1:
-    try:
-      with concurrent.futures.ProcessPoolExecutor(processes, mp_context=pools.context()) as pool:
-        for n in pool.map(write, jobs, chunksize=max(1, len(jobs) // (8 * processes))):
-          progress(n)
-      return
-    except BrokenProcessPool:   # a process killed (the OOM killer): write the rest here
-      logging.warning("synthetic dicom: a writing process died; writing the rest in this process")
-  for job in jobs[done:]:
-    progress(write(job))
+  with pools.Pool(processes if len(jobs) > 1 else 1, "synthetic dicom: a writing process died; "
+                  "writing the rest in this process") as pool:
+    for n in pool.map(write, jobs, chunksize=max(1, len(jobs) // (8 * pool.processes))):
+      progress(n)
 
 
 _JUNK_KINDS = ("sr_report", "truncated", "no_patient_id", "text")
