@@ -4,14 +4,10 @@
 #   bash experiments/gpu_checks.sh OUTDIR [DEADLINE_S]
 #
 # Run from the repository root on the GPU machine. Where the machine lacks packages that
-# requirements.txt pins, carry them as Python 3.12 wheels in .whl/ (the GPU image's own jax and
-# its CUDA plugin are used: jaxlib and the CUDA libraries are too big to carry; so is its flax,
-# since flax 0.12.8 does not import on jax 0.11). What ran on 2026-11-26 carried, fetched with
-# `pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux...`:
-# ml-collections pydicom optuna alembic mako colorlog sqlalchemy grain array-record tensorboardX
-# optax chex orbax-checkpoint protobuf grpcio pandas nvidia-ml-py psutil tqdm tzdata nest-asyncio
-# portpicker pylibjpeg pylibjpeg-libjpeg pylibjpeg-openjpeg pylibjpeg-rle pyjpegls, at
-# requirements.txt's versions (42 MB). Stages, each
+# requirements.txt pins, carry them as Python 3.12 wheels in .whl/ (`bash
+# experiments/gpu_wheels.sh` fills it here; the GPU image's own jax and its CUDA plugin are used:
+# jaxlib and the CUDA libraries are too big to carry; so is its flax, since flax 0.12.8 does not
+# import on jax 0.11). Stages, each
 # logged to OUTDIR and skipped once DEADLINE_S (default 480) seconds have passed (STAGES, a
 # space-separated list, picks some):
 #   env        the GPU, driver and library versions, what medjax's layout sees
