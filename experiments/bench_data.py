@@ -64,7 +64,7 @@ def bench_cache(tmp: str, config, patients: int, batches: int, batch_size: int,
   # The fill on every core (`medjax.data.cache.fill`) first, in a process that has decoded
   # nothing yet, as a worker's first fill is (a one-process fill before it raised the writing
   # process's CPU a record by half, on 2 cores).
-  cores = os.cpu_count() or 1
+  cores = pools.cores()
   pooled = cache_lib.Cache(os.path.join(tmp, "cache_pooled"), result.manifest, result.tables,
                            shapes, root, fill_processes=cores)
   t0, cpu0 = time.perf_counter(), time.process_time()
@@ -159,7 +159,7 @@ def bench_fill_simulated(tmp: str, ingested: tuple, processes: int, seconds: flo
 def bench_scan(root: str) -> dict:
   dicom_root = os.path.join(root, "dicom")
   out = {}
-  for name, workers in (("serial", 1), ("parallel", os.cpu_count() or 1)):
+  for name, workers in (("serial", 1), ("parallel", pools.cores())):
     t0 = time.perf_counter()
     accepted, rejected = dicom_scan.scan_dicom(dicom_root, workers)
     dt = time.perf_counter() - t0
@@ -183,8 +183,8 @@ def bench_cpus(seconds: float = 1.0) -> dict:
   one alone (cores_busy_at_once = their summed loops per second over one's). One alone is the
   faster of a spin before and one after, so that other work on the machine during one of them
   does not inflate the ratio."""
-  cores = os.cpu_count() or 1
-  out = {"cpu_count": cores, "affinity": len(os.sched_getaffinity(0))}
+  cores = pools.cores()
+  out = {"cpu_count": os.cpu_count(), "affinity": cores}
   for path in ("/sys/fs/cgroup/cpu.max", "/sys/fs/cgroup/cpu/cpu.cfs_quota_us"):
     if os.path.exists(path):
       with open(path) as f:
@@ -293,7 +293,7 @@ def main():
   result = {"config": args.config, "cache_vs_decode": cache_result, "header_scan": scan_result,
             "fill_simulated": simulated,
             "placement": bench_placement(53420, 16), "cpus": bench_cpus(),
-            "pool_start": bench_pool_start(args.pool_processes or os.cpu_count() or 1,
+            "pool_start": bench_pool_start(args.pool_processes or pools.cores(),
                                            args.pool_rounds)}
   os.makedirs(os.path.dirname(args.out), exist_ok=True)
   with open(args.out, "w") as f:

@@ -20,6 +20,7 @@ import time
 
 import numpy as np
 
+from medjax.data import pools
 from medjax.data import synthetic
 
 
@@ -60,7 +61,7 @@ def main():
                                 os.path.join(tmp, "every_core-0"))
   median = {side: round(float(np.median(s)), 3) for side, s in seconds.items()}
   result = {"config": args.config, "patients": cfg.num_patients,
-            "image_files": stats["num_image_files"], "cores": os.cpu_count(),
+            "image_files": stats["num_image_files"], "cores": pools.cores(),
             "seconds": seconds, "median_s": median,
             "speedup": round(median["one_process"] / median["every_core"], 3),
             "files_compared": files, "files_that_differ": differ,
