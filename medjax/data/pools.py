@@ -24,6 +24,7 @@ import json
 import logging
 import multiprocessing
 import os
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures.process import BrokenProcessPool
 from multiprocessing import forkserver
@@ -33,6 +34,7 @@ from multiprocessing import spawn
 # (named in MAIN_ENV) there.
 PRELOAD = ("medjax.data.pool_main", "medjax.data.cache.fill", "medjax.data.dicom.scan")
 MAIN_ENV = "MEDJAX_POOL_MAIN"
+_starting = threading.Lock()
 
 
 def cores() -> int:
@@ -51,8 +53,8 @@ class Pool:
 
   A pool process that dies (the kernel's OOM killer, a signal) breaks the pool: each map under
   way goes on in this process from the first result it had not returned, after one warning
-  (`on_death`), instead of failing. A job is a file name and settings, and the results are in
-  the jobs' order, so a map's results are the same either way.
+  (`on_death`), instead of failing. The data layer's jobs (a file's name and settings) give the
+  same result wherever they run, so a map's results are the same either way.
   """
 
   def __init__(self, processes: int, on_death: str):
@@ -103,15 +105,16 @@ def context() -> multiprocessing.context.ForkServerContext:
   where it was not running yet."""
   ctx = multiprocessing.get_context("forkserver")
   ctx.set_forkserver_preload(list(PRELOAD))
-  previous = os.environ.get(MAIN_ENV)
-  os.environ[MAIN_ENV] = main_entry()   # the forkserver inherits it when it starts
-  try:
-    forkserver.ensure_running()
-  finally:
-    if previous is None:
-      del os.environ[MAIN_ENV]
-    else:
-      os.environ[MAIN_ENV] = previous
+  with _starting:   # two threads' pools: neither removes the name while the other starts
+    previous = os.environ.get(MAIN_ENV)
+    os.environ[MAIN_ENV] = main_entry()   # the forkserver inherits it when it starts
+    try:
+      forkserver.ensure_running()
+    finally:
+      if previous is None:
+        del os.environ[MAIN_ENV]
+      else:
+        os.environ[MAIN_ENV] = previous
   return ctx
 
 
