@@ -14,7 +14,6 @@ step fed this way takes 1.02-1.05x the time of one fed from batches already on d
 
 from __future__ import annotations
 
-
 import grain
 import jax
 import numpy as np
