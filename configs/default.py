@@ -67,7 +67,9 @@ def get_config(arg=None):
   # Each child's address-space limit. Decoding takes ~300 MB plus ~22 bytes per pixel (float64
   # windowing), so 2048 decodes ~80M pixels (a 300-frame 512x512 CT); raise it for larger files.
   data.decode_memory_mb = 2048
-  data.decode_timeout_s = 120.0   # per file in a child (a 120-frame colour JPEG takes ~8 s)
+  # Per file in a decoder child (a 120-frame colour JPEG takes ~8 s), and in a scanning or
+  # decoding process (a read a stalled mount never answers): past it the file is quarantined.
+  data.decode_timeout_s = 120.0
   data.decode_workers = 2     # children at most (the cache decodes from up to 2 threads)
   # Processes that decode a cache fill (the records of a host's first epoch); 0: one per core
   # the worker may use (its CPU affinity: a SLURM allocation or cpuset, not the whole node).

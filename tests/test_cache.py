@@ -15,6 +15,7 @@ import psutil
 import pytest
 
 from configs import default as default_config
+from medjax import errors
 from medjax.data import cache as cache_lib
 from medjax.data import host
 from medjax.data import ingest
@@ -481,6 +482,60 @@ def test_a_pool_whose_process_dies_finishes_every_map_under_way_here(tmp_path, c
     assert os.path.exists(marker) and pool.processes == 1
     assert list(pool.map(_square_or_die, [(5, marker)])) == [25]
   assert caplog.text.count("test pool: a process died") == 1
+
+
+def _square_or_stop(job: tuple[int, str, str]) -> tuple[int, int]:
+  """(pid, job[0] squared), except that the first pool process to take a job whose text is in
+  `stop` stops itself (SIGSTOP), as a read the storage never answers leaves it."""
+  i, marker, stop = job
+  if stop in f"job {i};" and multiprocessing.parent_process() is not None:
+    try:
+      open(marker, "x").close()
+    except FileExistsError:
+      pass
+    else:
+      os.kill(os.getpid(), signal.SIGSTOP)
+  return os.getpid(), i * i
+
+
+def _stall(max_jobs: int = 8) -> pools.Stall:
+  return pools.Stall(seconds=lambda job: 1.5, result=lambda job: (0, -1),
+                     name=lambda job: f"job {job[0]}", what="test pool", max_jobs=max_jobs)
+
+
+def test_a_pool_job_past_its_time_is_replaced_and_its_process_killed(tmp_path, caplog):
+  """A pool process stopped mid-job (SIGSTOP): the job's result is the stall's, that process is
+  killed, the two maps under way return every other result in order from new processes, and
+  the pool stays a pool."""
+  marker = str(tmp_path / "stopped")
+  with caplog.at_level(logging.WARNING), pools.Pool(2, "test pool: a process died",
+                                                    stall=_stall()) as pool:
+    first = pool.map(_square_or_stop, [(i, marker, "job 5;") for i in range(12)], chunksize=3)
+    second = pool.map(_square_or_stop, [(i, marker, "job 5;") for i in range(12, 20)])
+    got_first, got_second = list(first), list(second)
+    assert [r for _, r in got_first] == [-1 if i == 5 else i * i for i in range(12)]
+    assert [r for _, r in got_second] == [i * i for i in range(12, 20)]
+    assert os.path.exists(marker) and pool.processes == 2
+    later = list(pool.map(_square_or_stop, [(i, marker, "job 5;") for i in range(4)]))
+    assert [r for _, r in later] == [0, 1, 4, 9]
+  assert caplog.text.count("test pool: job 5 took more than 1.5 s in a pool process") == 1
+  assert "a process died" not in caplog.text
+  # The stopped process is gone (killed: SIGKILL ends a stopped process too).
+  stopped = int(caplog.text.split("(pid ")[1].split(")")[0])
+  assert not psutil.pid_exists(stopped) or psutil.Process(stopped).status() == "zombie"
+  assert stopped not in {pid for pid, _ in got_second + later}
+
+
+def test_a_pool_whose_jobs_keep_stalling_fails_with_one_line_naming_them(tmp_path):
+  """Every job stalls (the storage under them is not answering): past `max_jobs` the map fails
+  with an InputError naming the first files, instead of waiting for ever."""
+  jobs = [(i, str(tmp_path / f"stopped{i}"), f"job {i};") for i in range(6)]
+  # Jobs stall one poll apart or at once, as their processes took them: 2 or more in all.
+  with pools.Pool(2, "test pool: a process died", stall=_stall(max_jobs=1)) as pool, \
+      pytest.raises(errors.InputError, match=r"test pool: [2-6] files took longer than their "
+                    r"time limit to read \(job 0, job \d, .*\): the storage they are on is "
+                    r"not answering; check it \(or raise config.data.decode_timeout_s\)"):
+    list(pool.map(_square_or_stop, jobs))
 
 
 def test_the_memory_budget_is_as_set_or_a_quarter_of_the_free_memory_shared_by_processes():

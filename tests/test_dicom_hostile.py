@@ -23,7 +23,9 @@ from configs import default as default_config
 from medjax.data import cache as cache_lib
 from medjax.data import dicom
 from medjax.data import ingest
+from medjax.data import pools
 from medjax.data import records
+from medjax.data import synthetic
 from medjax.data.cache import fill
 from medjax.data.dicom import decoder
 from medjax.data.dicom import limits as dicom_limits
@@ -532,3 +534,58 @@ def test_a_fill_on_every_core_keeps_the_decoders_isolated(tmp_path, monkeypatch)
   assert set(cache.rejected) == {"dicom/hostile/jpegls_late_sof.dcm",
                                  "dicom/hostile/rle_memory_bomb.dcm"}
   assert cache.counters["records_written"] == len(result.manifest)
+
+
+@pytest.mark.slow
+def test_a_file_whose_read_never_returns_costs_that_file_and_the_ingest_goes_on(tmp_path):
+  """A pool process stuck on one file (SIGSTOP, as a read a stalled mount never answers leaves
+  it), once in the header scan and once in the cache fill: past config.data.decode_timeout_s
+  that process is killed, the file (the fill: its record's files) quarantined with the reason,
+  and the rest is scanned, ingested and cached in new processes; exit 0, every file accounted
+  for."""
+  config = default_config.get_config()
+  config.data.synthetic.num_patients = 500    # > scan.MIN_POOL_FILES files, > fill.MIN_RECORDS
+  config.data.synthetic.image_size = 32
+  config.data.synthetic.junk_files = 0        # every file is a patient's image
+  root = str(tmp_path / "cohort")
+  synthetic.generate(config.data.synthetic, root)
+  files = sorted(os.path.relpath(os.path.join(d, n), root)
+                 for d, _, names in os.walk(os.path.join(root, "dicom")) for n in names)
+  assert len(files) > dicom_scan.MIN_POOL_FILES
+  at_scan, at_fill = files[10], files[400]
+  workdir = str(tmp_path / "work")
+  env = dict(os.environ, **{pools.FAULT_ENV: f"dicom scan:{at_scan[len('dicom/'):]};"
+                                             f"cache fill:{at_fill}"})
+  t0 = time.monotonic()
+  run = subprocess.run(
+      [sys.executable, "-m", "medjax", "--config", "configs/quickstart.py:tiny",
+       "--config.mode=ingest", f"--config.data.root={root}", f"--workdir={workdir}",
+       "--config.data.scan_workers=2", "--config.data.decode_processes=2",
+       "--config.data.decode_timeout_s=1"],
+      cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False)
+  assert run.returncode == 0, run.stderr[-3000:]
+  assert time.monotonic() - t0 < 120
+  assert f"dicom scan: {at_scan} took more than 1 s in a pool process" in run.stderr
+  with open(os.path.join(workdir, "ingest", "quarantine.jsonl")) as f:
+    quarantine = {q["path"]: q for q in map(json.loads, f)}
+  assert quarantine[at_scan] == {
+      "path": at_scan, "stage": "scan", "reason": "reading its header took longer than 1 s "
+      "(config.data.decode_timeout_s): the storage did not answer"}
+  result = ingest.load(workdir)
+  referenced = {f for record in result.manifest.image_files for f in record}
+  assert referenced | set(quarantine) >= set(files) and at_scan not in referenced
+  assert len(result.manifest) == 500
+  # The fill: the stalled file's record lost its files (quarantined), every record is cached.
+  row = next(r for r, record in enumerate(result.manifest.image_files) if at_fill in record)
+  with open(os.path.join(workdir, "cache", "host-0", "decode_quarantine.jsonl")) as f:
+    decoded = {q["path"]: q for q in map(json.loads, f)}
+  record = result.manifest.image_files[row]
+  assert (f"cache fill: {record[0]} took more than {len(record) + 1} s in a pool process"
+          in run.stderr)
+  assert {p: q["reason"] for p, q in decoded.items() if p in record} == {
+      p: f"decoding its record's {len(record)} file(s) took longer than {len(record) + 1} s "
+         "(config.data.decode_timeout_s a file, and one more): the storage did not answer"
+      for p in record}
+  with open(os.path.join(workdir, "ingest", "report.json")) as f:
+    cache = json.load(f)["cache"]["host-0"]
+  assert cache["records_written"] == 500

@@ -114,8 +114,9 @@ def run(config, workdir: str, root: str) -> Ingested:
   t0 = time.perf_counter()
   budgets = dicom.Budgets.from_config(data)
   rejected_patients: dict[str, str] = {}   # a rejected file's path -> its PatientID
-  headers, quarantine = dicom_scan.scan_root(os.path.join(root, "dicom"), data.scan_workers,
-                                             budgets, rejected_patients)
+  headers, quarantine = dicom_scan.scan_root(
+      os.path.join(root, "dicom"), data.scan_workers, budgets, rejected_patients,
+      timeout_s=data.get("decode_timeout_s", dicom_scan.TIMEOUT_S))
   scan_s = time.perf_counter() - t0
   logging.info("ingest: scanned %d DICOM files in %.1f s (%d rejected)",
                len(headers) + len(quarantine), scan_s, len(quarantine))

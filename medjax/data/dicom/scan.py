@@ -14,21 +14,24 @@ from medjax.data import pools
 from medjax.data.dicom import files
 from medjax.data.dicom import limits
 
+MIN_POOL_FILES = 500   # up to this many files are scanned in the calling process
+TIMEOUT_S = 120.0      # config.data.decode_timeout_s's default
+
 
 def scan_root(dicom_root: str, workers: int, budgets: limits.Budgets,
-          patients: dict[str, str]) -> tuple[list, list]:
+              patients: dict[str, str], timeout_s: float = TIMEOUT_S) -> tuple[list, list]:
   """The headers of dicom/'s files and the quarantine entries of those rejected (none without
-  a dicom/ folder; one that is not a folder is refused); `patients` as `scan_dicom`'s."""
+  a dicom/ folder; one that is not a folder is refused); the rest as `scan_dicom`'s."""
   if os.path.lexists(dicom_root) and not os.path.isdir(dicom_root):
     raise errors.InputError(f"{dicom_root} is not a directory; the cohort's DICOM files go in a "
                             "dicom/ folder (any subfolders)")
   if not os.path.isdir(dicom_root):
     return [], []
-  return scan_dicom(dicom_root, workers, budgets, patients)
+  return scan_dicom(dicom_root, workers, budgets, patients, timeout_s=timeout_s)
 
 
 def scan_dicom(dicom_root: str, workers: int = 0, budgets: limits.Budgets | None = None,
-               patients: dict[str, str] | None = None
+               patients: dict[str, str] | None = None, *, timeout_s: float = TIMEOUT_S
                ) -> tuple[list[tuple[str, files.Header]], list[dict]]:
   """Reads every file's header (no pixels). Returns (accepted, quarantine entries).
 
@@ -45,6 +48,9 @@ def scan_dicom(dicom_root: str, workers: int = 0, budgets: limits.Budgets | None
     budgets: size limits (`config.data.max_pixels` etc.; default: `limits.Budgets()`).
     patients: filled, where given, with the PatientID of each rejected file whose header could
       be read (quarantine path -> raw id; in memory only), so that its patient is accounted for.
+    timeout_s: how long one file's header may take in a scanning process
+      (config.data.decode_timeout_s): past it the process is killed and the file quarantined
+      (`pools.Stall`; a stalled mount), and past 8 such files the scan fails with one line.
   """
   budgets = budgets or limits.Budgets()
   roots = (os.path.dirname(os.path.abspath(dicom_root)), dicom_root)
@@ -68,8 +74,14 @@ def scan_dicom(dicom_root: str, workers: int = 0, budgets: limits.Budgets | None
   rels.sort()
   workers = workers or pools.cores()
   jobs = [(dicom_root, r, roots, budgets) for r in rels]
-  with pools.Pool(workers if len(rels) > 500 else 1, "dicom scan: a scanning process died; "
-                  "scanning the rest in this process") as pool:
+  stall = pools.Stall(
+      seconds=lambda job: timeout_s,
+      result=lambda job: (job[1], None, (f"reading its header took longer than {timeout_s:g} "
+                                         "s (config.data.decode_timeout_s): the storage did "
+                                         "not answer"), ""),
+      name=lambda job: os.path.join("dicom", job[1]), what="dicom scan")
+  with pools.Pool(workers if len(rels) > MIN_POOL_FILES else 1, "dicom scan: a scanning "
+                  "process died; scanning the rest in this process", stall=stall) as pool:
     results = list(pool.map(_scan_one, jobs, chunksize=64))
   accepted, kept = [], {}
   for rel, header, reason, patient_id in results:
