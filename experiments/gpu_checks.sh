@@ -36,9 +36,22 @@
 #              replaces those arguments, RECOVERY_LIMIT (seconds) the stage's limit
 # The workdirs' logs, events and summaries end up in OUTDIR/runs.tgz. The device tool brings back
 # at most 8 files: run it as `bash experiments/gpu_checks.sh /tmp/g; tar czf $OUT/gpu.tgz -C /tmp g`.
+#
+# A rehearsal on a CPU host (no GPU: every stage's commands, at small sizes, so that a lent GPU's
+# minutes are not spent on a broken command): `REHEARSAL=1 bash experiments/gpu_checks.sh OUTDIR
+# 1200`; the GPU-only probe is skipped, and each stage must end with rc=0 in OUTDIR/stages.txt.
 set -u
 out=${1:?usage: gpu_checks.sh OUTDIR [DEADLINE_S]}
 deadline=${2:-480}
+rehearsal=${REHEARSAL:-0}
+# The loop's and the startup's cohorts (patients, epochs): the GPU's sizes, or a rehearsal's.
+if (( rehearsal )); then
+  platform=cpu loop_patients=300 loop_epochs=2 startup_patients=300 train_patients=200
+  loop_small="--set data.batch_size=32 --rounds 1" train_batch=32   # the paper's model on 2 cores
+else
+  platform=cuda loop_patients=6000 loop_epochs=60 startup_patients=2000 train_patients=1500
+  loop_small="" train_batch=512
+fi
 mkdir -p "$out"
 start=$SECONDS
 left() { echo $(( deadline - (SECONDS - start) )); }
@@ -87,9 +100,9 @@ from medjax.fault import layout
 print("layout accelerators", layout.accelerators())
 EOF'
 
-export JAX_PLATFORMS=cuda
-loop_args="--config paper --patients 6000 --epochs 60 --set data.num_partitions=2 --no-profile \
-  --workdir /tmp/gpu_loop"
+export JAX_PLATFORMS=$platform
+loop_args="--config paper --patients $loop_patients --epochs $loop_epochs \
+  --set data.num_partitions=2 --no-profile --workdir /tmp/gpu_loop $loop_small"
 # shellcheck disable=SC2086  (loop_args is a list of arguments)
 stage loop 330 bash -c "python3 -m experiments.bench_loop $loop_args --set model.dtype=float32 \
     --out $out/bench_loop_f32.json \
@@ -97,13 +110,14 @@ stage loop 330 bash -c "python3 -m experiments.bench_loop $loop_args --set model
        --out $out/bench_loop_bf16.json \
   && python3 -m experiments.bench_loop $loop_args --set model.dtype=bfloat16 \
        --set ckpt.writer_duty=1.0 --out $out/bench_loop_bf16_duty1.json"
-stage train 120 bash -c "python3 -m experiments.bench_train --config paper --patients 1500 \
-    --batch-sizes 512 --parts flops --rounds 5 --set model.dtype=float32 \
+train_args="--config paper --patients $train_patients --batch-sizes $train_batch --parts flops \
+  --rounds 5"
+stage train 120 bash -c "python3 -m experiments.bench_train $train_args --set model.dtype=float32 \
     --out $out/bench_train_f32.json \
-  && python3 -m experiments.bench_train --config paper --patients 1500 --batch-sizes 512 \
-    --parts flops --rounds 5 --set model.dtype=bfloat16 --out $out/bench_train_bf16.json"
-stage startup 150 python3 -m experiments.bench_data --config paper --patients 2000 --batches 5 \
-  --one-process-records 300 --out "$out/bench_data.json"
+  && python3 -m experiments.bench_train $train_args --set model.dtype=bfloat16 \
+    --out $out/bench_train_bf16.json"
+stage startup 150 python3 -m experiments.bench_data --config paper --patients $startup_patients \
+  --batches 5 --one-process-records 300 --out "$out/bench_data.json"
 rm -rf /tmp/gpu_p32 /tmp/gpu_p16
 stage precision 150 bash -c "python3 launch.py --config configs/quickstart.py --workdir /tmp/gpu_p32 \
     --config.model.dtype=float32 --config.fault.supervised=False \
@@ -115,8 +129,10 @@ stage precision 150 bash -c "python3 launch.py --config configs/quickstart.py --
 rm -rf /tmp/gpu_tiny
 stage tiny 180 python3 launch.py --config configs/quickstart.py:tiny --workdir /tmp/gpu_tiny
 tiny=$?
-(unset JAX_PLATFORMS; stage probe 60 python3 -m experiments.live_devices_probe --platform gpu --processes 2 \
-  --timeout-s 45 --out "$out/live_devices_gpu.json")
+if (( ! rehearsal )); then
+  (unset JAX_PLATFORMS; stage probe 60 python3 -m experiments.live_devices_probe --platform gpu \
+    --processes 2 --timeout-s 45 --out "$out/live_devices_gpu.json")
+fi
 
 if (( tiny == 0 )); then
   # shellcheck disable=SC2086  (RECOVERY_ARGS is a list of arguments)

@@ -458,14 +458,20 @@ def _square_or_die(job: tuple[int, str]) -> int:
   """job[0] squared, except that the first pool process to take job 5 is killed (SIGKILL, as the
   OOM killer would)."""
   i, marker = job
-  if i == 5 and multiprocessing.parent_process() is not None:
-    try:
-      open(marker, "x").close()
-    except FileExistsError:
-      pass
-    else:
-      os.kill(os.getpid(), signal.SIGKILL)
+  if i == 5 and _first_pool_process(marker):
+    os.kill(os.getpid(), signal.SIGKILL)
   return i * i
+
+
+def _first_pool_process(marker: str) -> bool:
+  """True in the first pool process to ask with this marker (a file it creates); never here."""
+  if multiprocessing.parent_process() is None:
+    return False
+  try:
+    open(marker, "x").close()
+  except FileExistsError:
+    return False
+  return True
 
 
 def test_a_pool_whose_process_dies_finishes_every_map_under_way_here(tmp_path, caplog):
@@ -488,13 +494,8 @@ def _square_or_stop(job: tuple[int, str, str]) -> tuple[int, int]:
   """(pid, job[0] squared), except that the first pool process to take a job whose text is in
   `stop` stops itself (SIGSTOP), as a read the storage never answers leaves it."""
   i, marker, stop = job
-  if stop in f"job {i};" and multiprocessing.parent_process() is not None:
-    try:
-      open(marker, "x").close()
-    except FileExistsError:
-      pass
-    else:
-      os.kill(os.getpid(), signal.SIGSTOP)
+  if stop in f"job {i};" and _first_pool_process(marker):
+    os.kill(os.getpid(), signal.SIGSTOP)
   return os.getpid(), i * i
 
 

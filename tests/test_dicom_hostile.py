@@ -561,15 +561,15 @@ def test_a_file_whose_read_never_returns_costs_that_file_and_the_ingest_goes_on(
       [sys.executable, "-m", "medjax", "--config", "configs/quickstart.py:tiny",
        "--config.mode=ingest", f"--config.data.root={root}", f"--workdir={workdir}",
        "--config.data.scan_workers=2", "--config.data.decode_processes=2",
-       "--config.data.decode_timeout_s=1"],
+       "--config.data.decode_timeout_s=2"],
       cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False)
   assert run.returncode == 0, run.stderr[-3000:]
   assert time.monotonic() - t0 < 120
-  assert f"dicom scan: {at_scan} took more than 1 s in a pool process" in run.stderr
+  assert f"dicom scan: {at_scan} took more than 2 s in a pool process" in run.stderr
   with open(os.path.join(workdir, "ingest", "quarantine.jsonl")) as f:
     quarantine = {q["path"]: q for q in map(json.loads, f)}
   assert quarantine[at_scan] == {
-      "path": at_scan, "stage": "scan", "reason": "reading its header took longer than 1 s "
+      "path": at_scan, "stage": "scan", "reason": "reading its header took longer than 2 s "
       "(config.data.decode_timeout_s): the storage did not answer"}
   result = ingest.load(workdir)
   referenced = {f for record in result.manifest.image_files for f in record}
@@ -580,10 +580,10 @@ def test_a_file_whose_read_never_returns_costs_that_file_and_the_ingest_goes_on(
   with open(os.path.join(workdir, "cache", "host-0", "decode_quarantine.jsonl")) as f:
     decoded = {q["path"]: q for q in map(json.loads, f)}
   record = result.manifest.image_files[row]
-  assert (f"cache fill: {record[0]} took more than {len(record) + 1} s in a pool process"
-          in run.stderr)
+  limit = 2 * (len(record) + 1)   # the timeout a file, and one more
+  assert f"cache fill: {record[0]} took more than {limit} s in a pool process" in run.stderr
   assert {p: q["reason"] for p, q in decoded.items() if p in record} == {
-      p: f"decoding its record's {len(record)} file(s) took longer than {len(record) + 1} s "
+      p: f"decoding its record's {len(record)} file(s) took longer than {limit} s "
          "(config.data.decode_timeout_s a file, and one more): the storage did not answer"
       for p in record}
   with open(os.path.join(workdir, "ingest", "report.json")) as f:
