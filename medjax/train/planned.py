@@ -3,6 +3,7 @@ the training loop (`medjax.train.loop`) iterates over."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 from typing import Any, Callable
 
@@ -28,24 +29,29 @@ class Step:
 
 
 NEXT_EPOCH_AHEAD = 4   # steps before an epoch's end at which the next one's reading starts
+# Plans the next epoch while this one trains (`PlannedSteps._plan_ahead`); one thread for the
+# process, idle but for a plan an epoch.
+_PLANNER = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="medjax-planner")
 
 
 class PlannedSteps:
   """The planned steps from the cursor's position, epoch by epoch, each batch read ahead.
 
-  Each epoch is planned when it starts (`HostData.plan` of the cursor's epoch and segment), or
-  `NEXT_EPOCH_AHEAD` steps before the epoch before it ends (the next epoch starts a segment with
-  nothing processed, so its plan is known), when its reading starts; its partitions' batches
-  come from one `prepare.data_batches` reader, and `read_ahead` reads the next one while a step
-  runs (and the next epoch's first, once it is planned). `on_partition(partition, global_step,
-  epoch)` is called as a partition starts. A partition the plan left empty still ends (one
-  `Step` without a batch).
+  Each epoch is planned when it starts (`HostData.plan` of the cursor's epoch and segment), or,
+  on the planning thread while the epoch before it trains, as a new segment (nothing processed,
+  so its plan is known), and its reading starts `NEXT_EPOCH_AHEAD` steps before the epoch before
+  it ends; its partitions' batches come from one `prepare.data_batches` reader, and `read_ahead`
+  reads the next one while a step runs (and the next epoch's first, once it is planned).
+  `on_partition(partition, global_step, epoch)` is called as a partition starts. A partition the
+  plan left empty still ends (one `Step` without a batch).
   """
 
   def __init__(self, prepared: Prepared, cursor: lineage_lib.Cursor, epochs: int,
-               on_partition: Callable[[int, int, int], None]):
+               on_partition: Callable[[int, int, int], None], *, plan_ahead: bool = True):
     self.p, self.cursor, self.epochs, self.on_partition = prepared, cursor, epochs, on_partition
+    self.plan_ahead = plan_ahead   # False: each epoch planned on the caller's thread (measuring)
     self._batches = self._next = None
+    self._following: tuple[int, concurrent.futures.Future] | None = None
 
   def __iter__(self):
     p, cursor = self.p, self.cursor
@@ -57,6 +63,8 @@ class PlannedSteps:
       else:
         plan = p.data.plan(cursor.epoch, cursor.base_N)
       self._next = None
+      if self.plan_ahead and cursor.epoch + 1 < self.epochs:
+        self._plan_ahead(cursor.epoch + 1)
       if cursor.partition >= plan.num_partitions > 0:
         # A lineage at a finished segment's end (before 2026-11-28, 'local' mode saved a round's
         # deferred save there): its last partition's end comes again, so that the segment's
@@ -83,10 +91,24 @@ class PlannedSteps:
             # NEXT_EPOCH_AHEAD steps before the epoch's end: the next epoch (a new segment,
             # nothing processed yet) is planned and its reading starts, so that its first batch
             # is ready when the epoch's end is done (a batch took longer to read than a step).
-            following = p.data.plan(cursor.epoch + 1, None)
+            following = self._planned(cursor.epoch + 1)
             self._next = (following, self._reader(following, _starts(following, 0, 0)))
           yield Step(**at, rows=steps[s], local=local, batch=batch,
                      ends_partition=s == len(steps) - 1)
+
+  def _plan_ahead(self, epoch: int) -> None:
+    """Starts planning `epoch` as a new segment (nothing processed: its plan is known) on the
+    planning thread, unless it is under way: at the paper's 53,420 records a plan takes ~20 ms
+    of numpy, which the training thread would spend while the device ran out of queued steps."""
+    if self._following is None or self._following[0] != epoch:
+      self._following = (epoch, _PLANNER.submit(self.p.data.plan, epoch, None))
+
+  def _planned(self, epoch: int):
+    """`epoch`'s plan as a new segment: the planning thread's (waited for), or made here."""
+    following, self._following = self._following, None
+    if following is not None and following[0] == epoch:
+      return following[1].result()
+    return self.p.data.plan(epoch, None)
 
   def _reader(self, plan, starts: list[tuple[int, int]]):
     """One reader over the plan's partitions from `starts` on, so that reading ahead crosses
