@@ -750,13 +750,14 @@ class _Reader:
     return {"x": rows.astype(np.float32), "row": rows}
 
 
-def _walk(prefetch, cursor, epochs=2, log=None, plans=None):
-  """Runs PlannedSteps as the loop does (dispatch, read_ahead, then advance the cursor)."""
+def _walk(prefetch, cursor, epochs=2, log=None, plans=None, reader=None, on_end=None):
+  """Runs PlannedSteps as the loop does (dispatch, read_ahead, then advance the cursor);
+  `on_end(step)` at each partition's end."""
   from medjax.train import loop as loop_lib  # pylint: disable=import-outside-toplevel
   log = [] if log is None else log
   config = ml_collections.ConfigDict({"data": {"batch_size": 1, "prefetch": prefetch}})
-  prepared = types.SimpleNamespace(config=config, reader=_Reader(log), batch_sharding=object(),
-                                   data=plans or _Plans())
+  prepared = types.SimpleNamespace(config=config, reader=reader or _Reader(log),
+                                   batch_sharding=object(), data=plans or _Plans())
   plan = loop_lib.PlannedSteps(prepared, cursor, epochs, on_partition=lambda *a: None)
   for step in plan:
     if step.batch is not None:
@@ -765,6 +766,8 @@ def _walk(prefetch, cursor, epochs=2, log=None, plans=None):
       cursor.offset += 1
     if step.ends_partition:
       log.append(("end", step.epoch, step.partition))
+      if on_end is not None:
+        on_end(step)
       cursor.partition, cursor.offset = cursor.partition + 1, 0
       if cursor.partition == step.num_partitions:
         cursor.epoch, cursor.partition = cursor.epoch + 1, 0
@@ -798,6 +801,23 @@ def test_planned_steps_read_one_reader_across_partitions_and_the_next_epoch_ahea
     assert order[order.index(("step", 0)) + 1:][:2] == [("read", 1), ("read", 100)]
     assert order[order.index(("step", 100)) + 1:][:2] == [("read", 101), ("read", 200)]
     assert log.index(("read", 100)) < log.index(("end", 0, 2))
+
+
+def test_on_the_thread_path_the_next_epochs_first_batch_is_read_before_the_epoch_ends():
+  """The prefetch threads read the next epoch's first batch while this epoch's last steps run,
+  not once the loop asks for it (Grain reads nothing before it is asked, unless started)."""
+  read = threading.Event()
+
+  class Reader(_Reader):
+    def read(self, rows):
+      if int(rows[0]) == 100:   # epoch 1's first step
+        read.set()
+      return super().read(rows)
+
+  seen = []
+  _walk("thread", _cursor(), epochs=2, reader=Reader([]),
+        on_end=lambda step: (step.epoch, step.partition) == (0, 2) and seen.append(read.wait(5)))
+  assert seen == [True]
 
 
 def test_the_next_epoch_is_planned_off_the_training_thread():

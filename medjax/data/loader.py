@@ -133,13 +133,18 @@ class Ahead:
 
 
 class _Threaded:
-  """`prefetched` with the same interface as `Ahead` (read_ahead does nothing)."""
+  """`prefetched` with the same interface as `Ahead`: `read_ahead` starts the prefetch threads'
+  reading (Grain's iterator reads nothing until asked for its first batch, so a reader made
+  ahead of its epoch would read that batch only once the device waited for it)."""
 
   def __init__(self, iterator):
     self._iterator = iterator
+    self._started = False
 
   def read_ahead(self) -> None:
-    pass
+    if not self._started:
+      self._iterator.start_prefetch()
+      self._started = True
 
   def __iter__(self):
     return self._iterator
