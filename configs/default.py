@@ -20,9 +20,11 @@ def get_config(arg=None):
   config.seed = 0
   # Training metrics are fetched from the device, checked and logged every this many steps.
   config.log_every_steps = 10
-  # Steps the host may dispatch ahead of the device (0: as many as JAX queues). Two keep the device
-  # busy; a crash throws away the steps in flight beyond the last snapshot, so more cost more.
-  config.max_steps_in_flight = 2
+  # Steps the host may dispatch ahead of the device (0: as many as JAX queues; -1: 2 where XLA
+  # computes on the CPU, 4 on an accelerator, whose ~9 ms steps a host pause of two steps (an
+  # epoch's end, a metrics flush) would otherwise leave idle). A crash throws away the steps in
+  # flight beyond the last snapshot, so more cost more (on a GPU, milliseconds).
+  config.max_steps_in_flight = -1
 
   config.data = data = ml_collections.ConfigDict()
   # Cohort directory (dicom/, labs.csv, vitals.csv, labels.csv). None: synthesise one from

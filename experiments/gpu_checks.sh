@@ -14,9 +14,10 @@
 #   loop       experiments.bench_loop on configs/paper.py (batch 512, 6,000 patients, 2 partitions
 #              an epoch so that each holds several steps, 60 epochs: ~600 steps, long enough for
 #              the writers' rests to matter): the real loop with the default checkpoint policy
-#              beside the in-memory step, float32 then bfloat16, then bfloat16 with writers that
-#              never rest (ckpt.writer_duty=1, the policy before it); the model's TFLOP/s beside
-#              the chip's peak (issue 33)
+#              beside the in-memory step, float32 then bfloat16, then bfloat16 with 2 steps in
+#              flight (the default before 2026-12-01; 4 on an accelerator now) and with writers
+#              that never rest (ckpt.writer_duty=1, the policy before it); the model's TFLOP/s
+#              beside the chip's peak (issue 33)
 #   train      (not by default: `loop` reports the TFLOP/s) experiments.bench_train's FLOP/s part
 #              on configs/paper.py at batch 512, float32 and bfloat16
 #   startup    experiments.bench_data --config paper (2,000 patients, the paper's 64-px images): the
@@ -108,6 +109,8 @@ stage loop 330 bash -c "python3 -m experiments.bench_loop $loop_args --set model
     --out $out/bench_loop_f32.json \
   && python3 -m experiments.bench_loop $loop_args --set model.dtype=bfloat16 \
        --out $out/bench_loop_bf16.json \
+  && python3 -m experiments.bench_loop $loop_args --set model.dtype=bfloat16 \
+       --set max_steps_in_flight=2 --out $out/bench_loop_bf16_inflight2.json \
   && python3 -m experiments.bench_loop $loop_args --set model.dtype=bfloat16 \
        --set ckpt.writer_duty=1.0 --out $out/bench_loop_bf16_duty1.json"
 train_args="--config paper --patients $train_patients --batch-sizes $train_batch --parts flops \

@@ -820,6 +820,17 @@ def test_on_the_thread_path_the_next_epochs_first_batch_is_read_before_the_epoch
   assert seen == [True]
 
 
+def test_steps_in_flight_are_2_on_the_cpu_and_4_on_an_accelerator_unless_set(monkeypatch):
+  from medjax.train import loop as loop_lib  # pylint: disable=import-outside-toplevel
+  config = ml_collections.ConfigDict({"max_steps_in_flight": -1})
+  assert loop_lib.steps_in_flight(config) == 2   # the tests' CPU
+  monkeypatch.setattr(loop_lib.jax, "default_backend", lambda: "gpu")
+  assert loop_lib.steps_in_flight(config) == 4
+  for value in (0, 1, 3):
+    config.max_steps_in_flight = value
+    assert loop_lib.steps_in_flight(config) == value
+
+
 def test_the_next_epoch_is_planned_off_the_training_thread():
   """At the paper's size a plan is ~20 ms of numpy: each epoch after the first is planned on
   the planning thread while the one before it trains, each once."""

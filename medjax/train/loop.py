@@ -57,6 +57,12 @@ from medjax.train import writers
 # a few steps long, as the paper's are on a GPU. A crash loses at most this long of counts.
 COUNTERS_EVERY_S = 1.0
 
+# config.max_steps_in_flight=-1: where XLA computes on the CPU the host's own work competes with
+# the step for the cores, and 2 keep it busy; an accelerator's ~9 ms steps (configs/paper.py on an
+# H100) leave 2 queued steps idle behind any host pause longer than one step (on 2026-11-27's
+# H100, 4 in flight took the loop from 36.5 to 31.3 ms a step, the writers busy).
+STEPS_IN_FLIGHT = {"cpu": 2, "accelerator": 4}
+
 # The trainer's names for its callers (the worker, the tests), wherever they are defined.
 Topology = host_lib.Topology
 Step = planned.Step
@@ -155,7 +161,7 @@ class _Loop:
   ledger: ledger_lib.Writer
   rounds: local_sgd.Rounds | None          # 'local' mode's rounds (None: 'sync')
   recacher: Any
-  in_flight_limit: int                     # config.max_steps_in_flight (0: no limit)
+  in_flight_limit: int                     # `steps_in_flight` (0: no limit)
   local_examples: int                      # batch slots of this process per step
   in_flight: collections.deque = dataclasses.field(default_factory=collections.deque)
   t_start: float = dataclasses.field(default_factory=time.perf_counter)
@@ -176,7 +182,7 @@ class _Loop:
 
   def dispatched(self, metrics: dict | None) -> None:
     """A step was dispatched (None: this process skipped it, a late replica): at most
-    config.max_steps_in_flight stay unfinished; the monitor counts it; the next batch is read
+    `steps_in_flight` stay unfinished; the monitor counts it; the next batch is read
     while it runs."""
     if metrics is not None:
       self.in_flight.append(metrics)
@@ -399,7 +405,7 @@ def _open(p: Prepared, ctx, run: paths.RunPaths, cursor: lineage_lib.Cursor,
       writer, bar, every=config.log_every_steps, processes=jax.process_count(),
       record_ids=manifest.record_ids, generation=ctx.generation, on_progress=on_progress,
       resume_hint=lambda: f"last good checkpoint: {saver.last_saved} in {run.checkpoints}",
-      lag=int(config.get("max_steps_in_flight", 0)) or 2,
+      lag=steps_in_flight(config) or 2,
       fetch=p.local and local_sgd.fetch_rows)
   saver = saver_lib.Saver(ckpt, ctx, is_chief=is_chief, last_saved=last_good,
                           before_save=reporter.check, after_save=reporter.write,
@@ -425,12 +431,20 @@ def _open(p: Prepared, ctx, run: paths.RunPaths, cursor: lineage_lib.Cursor,
           exchange=local_sgd.exchange_for_run(p.local, p.mesh, generation=ctx.generation,
                                               timeout_s=config.fault.timeout_start_s)),
       recacher=data.start_recache(data.plan(cursor.epoch, cursor.base_N), cursor.partition),
-      in_flight_limit=int(config.get("max_steps_in_flight", 0)),
+      in_flight_limit=steps_in_flight(config),
       local_examples=config.data.batch_size // jax.process_count())
   ctx.set_phase("compiling")
   phases.start_first_step()
   monitor.start()
   return loop
+
+
+def steps_in_flight(config) -> int:
+  """config.max_steps_in_flight, -1 resolved for this backend (`STEPS_IN_FLIGHT`); 0: no limit."""
+  value = int(config.get("max_steps_in_flight", 0))
+  if value >= 0:
+    return value
+  return STEPS_IN_FLIGHT["cpu" if jax.default_backend() == "cpu" else "accelerator"]
 
 
 def _evaluate(loop: _Loop, state) -> dict:
