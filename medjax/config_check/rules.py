@@ -158,8 +158,7 @@ def _rules() -> dict[str, tuple[Check, ...]]:
   each(_at_least(0, " (0: a checkpoint at every boundary)"), "ckpt.min_interval_s")
   each(_at_least(0, " (0: no host-local snapshots)"), "ckpt.snapshot_every_steps")
   each(lambda v: None if 0 < v <= 1 else "must be in (0, 1] (1: no rest)", "ckpt.writer_duty")
-  each(_at_least(-1, " (0: unbounded; -1: 2 on CPU, 4 on an accelerator)"),
-       "max_steps_in_flight")
+  each(_at_least(-1, " (0: unbounded; -1: 2 on CPU, 4 on a GPU or TPU)"), "max_steps_in_flight")
   each(lambda v: None if set(v) <= set(SPLITS) else f"use names from {SPLITS}", "evals.splits")
   each(lambda v: None if len(v) != 1 else "names one class; training needs at least two (or () "
        "for the names in labels.csv)", "data.classes")
