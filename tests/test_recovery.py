@@ -467,6 +467,40 @@ def test_a_phase_change_rides_on_the_next_heartbeat_without_a_call_of_its_own():
     ctx.close()
 
 
+def test_back_to_training_while_the_coordinator_hears_the_phase_before_is_told_at_once():
+  """A beat carrying 'epoch_end' is still under way when the phase goes back to training (the
+  call takes a while): once it returns, 'training' follows at once, not with the next regular
+  beat. (A worker frozen in between was held to the epoch end's 600 s timeout.)"""
+  beats, answered, sent = [], threading.Event(), threading.Event()
+
+  class Client:
+    address = "127.0.0.1:1"
+
+    def call(self, method, msg=None):
+      if method == "WorkerHeartbeat":
+        beats.append((time.monotonic(), msg["phase"]))
+        if msg["phase"] == "epoch_end":
+          sent.set()
+          answered.wait(5)
+      return {}
+
+  ctx = context.Remote(Client(), generation=1, process_id=0, interval_s=1.5)
+  try:
+    ctx.set_phase("epoch_end")
+    assert sent.wait(10)
+    ctx.set_phase("training")   # the coordinator has not heard 'epoch_end' yet
+    back_at = time.monotonic()
+    answered.set()
+    deadline = time.monotonic() + 10.0
+    while len(beats) < 2 and time.monotonic() < deadline:
+      time.sleep(0.01)
+    assert [phase for _, phase in beats[:2]] == ["epoch_end", "training"]
+    assert beats[1][0] - back_at < 0.75
+  finally:
+    answered.set()
+    ctx.close()
+
+
 def test_back_to_training_after_a_phase_the_coordinator_heard_is_told_at_once():
   """A beat fell inside an epoch end: the coordinator holds the worker to that phase's fixed
   timeout (minutes) until it hears 'training' again, so that comes at once, not with the next

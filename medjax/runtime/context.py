@@ -200,6 +200,10 @@ class Remote(Local):
       self._reachable = False
       return
     self._heard = phase
+    if phase != "training" and self.phase == "training":
+      # Back to training while this beat was under way: `set_phase` found the phase before it
+      # heard, so it did not ask for a beat; the next regular one could come after a freeze.
+      self._beat_now.set()
     if not self._reachable:
       logging.info("worker %d: coordinator reachable again", self.process_id)
     self._reachable = True
