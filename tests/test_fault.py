@@ -527,7 +527,8 @@ def test_a_crash_recovers_through_a_warm_standby_with_its_phases(shared):
   assert not {"data_setup", "model_build", "compile", "process_start"} & set(phases), phases
   assert phases["backoff"] < 0.5, phases
   ahead = recovery["prepared_ahead_s"]
-  assert ahead["compile"] > 0 and ahead["prepared_before_s"] > 0, ahead
+  # The compilation ran beside the data's setup; what it took after the data was ready may be 0.
+  assert ahead["compile_beside_data"] > 0 and ahead["prepared_before_s"] > 0, ahead
   assert recovery["compile_cache"] == "hit"
   assert sum(phases.values()) == pytest.approx(crash["recovered_s"], abs=0.01)
   assert crash["recovered_s"] < 10.0, recovery   # ~1 s on an idle machine (bench_recovery.py)
@@ -535,7 +536,8 @@ def test_a_crash_recovers_through_a_warm_standby_with_its_phases(shared):
   reports = [e for e in runs.events(workdir) if e["event"] == "generation_phases"]
   assert [(e["generation"], e["path"]) for e in reports] == [(1, "standby"),
                                                             (2, "warm_standby")], reports
-  assert reports[0]["phases"]["compile"] > 0 and "compile" not in reports[1]["phases"]
+  assert reports[0]["beside_data"]["compile"] > 0 and "compile" not in reports[1]["phases"]
+  assert reports[0]["phases"]["compile"] >= 0 and not reports[1]["beside_data"]
   _assert_exactly_once(workdir, epochs=40)
 
 

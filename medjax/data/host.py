@@ -84,13 +84,9 @@ class HostData:
 
   def plan(self, epoch: int, base_N: np.ndarray | None = None) -> partition.EpochPlan:
     """`epoch`'s plan under this generation's placement, less the records in `base_N`."""
-    train = self.manifest.indices("train")
-    rows = train[~base_N[train]] if base_N is not None and base_N.any() else None
-    # A segment of few records left (a late replica's catch-up) gets a partition per record.
-    parts = self.num_partitions if rows is None else max(min(self.num_partitions, len(rows)), 1)
-    return partition.plan_epoch(self.manifest, self.placement, seed=self.seed, epoch=epoch,
-                                num_partitions=parts,
-                                host_batch_size=self.host_batch, rows=rows)
+    return epoch_plan(self.manifest, self.placement, seed=self.seed, epoch=epoch,
+                      num_partitions=self.num_partitions, host_batch=self.host_batch,
+                      base_N=base_N)
 
   def start_recache(self, plan: partition.EpochPlan, first_partition: int) -> recache.Recacher:
     """Decodes newly owned records in the background, those the plan reads next first."""
@@ -123,6 +119,18 @@ class HostData:
     return recache.gathered(self.run.cache_stats)
 
 
+def epoch_plan(manifest, placement: placement_lib.Placement, *, seed: int, epoch: int,
+               num_partitions: int, host_batch: int,
+               base_N: np.ndarray | None = None) -> partition.EpochPlan:
+  """`epoch`'s plan under `placement`, less the records in `base_N` (`HostData.plan`)."""
+  train = manifest.indices("train")
+  rows = train[~base_N[train]] if base_N is not None and base_N.any() else None
+  # A segment of few records left (a late replica's catch-up) gets a partition per record.
+  parts = num_partitions if rows is None else max(min(num_partitions, len(rows)), 1)
+  return partition.plan_epoch(manifest, placement, seed=seed, epoch=epoch, num_partitions=parts,
+                              host_batch_size=host_batch, rows=rows)
+
+
 def memory_budget_mb(setting: float, processes: int) -> float:
   """config.data.cache_memory_mb: N MB as set (0: hold nothing), or for -1 a quarter of the
   memory available now, shared by the host's `processes`. A GPU host's paper-size cohort (53,420
@@ -136,7 +144,9 @@ def setup(config, workdir: str, topology: Topology = Topology(),
           host_history: list[list[str]] | None = None, *,
           barrier: Callable[[str], None] = lambda name: None,
           alive: Callable[[int], None] | None = None, read_only: bool = False,
-          standby: bool = False) -> HostData:
+          standby: bool = False,
+          placed: Callable[[pipeline.Prepared, partition.EpochPlan], None] | None = None
+          ) -> HostData:
   """Builds `topology.host`'s data for the generation whose host sets so far are `host_history`.
 
   Args:
@@ -152,6 +162,9 @@ def setup(config, workdir: str, topology: Topology = Topology(),
     standby: a warm standby prepares while the host's cache writer of the running generation
       still writes: it opens the cache read-only (and holds its records in memory) until
       `HostData.take_over` makes it the writer.
+    placed: called with the ingest and the first epoch's plan once the placement is known,
+      before the cache is filled or waited for: what a program's shapes need (the trainer
+      compiles its step beside the fill, `medjax.train.prepare`).
   """
   prepared = pipeline.prepare(config, workdir)
   history = [list(h) for h in (host_history or [topology.hosts])]
@@ -162,6 +175,10 @@ def setup(config, workdir: str, topology: Topology = Topology(),
   walk = placement_lib.walk_history(prepared.manifest, history, seed=config.seed,
                                     vnodes=data.vnodes, method=data.placement_method)
   rows = recache.host_rows(data, prepared.manifest, walk, topology.host)
+  host_batch = data.batch_size // len(topology.hosts)
+  if placed is not None:
+    placed(prepared, epoch_plan(prepared.manifest, walk.current, seed=config.seed, epoch=0,
+                                num_partitions=data.num_partitions, host_batch=host_batch))
   run = paths.RunPaths(workdir, config)
   writer = topology.cache_writer and not read_only and not standby
   if writer:
@@ -180,7 +197,7 @@ def setup(config, workdir: str, topology: Topology = Topology(),
     cache.hold_in_memory(rows.wanted, memory_budget_mb(data.cache_memory_mb, topology.local_count))
   return HostData(run=run, topology=topology, prepared=prepared, walk=walk, rows=rows,
                   cache=cache, seed=config.seed, num_partitions=data.num_partitions,
-                  host_batch=data.batch_size // len(topology.hosts))
+                  host_batch=host_batch)
 
 
 # Cache counters in metrics.jsonl and summary.json (`cache.hosts.<host>.<counter>`, `cache.total`).

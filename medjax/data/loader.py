@@ -64,8 +64,23 @@ class BatchReader:
     weight = valid * self.class_weight[labels]
     if self.complete_only:
       weight = weight * self.manifest.modality_mask[safe].all(axis=1)
-    batch.update(label=labels, weight=weight.astype(np.float32), row=rows.astype(np.int32))
-    return batch
+    return _labelled(batch, labels, weight.astype(np.float32), rows.astype(np.int32))
+
+
+def _labelled(batch: dict, label, weight, row) -> dict[str, np.ndarray]:
+  """A read batch's records with what the step and the ledger need beside them."""
+  batch.update(label=label, weight=weight, row=row)
+  return batch
+
+
+def padding_batch(shapes: records.Shapes, tables, sharding, global_batch: int) -> dict:
+  """A global batch of padding records (weight 0) of the real batches' types, shapes and
+  sharding (`to_global` of what `BatchReader.read` returns), from the data's shapes alone: a
+  step compiled for it before the cache holds a record serves the first real batch as is."""
+  none = np.full(global_batch // jax.process_count(), -1, np.int32)
+  local = _labelled(records.normalize(records.empty(shapes, len(none)), tables), none.clip(0),
+                    np.zeros(len(none), np.float32), none)
+  return to_global(local, sharding, global_batch)
 
 
 def read_threads() -> int:

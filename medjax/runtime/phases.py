@@ -13,8 +13,11 @@ Phases (absent when a path skips them):
   distributed_init   jax.distributed.initialize (multi-process generations only)
   data_setup         manifest, placement, cache open and validation, records held in memory
   data_takeover      a warm standby's prepared data becomes the generation's (cache writer)
-  model_build        model, optimizer and the training state created sharded
-  compile            the training step compiled (from the persistent cache when it holds it)
+  model_build        model, optimizer and the training state's shape (on a thread beside
+                     data_setup: `beside_data`, with the compile's own seconds)
+  compile            the training step compiled (from the persistent cache when it holds it):
+                     what its compilation, started beside data_setup, took after the data was
+                     ready
   restore            the newest committed checkpoint, or a newer host-local snapshot, restored
                      (or a fresh start); `restored` says which and its step
   first_step         from the training loop's start to its first finished step
@@ -67,6 +70,7 @@ class Phases:
   def __init__(self, path: str = "single", assigned_at: float | None = None):
     self.path, self.assigned_at = path, assigned_at
     self.seconds: dict[str, float] = {}
+    self.beside_data: dict[str, float] = {}   # done on a thread during data_setup (`beside`)
     self.prepared: dict[str, float] = {}
     self.compile_cache: dict[str, int] = {}
     self.first_step_at: float | None = None
@@ -83,8 +87,23 @@ class Phases:
       yield
     finally:
       self.add(name, time.perf_counter() - t0)
+      if name == "compile" and "compile" not in self.beside_data:
+        self.compile_cache = {k: _cache_counts[k] - before[k] for k in before}
+
+  @contextlib.contextmanager
+  def beside(self, name: str):
+    """Times `name` (model_build, compile) done on a thread beside data_setup: reported under
+    `beside_data`, not as a phase (the phases are the start's critical path; the main thread's
+    `compile` phase is then what the compilation still took after the data was ready). A
+    compile's cache hits and misses are counted here."""
+    t0 = time.perf_counter()
+    before = dict(_cache_counts)
+    try:
+      yield
+    finally:
       if name == "compile":
         self.compile_cache = {k: _cache_counts[k] - before[k] for k in before}
+      self.beside_data[name] = round(time.perf_counter() - t0, 3)
 
   def add(self, name: str, seconds: float) -> None:
     self.seconds[name] = round(self.seconds.get(name, 0.0) + max(seconds, 0.0), 3)
@@ -96,7 +115,8 @@ class Phases:
 
   def adopt_prepared(self, prepared: "Phases", ready_at: float) -> None:
     """This worker's generation runs on what a standby prepared earlier (`prepared`'s phases)."""
-    self.prepared = dict(prepared.seconds)
+    self.prepared = {**prepared.seconds,
+                     **{f"{k}_beside_data": v for k, v in prepared.beside_data.items()}}
     self.compile_cache = dict(prepared.compile_cache)
     if self.assigned_at is not None:
       self.prepared["prepared_before_s"] = round(self.assigned_at - ready_at, 3)
@@ -121,7 +141,8 @@ class Phases:
     hit = (None if not cache or not (cache.get("hits") or cache.get("misses"))
            else "hit" if not cache.get("misses") else "miss" if not cache.get("hits")
            else "partial")
-    return {"path": self.path, "phases": dict(self.seconds), "prepared": dict(self.prepared),
+    return {"path": self.path, "phases": dict(self.seconds),
+            "beside_data": dict(self.beside_data), "prepared": dict(self.prepared),
             "compile_cache": hit, "compile_cache_counts": dict(cache),
             "restored": dict(self.restored),
             "assigned_at": self.assigned_at, "first_step_at": self.first_step_at,

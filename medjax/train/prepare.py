@@ -91,6 +91,10 @@ def prepare(config, workdir: str, topology: Topology = Topology(), ctx=None,
             phases: phases_lib.Phases | None = None) -> Prepared:
   """Mesh -> data -> model and optimizer (abstract: shapes and shardings) -> the compiled step.
 
+  The model, optimizer and step are built and compiled on a thread beside the data's setup
+  (`_Program`), from the ingest's shapes and classes and the first epoch's plan: on a host's
+  first start, the cache fill and the compilation overlap instead of adding up.
+
   `standby`: a warm standby prepares while the generation it will replace still trains: it opens
   the host's cache without writing it (`host.setup`), and, as a single process, restores the
   newest committed checkpoint once (discarded) so that Orbax and the restore's programs are
@@ -105,51 +109,21 @@ def prepare(config, workdir: str, topology: Topology = Topology(), ctx=None,
   mesh = state_lib.make_mesh(config.mesh)
   batch_sharding = state_lib.batch_sharding(mesh)
 
-  # Data: cohort, ingest, this generation's placement, this host's cache and reader.
+  # Data: cohort, ingest, this generation's placement, this host's cache and reader; the
+  # program starts building and compiling once the placement is known.
+  program = _Program(config, workdir, mesh, batch_sharding, phases, standby=standby)
   with phases.phase("data_setup"):
     data = host_lib.setup(config, workdir, topology, host_history,
                           barrier=lambda name: barrier(name, config.fault.timeout_start_s),
-                          alive=lambda n: ctx.alive(), standby=standby)
-    check_shapes(config, data.prepared, mesh)
+                          alive=lambda n: ctx.alive(), standby=standby, placed=program.start)
     manifest = data.manifest
     reader = data.reader(class_weight_K=class_weights(config, manifest),
                          complete_only=config.model.missing == "drop")
 
-  # Model and optimizer, state created sharded, the jitted step.
-  with phases.phase("model_build"):
-    first_plan = data.plan(0)
-    steps_per_epoch = first_plan.num_steps
-    total_steps = config.optim.epochs * steps_per_epoch
-    tx, lr_schedule = optim.make(config.optim, total_steps)
-    local = local_sgd.from_config(config.optim, mesh)
-    # No state yet: a restart restores one, a fresh start creates it (`run_prepared`).
-    built = state_lib.build_abstract(config.model, tx, mesh,
-                                     num_classes=len(manifest.class_names),
-                                     shapes=data.prepared.shapes, seed=config.seed, local=local)
-    num_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(built.abstract["params"]))
-  logging.info("model: %s parameters; %d steps per epoch, %d epochs, global batch %d on %d "
-               "devices in %d processes", f"{num_params:,}", steps_per_epoch,
-               config.optim.epochs, config.data.batch_size, mesh.size, jax.process_count())
-  train_step = step_lib.make_train_step(built.graphdef, tx, built, mesh, seed=config.seed,
-                                        lr_schedule=lr_schedule,
-                                        grad_accum=config.optim.grad_accum, local=local)
-  average = None if local is None else step_lib.make_average(built, mesh, local)
-  # Compiled now (from the persistent cache when it holds the program), on a batch of the real
-  # shapes: the first training step then only runs.
+  # What the compilation still takes after the data is ready.
   ctx.set_phase("compiling")
   with phases.phase("compile"):
-    init = None if standby else _compile_init_beside(config, workdir, built)
-    _, _, batch = next(iter(data_batches(config, reader, first_plan.steps[0], 0,
-                                         batch_sharding)))
-    programs.warm(train_step, built.abstract, batch)
-    if average is not None:
-      trained = jax.ShapeDtypeStruct((local.replicas,), np.float32,
-                                     sharding=local_sgd.replica_sharding(local, mesh))
-      programs.warm(average, built.abstract, trained, np.int32(0), np.int32(0))
-    packer = packing.StatePacker()
-    packer.warm(built.abstract)
-    if init is not None:
-      init.join()
+    built = program.join()
 
   ckpt = None
   # Not in a group of several processes: each would list the checkpoints at its own moment while
@@ -157,14 +131,89 @@ def prepare(config, workdir: str, topology: Topology = Topology(), ctx=None,
   if standby and jax.process_count() == 1:
     with phases.phase("warm_restore"):
       run = paths.RunPaths(workdir, config)
-      ckpt = _open_while_pruned(run, config, packer)
+      ckpt = _open_while_pruned(run, config, program.packer)
       _warm_restore(run, ckpt, built.abstract)
   return Prepared(config=config, workdir=workdir, topology=topology, host_history=host_history,
                   barrier=barrier, mesh=mesh, batch_sharding=batch_sharding, data=data,
-                  reader=reader, steps_per_epoch=steps_per_epoch, total_steps=total_steps,
-                  built=built, num_params=num_params, train_step=train_step,
-                  local=local, average=average,
-                  packer=packer, ckpt=ckpt)
+                  reader=reader, steps_per_epoch=program.steps_per_epoch,
+                  total_steps=program.total_steps, built=built, num_params=program.num_params,
+                  train_step=program.train_step, local=program.local, average=program.average,
+                  packer=program.packer, ckpt=ckpt)
+
+
+class _Program:
+  """The model and optimizer (abstract: shapes and shardings), the jitted step and its
+  compilation, built on a thread of their own (`start`, called by `host.setup` with the ingest
+  and the first epoch's plan) while the data's setup goes on: XLA compiles without the GIL, and
+  the step's program needs the data's shapes, classes and step count, not its records. Its
+  seconds are the phases' `beside_data` (model_build, compile); `join` waits for it."""
+
+  def __init__(self, config, workdir: str, mesh, batch_sharding, phases: phases_lib.Phases, *,
+               standby: bool):
+    self.config, self.workdir, self.mesh = config, workdir, mesh
+    self.batch_sharding = batch_sharding
+    self.phases, self.standby = phases, standby
+    self._thread: threading.Thread | None = None
+    self._error: BaseException | None = None
+    self.built: state_lib.Built | None = None
+
+  def start(self, prepared, first_plan) -> None:
+    check_shapes(self.config, prepared, self.mesh)   # a mismatch fails the setup, here
+    self._thread = threading.Thread(target=self._run, args=(prepared, first_plan),
+                                    name="build-and-compile", daemon=True)
+    self._thread.start()
+
+  def join(self) -> state_lib.Built:
+    """The built state's shape, once the step is compiled (the thread's error, if it failed)."""
+    if self._thread is None:
+      raise RuntimeError("the data setup ended without a placement")
+    self._thread.join()
+    if self._error is not None:
+      raise self._error
+    return self.built
+
+  def _run(self, prepared, first_plan) -> None:
+    try:
+      self._build(prepared, first_plan)
+    except BaseException as e:  # pylint: disable=broad-except  (raised again by `join`)
+      self._error = e
+
+  def _build(self, prepared, first_plan) -> None:
+    config, mesh = self.config, self.mesh
+    with self.phases.beside("model_build"):
+      self.steps_per_epoch = first_plan.num_steps
+      self.total_steps = config.optim.epochs * self.steps_per_epoch
+      tx, lr_schedule = optim.make(config.optim, self.total_steps)
+      self.local = local = local_sgd.from_config(config.optim, mesh)
+      # No state yet: a restart restores one, a fresh start creates it (`run_prepared`).
+      built = state_lib.build_abstract(config.model, tx, mesh,
+                                       num_classes=len(prepared.manifest.class_names),
+                                       shapes=prepared.shapes, seed=config.seed, local=local)
+      self.num_params = sum(int(np.prod(x.shape))
+                            for x in jax.tree.leaves(built.abstract["params"]))
+    logging.info("model: %s parameters; %d steps per epoch, %d epochs, global batch %d on %d "
+                 "devices in %d processes", f"{self.num_params:,}", self.steps_per_epoch,
+                 config.optim.epochs, config.data.batch_size, mesh.size, jax.process_count())
+    self.train_step = step_lib.make_train_step(built.graphdef, tx, built, mesh, seed=config.seed,
+                                               lr_schedule=lr_schedule,
+                                               grad_accum=config.optim.grad_accum, local=local)
+    self.average = None if local is None else step_lib.make_average(built, mesh, local)
+    # Compiled now (from the persistent cache when it holds the program) for the real batch's
+    # shapes: the first training step then only runs.
+    with self.phases.beside("compile"):
+      init = None if self.standby else _compile_init_beside(config, self.workdir, built)
+      batch = loader.padding_batch(prepared.shapes, prepared.ingested.tables,
+                                   self.batch_sharding, config.data.batch_size)
+      programs.warm(self.train_step, built.abstract, batch)
+      if self.average is not None:
+        trained = jax.ShapeDtypeStruct((local.replicas,), np.float32,
+                                       sharding=local_sgd.replica_sharding(local, mesh))
+        programs.warm(self.average, built.abstract, trained, np.int32(0), np.int32(0))
+      self.packer = packing.StatePacker()
+      self.packer.warm(built.abstract)
+      if init is not None:
+        init.join()
+    self.built = built
 
 
 def _compile_init_beside(config, workdir: str, built: state_lib.Built):
