@@ -82,13 +82,10 @@ class Phases:
   @contextlib.contextmanager
   def phase(self, name: str):
     t0 = time.perf_counter()
-    before = dict(_cache_counts)
     try:
       yield
     finally:
       self.add(name, time.perf_counter() - t0)
-      if name == "compile" and "compile" not in self.beside_data:
-        self.compile_cache = {k: _cache_counts[k] - before[k] for k in before}
 
   @contextlib.contextmanager
   def beside(self, name: str):
