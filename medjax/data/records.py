@@ -64,10 +64,22 @@ def empty(shapes: Shapes, n: int) -> dict[str, np.ndarray]:
           for k, shape in shapes.record_shapes().items()}
 
 
+# Beyond this many pixels the padded square is not made (see `letterbox`).
+_MAX_SQUARE = 1 << 24
+
+
 def letterbox(image_HxW: np.ndarray, size: int) -> np.ndarray:
-  """Pads to a square (keeping the aspect ratio) and resizes to size x size (area-averaging)."""
+  """Pads to a square (keeping the aspect ratio) and resizes to size x size (area-averaging).
+
+  An image whose square would hold more than 2**24 pixels (a 1 x 60000 strip: 14 GB as
+  float32) is resized first, to its side's share of `size`, and padded after."""
   h, w = image_HxW.shape
   side = max(h, w)
+  if side * side > _MAX_SQUARE:
+    fit = (max(1, round(w * size / side)), max(1, round(h * size / side)))
+    image_HxW = _resized(image_HxW, fit)
+    h, w = image_HxW.shape
+    side = size
   if (h, w) != (side, side):
     square = np.zeros((side, side), np.float32)
     top, left = (side - h) // 2, (side - w) // 2
@@ -75,8 +87,13 @@ def letterbox(image_HxW: np.ndarray, size: int) -> np.ndarray:
     image_HxW = square
   if side == size:
     return image_HxW.astype(np.float32)
-  resample = Image.BOX if side > size else Image.BILINEAR
-  out = Image.fromarray(image_HxW.astype(np.float32), "F").resize((size, size), resample)
+  return _resized(image_HxW, (size, size))
+
+
+def _resized(image_HxW: np.ndarray, size_WH: tuple[int, int]) -> np.ndarray:
+  shrinks = size_WH[0] < image_HxW.shape[1] or size_WH[1] < image_HxW.shape[0]
+  out = Image.fromarray(image_HxW.astype(np.float32), "F").resize(
+      size_WH, Image.BOX if shrinks else Image.BILINEAR)
   return np.clip(np.asarray(out, np.float32), 0.0, 1.0)
 
 
@@ -113,7 +130,8 @@ def decode_images(image_files, data_root: str, shapes: Shapes,
     path = os.path.join(data_root, rel)
     try:
       nbytes += os.path.getsize(path)
-      pixels = decoder.load_image(path, roots)
+      # Only the frames this record has room for: a 600-slice volume in one file decodes 3.
+      pixels = decoder.load_image(path, roots, frames=shapes.max_images - slot)
     except (dicom_limits.RejectedFile, OSError) as e:
       rejected.append({"path": rel, "stage": "decode", "reason": getattr(e, "reason", str(e))})
       continue

@@ -91,8 +91,10 @@ class Decoder:
                memory_mb=get("decode_memory_mb", 2048), timeout_s=get("decode_timeout_s", 120.0),
                workers=get("decode_workers", 2))
 
-  def load_image(self, path: str | os.PathLike, roots: Sequence[str] = ()) -> np.ndarray:
-    """Like `dicom.load_image(path, budgets, roots=roots)`, in a child where `isolate` says.
+  def load_image(self, path: str | os.PathLike, roots: Sequence[str] = (),
+                 frames: int | None = None) -> np.ndarray:
+    """Like `dicom.load_image(path, budgets, roots=roots, frames=frames)`, in a child where
+    `isolate` says.
 
     Raises:
       RejectedFile: as `dicom.load_image`, and when the child crashed, ran out of memory or
@@ -104,14 +106,16 @@ class Decoder:
     from medjax.data import dicom  # pylint: disable=import-outside-toplevel
     path = os.fspath(path)
     if self.isolate == "none":
-      return dicom.load_image(path, self.budgets, roots=roots)
-    image, ts = dicom.load_image_if(path, self._decodes_here, self.budgets, roots=roots)
+      return dicom.load_image(path, self.budgets, roots=roots, frames=frames)
+    image, ts = dicom.load_image_if(path, self._decodes_here, self.budgets, roots=roots,
+                                    frames=frames)
     if image is not None:
       return image
     what = ts.name if _known(ts) else "a dataset without a known transfer syntax"
     pool = _pool(self.memory_mb, self.timeout_s, self.workers)
     return pool.decode(path, {"path": path, "roots": [os.fspath(r) for r in roots],
-                              "budgets": dataclasses.asdict(self.budgets)}, what)
+                              "budgets": dataclasses.asdict(self.budgets), "frames": frames},
+                       what)
 
   def _decodes_here(self, ts) -> bool:
     """Native pixel data decodes in this process ('compressed'), in the read that found it."""

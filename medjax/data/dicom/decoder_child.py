@@ -5,10 +5,10 @@ address space to MEMORY_MB (RLIMIT_AS) and core files to nothing, then decodes o
 request with `dicom.load_image` until its stdin closes.
 
 Protocol (the child's stdout; its own prints, and any library's, go to stderr): one JSON request
-line per file on stdin ({"path", "roots", "budgets"}); each reply is an 8-byte little-endian
-length, a JSON header of that length ({"ok": true, "array": {"dtype", "shape"}} or {"ok": false,
-"reason"}), then the array's bytes. The first reply, {"ok": true, "ready": true}, comes once the
-child has imported everything and set its limits.
+line per file on stdin ({"path", "roots", "budgets", "frames"}); each reply is an 8-byte
+little-endian length, a JSON header of that length ({"ok": true, "array": {"dtype", "shape"}}
+or {"ok": false, "reason"}), then the array's bytes. The first reply, {"ok": true, "ready":
+true}, comes once the child has imported everything and set its limits.
 """
 
 from __future__ import annotations
@@ -117,7 +117,7 @@ def _main(argv: list[str]) -> None:
         reply(forged)
         continue
       image = dicom.load_image(path, dicom.Budgets(**request["budgets"]),
-                               roots=request["roots"])
+                               roots=request["roots"], frames=request.get("frames"))
     except dicom.RejectedFile as e:
       reply({"ok": False, "reason": e.reason})
       continue

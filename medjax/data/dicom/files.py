@@ -62,7 +62,9 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import logging
 import os
+import warnings
 from collections.abc import Callable
 from collections.abc import Sequence
 
@@ -77,6 +79,13 @@ from pydicom.pixels import utils as pixel_utils
 from medjax.data.dicom import limits as dicom_limits
 from medjax.data.dicom import pixels as dicom_pixels
 
+# pydicom's warnings quote element values ("Invalid value for VR IS: '<a PatientID>'" for an id
+# stored with the wrong VR), and headers are read in the ingesting process, whose warnings and
+# log lines reach the run's log: none of them is let out. (The decoder's children silence all.)
+pydicom.config.settings.reading_validation_mode = pydicom.config.IGNORE
+warnings.filterwarnings("ignore", module=r"pydicom(\.|$)")
+logging.getLogger("pydicom").setLevel(logging.CRITICAL)
+
 # The limits' public names, part of this module's API.
 RejectedFile = dicom_limits.RejectedFile
 Budgets = dicom_limits.Budgets
@@ -85,6 +94,7 @@ check_path = dicom_limits.check_path
 # Elements longer than this stay on disk until asked for, so headers never load pixel data.
 _DEFER_BYTES = 1024
 _PIXEL_DATA = 0x7FE00010
+_PATIENT_ID = 0x00100020
 _FLOAT_PIXEL_DATA = (0x7FE00008, 0x7FE00009)
 _UNDEFINED_LENGTH = 0xFFFFFFFF
 _BITS_ALLOCATED = (1, 8, 16, 32, 64)
@@ -144,7 +154,7 @@ def read_header(path: str | os.PathLike, budgets: Budgets | None = None, *,
 
 
 def load_image(path: str | os.PathLike, budgets: Budgets | None = None, *,
-               roots: Sequence[str] = ()) -> np.ndarray:
+               roots: Sequence[str] = (), frames: int | None = None) -> np.ndarray:
   """Decodes a DICOM image to float32 in [0, 1] by the rules in the module docstring.
 
   PatientID is not required here; use `read_header` to vet files for a cohort. This decodes in
@@ -154,6 +164,8 @@ def load_image(path: str | os.PathLike, budgets: Budgets | None = None, *,
     path: the file.
     budgets: size limits (default: `Budgets()`), checked before pixel data is read.
     roots: directories a symlink's target must lie in (empty: anywhere).
+    frames: decode only a multi-frame file's first `frames` frames (None: all of them); the
+      percentile window (rule 2c) is then over those frames.
 
   Returns:
     float32 array, (H, W), or (F, H, W) for multi-frame files.
@@ -163,12 +175,13 @@ def load_image(path: str | os.PathLike, budgets: Budgets | None = None, *,
   """
   path = os.fspath(path)
   budgets = budgets or Budgets()
-  return _guarded(path, budgets, roots, lambda f, size: _load(path, f, size, budgets))
+  return _guarded(path, budgets, roots,
+                  lambda f, size: _load(path, f, size, budgets, frames=frames))
 
 
 def load_image_if(path: str | os.PathLike, here: Callable[[uids.UID | None], bool],
-                  budgets: Budgets | None = None, *, roots: Sequence[str] = ()
-                  ) -> tuple[np.ndarray | None, uids.UID | None]:
+                  budgets: Budgets | None = None, *, roots: Sequence[str] = (),
+                  frames: int | None = None) -> tuple[np.ndarray | None, uids.UID | None]:
   """(image, transfer syntax): the file's transfer syntax, read from its file meta without
   parsing the dataset (None for a bare dataset, without preamble or file meta), and the image
   `load_image` decodes if `here(that syntax)` is true, else None (the caller decodes the file
@@ -187,7 +200,7 @@ def load_image_if(path: str | os.PathLike, here: Callable[[uids.UID | None], boo
     if not here(syntax):
       return None, syntax
     deflated = syntax is None or syntax == uids.DeflatedExplicitVRLittleEndian
-    return _load(path, f, size, budgets, deflated=deflated), syntax
+    return _load(path, f, size, budgets, deflated=deflated, frames=frames), syntax
   return _guarded(path, budgets, roots, load)
 
 
@@ -213,18 +226,30 @@ def _guarded(path: str, budgets: Budgets, roots: Sequence[str], fn):
     raise RejectedFile(path, f"unreadable: {dicom_limits.describe(e)}") from e
 
 
-def _load(path: str, f, size: int, budgets: Budgets, deflated: bool = True) -> np.ndarray:
+def _load(path: str, f, size: int, budgets: Budgets, deflated: bool = True,
+          frames: int | None = None) -> np.ndarray:
   ds, header = _inspect(path, f, size, budgets, deflated)
-  ts = ds.file_meta.TransferSyntaxUID
+  decoder = pydicom.pixels.get_decoder(ds.file_meta.TransferSyntaxUID)
   try:
-    arr, props = pydicom.pixels.get_decoder(ts).as_array(ds)
+    if frames is None or header.frames <= frames:
+      arr, props = decoder.as_array(ds)
+    else:   # the others are never decoded (a 300 MB volume took 4.4 GB to decode whole)
+      decoded = [decoder.as_array(ds, index=i) for i in range(max(1, frames))]
+      arr, props = np.stack([a for a, _ in decoded]), decoded[0][1]
   except MemoryError as e:
     raise RejectedFile(path, f"out of memory while decoding {header.transfer_syntax} pixel "
                        "data") from e
   except Exception as e:  # pylint: disable=broad-except
     raise RejectedFile(path, f"undecodable {header.transfer_syntax} pixel data: "
                        f"{dicom_limits.describe(e)}") from e
-  return dicom_pixels.to_unit_range(arr, ds, props)
+  try:
+    image = dicom_pixels.to_unit_range(arr, ds, props)
+  except dicom_pixels.Unusable as e:
+    raise RejectedFile(path, str(e)) from e
+  if not np.isfinite(image).all():
+    raise RejectedFile(path, "decoded pixel values are not finite numbers (check "
+                       "RescaleSlope, RescaleIntercept and the Modality and VOI LUTs)")
+  return image
 
 
 def _inspect(path: str, f, size: int, budgets: Budgets, deflated: bool = True):
@@ -232,14 +257,37 @@ def _inspect(path: str, f, size: int, budgets: Budgets, deflated: bool = True):
   file's PatientID once its header was read). `deflated`: False when the file meta was read
   and names another transfer syntax (its inflation is not bounded again)."""
   ds = _read(path, f, budgets, deflated)
+  patient_id = _patient_id(ds)
   try:
-    return _checked(path, f, size, budgets, ds)
+    return _checked(path, f, size, budgets, ds, patient_id)
   except RejectedFile as e:
-    e.patient_id = str(ds.get("PatientID") or "")
+    e.patient_id = patient_id
     raise
 
 
-def _checked(path: str, f, size: int, budgets: Budgets, ds):
+def _patient_id(ds) -> str:
+  """PatientID as text, one id for one byte string.
+
+  pydicom decodes it by SpecificCharacterSet, replacing bytes that are not valid there with
+  U+FFFD, and reads non-ASCII bytes without a SpecificCharacterSet as Latin-1. Exports get both
+  wrong (UTF-8 ids without a SpecificCharacterSet, Latin-1 ids under ISO_IR 192), and
+  replacement characters make two patients one ('PTX\ufffd01' for both 'PTX\xc401' and
+  'PTX\xd601'). Such bytes are read as UTF-8 where they are valid UTF-8, else as Latin-1; both
+  are one-to-one, and the labels tables are read the same way."""
+  raw = ds.get_item(_PATIENT_ID, keep_deferred=True)
+  value = str(ds.get("PatientID") or "")
+  data = raw.value if isinstance(raw, dataelem.RawDataElement) else None
+  if (not isinstance(data, bytes) or data.isascii() or b"\\" in data
+      or (ds.get("SpecificCharacterSet") and "\ufffd" not in value)):
+    return value
+  try:
+    text = data.decode("utf-8")
+  except UnicodeDecodeError:
+    text = data.decode("latin-1")
+  return text.rstrip("\0 ")
+
+
+def _checked(path: str, f, size: int, budgets: Budgets, ds, patient_id: str):
   _check_lengths(path, ds, size)
   sop_class = ds.get("SOPClassUID")
   sop_name = getattr(sop_class, "name", None) or "unknown"
@@ -260,9 +308,11 @@ def _checked(path: str, f, size: int, budgets: Budgets, ds):
   dicom_limits.check_codestream(path, f, ds.get_item(_PIXEL_DATA, keep_deferred=True), ts, rows,
                                 columns)
   dicom_limits.check_frames(path, f, ds, ts, frames, size)
+  dicom_limits.check_codestream_end(path, f, ds.get_item(_PIXEL_DATA, keep_deferred=True), ts,
+                                    size)
   instance = str(ds.get("SOPInstanceUID") or "").strip()
   return ds, Header(
-      patient_id=str(ds.get("PatientID") or ""), modality=str(ds.get("Modality") or ""),
+      patient_id=patient_id, modality=str(ds.get("Modality") or ""),
       sop_class=sop_name, rows=rows, columns=columns, frames=frames, samples_per_pixel=samples,
       transfer_syntax=ts.name, photometric=photometric,
       pixel_bytes=_pixel_bytes(path, ds, ts, size), bits_allocated=bits,
@@ -361,6 +411,8 @@ def _positive_int(path: str, ds, keyword: str, default: int | None = None) -> in
     number = int(value)  # a malformed IS comes back as its raw string
   except (TypeError, ValueError):
     number = 0
+  if isinstance(value, float) and value != number:   # IS '1.5' (pydicom's ISfloat) is not 1
+    number, value = 0, str(getattr(value, "original_string", None) or value)
   if number <= 0:
     raise RejectedFile(path, f"invalid {keyword} {value!r}")
   return number
@@ -374,6 +426,10 @@ def _pixel_bytes(path: str, ds, ts: uids.UID, size: int) -> int:
     length, undefined = elem.length, elem.length == _UNDEFINED_LENGTH
   if undefined:
     length = size - elem.value_tell
+    if not ts.is_encapsulated:
+      raise RejectedFile(path, f"Pixel Data has undefined length (encapsulated data?) under "
+                         f"the native transfer syntax {ts.name}: the file's TransferSyntaxUID "
+                         "is wrong")
   if not ts.is_encapsulated:
     expected = pixel_utils.get_expected_length(ds, "bytes")
     if length < expected:

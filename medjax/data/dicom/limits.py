@@ -287,6 +287,35 @@ def check_frames(path: str, f, ds, ts: uids.UID, frames: int, size: int) -> None
                        "exactly one per frame (inconsistent header)")
 
 
+def check_codestream_end(path: str, f, pixel_data, ts: uids.UID, size: int) -> None:
+  """Rejects a JPEG, JPEG-LS or JPEG 2000 file whose last fragment does not end with the
+  codestream's end marker (EOI, or JPEG 2000's EOC: both FF D9), past the bytes that pad a
+  fragment to even length (00, or FF as some encoders write it: pydicom's MR2_J2KR.dcm). Decoders fill what a cut codestream lacks (a JPEG cut in half
+  decoded with its lower half one grey), and a truncated file is caught earlier only when the
+  encapsulation itself is cut.
+
+  Only item headers and the last fragment's final bytes are read; malformed encapsulation is
+  left to `check_frames` and the decoder."""
+  from pydicom import dataelem  # pylint: disable=import-outside-toplevel
+  if (ts not in _codestreams() or not isinstance(pixel_data, dataelem.RawDataElement)
+      or pixel_data.length != _UNDEFINED_LENGTH):
+    return
+  item = _item(f, pixel_data.value_tell, size)   # the Basic Offset Table
+  if item is None or item[0] != _ITEM:
+    return
+  pos, last = pixel_data.value_tell + 8 + item[1], None
+  while (item := _item(f, pos, size)) is not None and item[0] == _ITEM:
+    last, pos = (pos + 8, item[1]), pos + 8 + item[1]
+  if last is None or last[1] == 0:
+    return   # no fragment, or an empty one: the decoder says so
+  start, length = last
+  f.seek(start + max(0, length - 64))
+  tail = f.read(min(length, 64)).rstrip(b"\0\xff")
+  if not tail.endswith(b"\xff\xd9"):
+    raise RejectedFile(path, f"{ts.name} codestream ends without its end marker (FF D9): "
+                       "truncated")
+
+
 def _item(f, pos: int, size: int) -> tuple[bytes, int] | None:
   """(tag bytes, value length) of the item header at `pos`; None if it or its value runs past
   `size`."""

@@ -17,6 +17,11 @@ LUMA_RGB = (0.299, 0.587, 0.114)
 PERCENTILES = (0.5, 99.5)
 
 
+class Unusable(ValueError):
+  """An element the pixel rules need holds what they cannot use; str() is the reason, naming it
+  (the file's caller makes it a RejectedFile)."""
+
+
 def to_unit_range(arr: np.ndarray, ds, props: dict) -> np.ndarray:
   """Maps decoded pixels to float32 in [0, 1] (one channel).
 
@@ -71,7 +76,7 @@ def palette_rgb(indices: np.ndarray, ds) -> np.ndarray:
 def greyscale(stored: np.ndarray, ds) -> np.ndarray:
   """Padding mask, modality LUT, VOI (LUT, window or percentiles), inversion, padding -> 0."""
   padding = padding_mask(stored, ds)
-  values = processing.apply_modality_lut(stored, ds)
+  values = modality_lut(stored, ds)
   window = window_values(ds)
   if ds.get("VOILUTSequence"):
     out = voi_lut(values, ds)
@@ -88,6 +93,29 @@ def greyscale(stored: np.ndarray, ds) -> np.ndarray:
   if padding is not None:
     out[padding] = 0.0
   return out
+
+
+def modality_lut(stored: np.ndarray, ds) -> np.ndarray:
+  """pydicom's apply_modality_lut, once its inputs are known to be usable."""
+  for keyword in ("RescaleSlope", "RescaleIntercept"):
+    value = ds.get(keyword)
+    if value in (None, ""):
+      continue
+    try:
+      number = float(value)
+    except (TypeError, ValueError):
+      raise Unusable(f"{keyword} {str(value)!r} is not a number") from None
+    if not np.isfinite(number):
+      raise Unusable(f"{keyword} {str(value)!r} is not a finite number")
+  try:
+    values = processing.apply_modality_lut(stored, ds)
+  except (IndexError, ValueError, TypeError, KeyError, AttributeError) as e:
+    what = "Modality LUT Sequence" if ds.get("ModalityLUTSequence") else "modality LUT"
+    raise Unusable(f"{what} unusable ({type(e).__name__}: {str(e)[:120]})") from e
+  if not np.isfinite(values).all():
+    raise Unusable(f"RescaleSlope {str(ds.get('RescaleSlope'))!r} and RescaleIntercept "
+                   f"{str(ds.get('RescaleIntercept'))!r} take pixel values past float range")
+  return values
 
 
 def padding_mask(stored: np.ndarray, ds) -> np.ndarray | None:
@@ -146,11 +174,20 @@ def percentile_window(values: np.ndarray, keep: np.ndarray | None) -> np.ndarray
 def voi_lut(values: np.ndarray, ds) -> np.ndarray:
   """The first VOI LUT, normalised by its output range [0, 2**bits - 1] (LUT Descriptor)."""
   item = ds.VOILUTSequence[0]
-  _, first_mapped, bits = (int(v) for v in item.LUTDescriptor)
-  data = item.LUTData
+  try:
+    _, first_mapped, bits = (int(v) for v in item.LUTDescriptor)
+  except (AttributeError, TypeError, ValueError):
+    raise Unusable("VOI LUT Sequence: LUTDescriptor is not three numbers") from None
+  if not 1 <= bits <= 16:
+    raise Unusable(f"VOI LUT Sequence: LUTDescriptor gives {bits} bits per entry (DICOM: 8 to "
+                   "16)")
+  data = item.get("LUTData")
   if isinstance(data, bytes):  # VR OW: raw 16-bit words in the dataset's byte order
-    data = np.frombuffer(data, dtype="<u2" if ds.original_encoding[1] is not False else ">u2")
-  lut = np.atleast_1d(np.asarray(data, dtype=np.float64))
+    data = np.frombuffer(data[:len(data) // 2 * 2],
+                         dtype="<u2" if ds.original_encoding[1] is not False else ">u2")
+  lut = np.atleast_1d(np.asarray(data if data is not None else [], dtype=np.float64))
+  if lut.size == 0:
+    raise Unusable("VOI LUT Sequence: LUTData is empty")
   # Done here, not with pydicom's apply_voi, which indexes through an array of the LUT's own
   # dtype: an 8-bit LUT with more than 256 entries would wrap its indices around.
   index = np.clip(np.rint(values) - first_mapped, 0, lut.size - 1).astype(np.intp)
