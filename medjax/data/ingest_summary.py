@@ -12,7 +12,8 @@ from medjax.data import manifest as manifest_lib
 
 # The kinds of values set to missing (`tables.values`), as the summary words them.
 _VALUE_KINDS = (("out_of_range", "out of range"), ("not_a_number", "not a number"),
-                ("non_finite", "not finite"), ("beyond_float32", "beyond float32"))
+                ("non_finite", "not finite"), ("beyond_float32", "beyond float32"),
+               ("ambiguous_comma", "decimal comma or thousands separator"))
 
 
 def summarize(manifest, quarantine, files_seen: int, scan_s: float, vitals_late: int) -> dict:

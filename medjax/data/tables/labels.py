@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import unicodedata
 from typing import Sequence
@@ -42,13 +43,14 @@ def read_labels(path: str, problems: values_lib.Problems, classes: Sequence[str]
   ids, id_set = values_lib.read_ids(frame, lines, cols["pid"], fold_case, problems)
   source, found = frame.source, list(frame.problems)   # now with their patients
   pid_name, label_name = frame.columns[cols["pid"]], frame.columns[cols["label"]]
-  names = values_lib.map_unique(frame.frame[cols["label"]].to_numpy(object),
-                                lambda s: unicodedata.normalize("NFC", s.strip()))
+  names = _one_spelling(values_lib.map_unique(frame.frame[cols["label"]].to_numpy(object),
+                                              _class_name), classes, lines.info)
   keep = np.ones(len(ids), bool)
   empty = (ids == "") | (names == "")
   for i in np.flatnonzero(empty):
     found.append(csvfile.Problem(source, int(frame.lines[i]), f"empty {pid_name!r} or "
-                                 f"{label_name!r}; the row is set aside", patient=ids[i]))
+                                 f"{label_name!r} (or a missing-value marker such as '#N/A'); "
+                                 "the row is set aside", patient=ids[i]))
   keep &= ~empty
   if classes:
     unknown = keep & ~np.isin(names, list(classes))
@@ -63,3 +65,24 @@ def read_labels(path: str, problems: values_lib.Problems, classes: Sequence[str]
   problems.files[source] = lines.info
   problems.extend(found)
   return Labels(ids[kept], names[kept], frame.lines[kept])
+
+
+def _class_name(cell: str) -> str:
+  """A class cell as a class name: stripped, NFC; '' for a missing-value marker ('#N/A')."""
+  name = unicodedata.normalize("NFC", cell.strip())
+  return "" if name.casefold() in values_lib.MISSING_MARKERS else name
+
+
+def _one_spelling(names: np.ndarray, classes: Sequence[str], info: dict) -> np.ndarray:
+  """Class names that differ only in case are one class ('Normal', 'NORMAL'), spelt as
+  config.data.classes spells it, else as the file most often does (ties: the first seen); the
+  merges are reported in summary.json (`tables.labels.csv.classes_merged_by_case`)."""
+  counts = collections.Counter(n for n in names.tolist() if n)
+  spelling = {name.casefold(): name for name in classes}
+  for name, _ in counts.most_common():
+    spelling.setdefault(name.casefold(), name)
+  merged = {n: spelling[n.casefold()] for n in sorted(counts) if spelling[n.casefold()] != n}
+  if not merged:
+    return names
+  info["classes_merged_by_case"] = merged
+  return np.array([merged.get(n, n) for n in names.tolist()], dtype=object)

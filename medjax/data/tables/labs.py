@@ -46,7 +46,8 @@ def read_labs(path: str, analytes: Sequence[str], rename: dict[str, str],
       cols["analyte"], cols["value"] = lower.index("analyte"), lower.index("value")
       return [j for j in range(len(lower)) if j != cols["value"]]
     return [cols["pid"]] + [j for j, h in enumerate(lower)
-                            if h in ("date", "time", "timestamp", "")]
+                            if h in ("date", "time", "timestamp", "")
+                            or values_lib.identifier_column(h)]
 
   lines, frame = csvfile.load(path, text_columns)
   if "analyte" in cols:
@@ -55,7 +56,13 @@ def read_labs(path: str, analytes: Sequence[str], rename: dict[str, str],
   source, found = frame.source, list(frame.problems)   # now with their patients
   skip = {"date", "time", "timestamp"}
   columns = [j for j, h in enumerate(frame.columns)
-             if j != cols["pid"] and h and h.lower() not in skip]
+             if j != cols["pid"] and h and h.lower() not in skip
+             and not values_lib.identifier_column(h)]
+  for j, h in enumerate(frame.columns):
+    if j != cols["pid"] and h and values_lib.identifier_column(h):
+      found.append(csvfile.Problem(
+          source, lines.header_line, f"column {j + 1} ({values_lib.shown(h, problems.known_ids)})"
+          " identifies patients rather than measuring them; its values are ignored", "column"))
   names = [rename.get(frame.columns[j], frame.columns[j]) for j in columns]
   _check_renamed(lines.path, [frame.columns[j] for j in columns], names, problems.known_ids)
   if not analytes:

@@ -18,6 +18,16 @@ from medjax import errors
 from medjax.data.tables import csvfile
 
 PATIENT_COLUMNS = ("patient_id", "patientid", "patient", "mrn")
+# Columns that identify a patient rather than measure one (compared casefolded, without spaces,
+# '_' and '-'): an export's MRN beside its PatientID, names, birth dates, addresses. Left out of
+# the analytes (and out of tables.npz), whatever config.data.analytes says.
+IDENTIFIER_COLUMNS = frozenset({
+    "patientid", "patient", "mrn", "medicalrecordnumber", "name", "patientname", "firstname",
+    "lastname", "surname", "givenname", "familyname", "middlename", "fullname", "dob",
+    "dateofbirth", "birthdate", "birthday", "ssn", "socialsecuritynumber", "nhsnumber",
+    "nationalid", "address", "street", "city", "zip", "zipcode", "postcode", "postalcode",
+    "phone", "telephone", "email", "accession", "accessionnumber", "encounterid", "visitid",
+    "admissionid", "hadmid", "subjectid", "stayid", "insuranceid"})
 LABEL_COLUMNS = ("diagnosis", "label", "class")
 TIME_COLUMNS = ("hour", "hours", "time", "timestamp", "charttime")
 # Built-in plausible ranges (inclusive) of the known vitals channels: wide enough for any real
@@ -48,10 +58,12 @@ FLOAT32_MAX = float(np.finfo(np.float32).max)
 # Text read as a missing value but counted, like inf and nan, as a non-finite value.
 MISSING_MARKERS = frozenset({"nan", "-nan", "+nan", "na", "n/a", "#n/a", "null", "none", "<na>"})
 _WITHHELD = "(withheld: it may identify a patient)"
+_NON_FINITE_WORDS = frozenset({"inf", "infinity"} | {m.lstrip("+-") for m in MISSING_MARKERS})
 SHOWN_LINES = 20   # line numbers listed in one values entry of the quarantine report
-OK, NON_FINITE, NOT_A_NUMBER, OUT_OF_RANGE, BEYOND_FLOAT32 = range(5)
+OK, NON_FINITE, NOT_A_NUMBER, OUT_OF_RANGE, BEYOND_FLOAT32, AMBIGUOUS_COMMA = range(6)
 _VALUE_KINDS = {NON_FINITE: "non_finite", NOT_A_NUMBER: "not_a_number",
-                OUT_OF_RANGE: "out_of_range", BEYOND_FLOAT32: "beyond_float32"}
+                OUT_OF_RANGE: "out_of_range", BEYOND_FLOAT32: "beyond_float32",
+                AMBIGUOUS_COMMA: "ambiguous_comma"}
 
 
 class Problems:
@@ -117,10 +129,14 @@ def range_for(ranges: dict[str, tuple[float, float]], name: str):
 
 
 def normalize_ids(ids, fold_case: bool = False) -> np.ndarray:
-  """Ids as joined across tables and DICOM: stripped, Unicode NFC, casefolded if `fold_case`."""
+  """Ids as joined across tables and DICOM: stripped, Unicode NFC, casefolded if `fold_case`;
+  a missing-value marker ('NULL', '#N/A': `MISSING_MARKERS`) is no id (''), not a patient that
+  every row without an id would join."""
   def clean(u):
     text = "" if u is None or (isinstance(u, float) and np.isnan(u)) else str(u)
     text = unicodedata.normalize("NFC", text.strip())
+    if text.casefold() in MISSING_MARKERS:
+      return ""
     return text.casefold() if fold_case else text
   return map_unique(ids, clean)
 
@@ -141,6 +157,23 @@ def shown(text, ids: set[str]) -> str:
       or not text.isprintable() or "'" in text or '"' in text or "\\" in text):
     return _WITHHELD
   return f"'{text}'"
+
+
+def identifier_column(name: str) -> bool:
+  """Whether a column named `name` identifies patients (`IDENTIFIER_COLUMNS`)."""
+  return re.sub(r"[\s_\-]", "", str(name)).casefold() in IDENTIFIER_COLUMNS
+
+
+def shown_value(text, ids: set[str]) -> str:
+  """`shown` for a cell that should have held a number: also withheld when it holds no digit
+  (a name in a shifted row: 'Smith^John') or looks like a date ('01/10/67')."""
+  stripped = str(text).strip()
+  if stripped.casefold().lstrip("+-") in _NON_FINITE_WORDS:
+    return shown(text, ids)
+  if (not re.search(r"\d", stripped)
+      or re.search(r"\d{1,2}[/.\-]\d{1,2}[/.\-]\d{2}", stripped)):
+    return _WITHHELD
+  return shown(text, ids)
 
 
 def withheld(text, ids: set[str]) -> bool:
@@ -166,16 +199,25 @@ def numbers(col: pd.Series, decimal_comma: bool) -> tuple[np.ndarray, np.ndarray
   else:
     cells = pd.Series(col.to_numpy(object), dtype=object).fillna("")
   values = pd.to_numeric(cells, errors="coerce").to_numpy(np.float64, copy=True)
+  failed = np.flatnonzero(np.isnan(values))
+  text = cells.iloc[failed].str.strip()   # Unicode spaces too: '105\xa0' is 105
+  again = pd.to_numeric(text, errors="coerce").to_numpy(np.float64)
+  values[failed] = again
+  failed, text = failed[np.isnan(again)], text[np.isnan(again)]
   kinds = np.full(len(values), OK)
   kinds[np.isinf(values)] = NON_FINITE
-  failed = np.flatnonzero(np.isnan(values))
-  text = cells.iloc[failed].str.strip()
   marker = text.str.lower().isin(MISSING_MARKERS).to_numpy(bool)
   kinds[failed[marker]] = NON_FINITE
   rest = ~marker & (text != "").to_numpy(bool)
   commas = 0
   if decimal_comma and rest.any():
     comma = rest & text.str.fullmatch(r"[+-]?\d+,\d+").to_numpy(bool)
+    # '1,050' in a tab file (a US export): 1.05, or 1050 with a thousands separator? Only a
+    # decimal comma elsewhere in the column ('36,6', '1,05') says which.
+    grouped = comma & text.str.fullmatch(r"[+-]?\d{1,3},\d{3}").to_numpy(bool)
+    if grouped.any() and not (comma & ~grouped).any():
+      kinds[failed[grouped]] = AMBIGUOUS_COMMA
+      comma, rest = comma & ~grouped, rest & ~grouped
     values[failed[comma]] = text[comma].str.replace(",", ".").astype(float).to_numpy()
     commas, rest = int(comma.sum()), rest & ~comma
   kinds[failed[rest]] = NOT_A_NUMBER
@@ -195,11 +237,14 @@ def _value_problems(source: str, label: str, name: str, kinds: np.ndarray, lines
       continue
     counts[key] = len(rows)
     first = rows[0]
-    value = shown(cells[first], ids)
+    value = shown_value(cells[first], ids)
     if kind == NOT_A_NUMBER:
       what = f"value {value} is not a number"
     elif kind == NON_FINITE:
       what = f"value {value} is not a finite number"
+    elif kind == AMBIGUOUS_COMMA:
+      what = (f"value {value} may hold a decimal comma or a thousands separator, and no other "
+              "value in the column says which")
     elif kind == BEYOND_FLOAT32:
       what = f"value {value} is beyond what float32 holds (magnitude over {FLOAT32_MAX:.4g})"
     else:

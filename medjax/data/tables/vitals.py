@@ -164,9 +164,14 @@ def _off_the_longest_run(ids: np.ndarray, hours: np.ndarray,
   codes, _ = pd.factorize(pd.Series(ids[rows], dtype=object))
   h = pd.Series(hours[rows])
   step = h.groupby(codes).diff().to_numpy()
-  unordered = pd.Series(step <= 0).groupby(codes).transform("any").to_numpy()
-  for code in np.unique(codes[unordered]):
-    mine = rows[codes == code]
+  unordered = np.flatnonzero(pd.Series(step <= 0).groupby(codes).transform("any").to_numpy())
+  # Each such patient's rows, in file order, by one stable sort: selecting them patient by
+  # patient took rows x patients (200,000 patients newest first: 165 s).
+  by_patient = unordered[np.argsort(codes[unordered], kind="stable")]
+  for group in np.split(by_patient, np.flatnonzero(np.diff(codes[by_patient])) + 1):
+    if not len(group):
+      continue
+    mine = rows[group]
     run = set(mine[_longest_increasing(hours[mine])].tolist())
     times = {hours[i] for i in run}
     for i in mine:
@@ -219,7 +224,10 @@ def _times(col: pd.Series) -> tuple[np.ndarray, np.ndarray]:
     text = col.iloc[rest].astype(str).str.strip()
     stamps = pd.to_datetime(text, format="ISO8601", errors="coerce", utc=True)
     valid = stamps.notna().to_numpy()
-    epoch = pd.Timestamp(0, tz="UTC")
-    hours[rest[valid]] = ((stamps[valid] - epoch) / pd.Timedelta(hours=1)).to_numpy(np.float64)
+    # In microseconds, not via nanosecond Timedeltas: a placeholder date ('9999-12-31',
+    # '1600-01-01') is a valid timestamp, outside the series like a mistyped year, and
+    # subtracting the epoch in nanoseconds overflowed for the whole file.
+    micros = stamps[valid].dt.tz_localize(None).to_numpy().astype("datetime64[us]")
+    hours[rest[valid]] = micros.astype(np.int64) / 3.6e9
     ok[rest[valid]] = 2
   return hours, ok
