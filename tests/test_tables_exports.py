@@ -107,3 +107,32 @@ def test_rows_off_each_patients_time_order_are_found_with_patients_interleaved()
   hours = np.array([0, 5, 2, 4, 1, 2, 6, 0], dtype=np.float64)
   out_of_order, repeated = tables.vitals._off_the_longest_run(ids, hours, np.ones(8, bool))
   assert np.flatnonzero(out_of_order).tolist() == [3] and np.flatnonzero(repeated).tolist() == [2]
+
+
+def test_long_labs_name_their_columns_as_exports_do_and_analytes_in_any_case(tmp_path):
+  """'result' for the value (read as a wide file before: analytes 'analyte' and 'result');
+  'Na', 'NA', 'na' for one analyte (three before)."""
+  path = _write(tmp_path, "labs.csv", "patient_id,test,result\nP1,Na,135\nP1,K,3.5\n"
+                "P2,NA,136\nP3,na,137\nP3,k,3.7\n")
+  problems = tables.Problems("quarantine")
+  labs = tables.read_labs(path, (), {}, problems)
+  assert labs.analytes == ["K", "Na"]
+  np.testing.assert_allclose(labs.values, [[3.5, 135], [np.nan, 136], [3.7, 137]], rtol=1e-6)
+  assert problems.files["labs.csv"]["analytes_merged_by_case"] == {"NA": "Na", "k": "K",
+                                                                   "na": "Na"}
+
+
+def test_vitals_times_with_decimal_commas_and_times_that_are_not_hours(tmp_path):
+  path = _write(tmp_path, "vitals.csv", "patient_id;hour;hr\nP1;0,5;70\nP1;1,5;71\n")
+  vitals = tables.read_vitals(path, ["hr"], 4, 1.0, tables.Problems("quarantine"))
+  np.testing.assert_array_equal(vitals.values[0, :2, 0], [70, 71])
+  # Epoch seconds as hours: every row past the series, said once for the file.
+  path = _write(tmp_path, "vitals.csv", "patient_id,hour,hr\nP1,1709287200,70\n"
+                "P1,1709290800,71\n")
+  problems = tables.Problems("quarantine")
+  vitals = tables.read_vitals(path, ["hr"], 4, 1.0, problems)
+  assert vitals.late == 2
+  (problem,) = problems.items
+  assert problem.line == 1 and problem.reason.startswith(
+      "every row's 'hour' lies past the last step (4 hours: data.vitals_steps x "
+      "vitals_hours_per_step): are they hours since admission?")

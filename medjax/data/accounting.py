@@ -59,9 +59,11 @@ def foreign_files(root: str, skip: tuple[str, ...] = ()) -> list[dict]:
     top = rel.split(os.sep)[0]
     if top == "dicom" or rel in TABLE_FILES:
       continue
+    packed = os.path.splitext(rel)[0] in TABLE_FILES
     out.append({"path": rel, "stage": "scan",
                 "reason": "not part of a cohort's layout (dicom/**, labels.csv, labs.csv, "
-                          "vitals.csv; oracle.npz in a synthetic cohort); not read"})
+                          "vitals.csv; oracle.npz in a synthetic cohort); not read"
+                          + ("; unpack it to " + os.path.splitext(rel)[0] if packed else "")})
   return out
 
 

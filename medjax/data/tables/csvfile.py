@@ -233,9 +233,11 @@ def find_column(lines: Lines, names: Sequence[str], what: str) -> int:
     if name in lower:
       return lower.index(name)
   # The header is not echoed: a file without one would show its first row (patient ids).
+  comment = lines.header and lines.header[0].lstrip().startswith("#")
   raise refuse(lines.path, f"line {lines.header_line} is not a header with a {what} column "
-               f"(one of {list(names)}; {len(lines.header)} columns found); add a header line "
-                "naming the columns")
+               f"(one of {list(names)}; {len(lines.header)} columns found); "
+               + ("remove the comment lines ('#') above the header" if comment else
+                  "add a header line naming the columns"))
 
 
 def _check_header(lines: Lines) -> None:

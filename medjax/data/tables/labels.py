@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import unicodedata
 from typing import Sequence
@@ -43,8 +42,9 @@ def read_labels(path: str, problems: values_lib.Problems, classes: Sequence[str]
   ids, id_set = values_lib.read_ids(frame, lines, cols["pid"], fold_case, problems)
   source, found = frame.source, list(frame.problems)   # now with their patients
   pid_name, label_name = frame.columns[cols["pid"]], frame.columns[cols["label"]]
-  names = _one_spelling(values_lib.map_unique(frame.frame[cols["label"]].to_numpy(object),
-                                              _class_name), classes, lines.info)
+  names = values_lib.one_spelling(
+      values_lib.map_unique(frame.frame[cols["label"]].to_numpy(object), _class_name), classes,
+      lines.info, "classes_merged_by_case")
   keep = np.ones(len(ids), bool)
   empty = (ids == "") | (names == "")
   for i in np.flatnonzero(empty):
@@ -72,17 +72,3 @@ def _class_name(cell: str) -> str:
   name = unicodedata.normalize("NFC", cell.strip())
   return "" if name.casefold() in values_lib.MISSING_MARKERS else name
 
-
-def _one_spelling(names: np.ndarray, classes: Sequence[str], info: dict) -> np.ndarray:
-  """Class names that differ only in case are one class ('Normal', 'NORMAL'), spelt as
-  config.data.classes spells it, else as the file most often does (ties: the first seen); the
-  merges are reported in summary.json (`tables.labels.csv.classes_merged_by_case`)."""
-  counts = collections.Counter(n for n in names.tolist() if n)
-  spelling = {name.casefold(): name for name in classes}
-  for name, _ in counts.most_common():
-    spelling.setdefault(name.casefold(), name)
-  merged = {n: spelling[n.casefold()] for n in sorted(counts) if spelling[n.casefold()] != n}
-  if not merged:
-    return names
-  info["classes_merged_by_case"] = merged
-  return np.array([merged.get(n, n) for n in names.tolist()], dtype=object)

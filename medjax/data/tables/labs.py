@@ -41,9 +41,11 @@ def read_labs(path: str, analytes: Sequence[str], rename: dict[str, str],
 
   def text_columns(lines):
     cols["pid"] = csvfile.find_column(lines, values_lib.PATIENT_COLUMNS, "patient id")
-    lower = [h.lower() for h in lines.header]
-    if "analyte" in lower and "value" in lower:
-      cols["analyte"], cols["value"] = lower.index("analyte"), lower.index("value")
+    lower = [h.strip().lower() for h in lines.header]
+    analyte = next((lower.index(n) for n in values_lib.ANALYTE_COLUMNS if n in lower), None)
+    value = next((lower.index(n) for n in values_lib.VALUE_COLUMNS if n in lower), None)
+    if analyte is not None and value is not None:
+      cols["analyte"], cols["value"] = analyte, value
       return [j for j in range(len(lower)) if j != cols["value"]]
     return [cols["pid"]] + [j for j, h in enumerate(lower)
                             if h in ("date", "time", "timestamp", "")
@@ -125,8 +127,10 @@ def _unnamed(frame: csvfile.Frame, lines: csvfile.Lines) -> list[csvfile.Problem
 def _read_labs_long(lines, frame, cols, analytes, rename, problems, ranges, fold_case) -> Labs:
   ids, id_set = values_lib.read_ids(frame, lines, cols["pid"], fold_case, problems)
   source, found = frame.source, list(frame.problems)   # now with their patients
-  names = values_lib.map_unique(frame.frame[cols["analyte"]].to_numpy(object),
-                                lambda s: rename.get(s.strip(), s.strip()))
+  names = values_lib.one_spelling(
+      values_lib.map_unique(frame.frame[cols["analyte"]].to_numpy(object),
+                            lambda s: rename.get(s.strip(), s.strip())),
+      analytes, lines.info, "analytes_merged_by_case")
   if not analytes:
     # Analytes from the cells: a name that may identify a patient (an id in the wrong column)
     # becomes no analyte, which would carry it into tables.npz; its rows are set aside below.

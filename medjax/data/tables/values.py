@@ -6,6 +6,7 @@ Reasons never carry patient ids, and cell values only when they cannot be identi
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import re
 import unicodedata
@@ -30,6 +31,9 @@ IDENTIFIER_COLUMNS = frozenset({
     "admissionid", "hadmid", "subjectid", "stayid", "insuranceid"})
 LABEL_COLUMNS = ("diagnosis", "label", "class")
 TIME_COLUMNS = ("hour", "hours", "time", "timestamp", "charttime")
+# A long labs.csv's analyte and value columns (MIMIC's labevents: 'label', 'valuenum').
+ANALYTE_COLUMNS = ("analyte", "test", "test_name")
+VALUE_COLUMNS = ("value", "result", "valuenum", "result_value")
 # Built-in plausible ranges (inclusive) of the known vitals channels: wide enough for any real
 # patient and for the synthetic generator (which writes SpO2 up to ~103 and heart rates down to
 # ~7), narrow enough to catch unit slips (temperature in Fahrenheit, SpO2 as a fraction).
@@ -145,6 +149,22 @@ def map_unique(values, fn) -> np.ndarray:
   """fn applied to each distinct value once (object array in, object array out)."""
   codes, uniques = pd.factorize(pd.Series(values, dtype=object), use_na_sentinel=False)
   return np.array([fn(u) for u in uniques] + [None], dtype=object)[codes]
+
+
+def one_spelling(names: np.ndarray, preferred: Sequence[str], info: dict, key: str
+                 ) -> np.ndarray:
+  """Names that differ only in letter case are one ('Normal', 'NORMAL'; 'Na', 'NA'), spelt as
+  `preferred` (config.data.classes, data.analytes) spells it, else as most cells do (ties: the
+  first seen); the merges go to `info[key]` (summary.json's tables.<file>)."""
+  counts = collections.Counter(n for n in names.tolist() if n)
+  spelling = {name.casefold(): name for name in preferred}
+  for name, _ in counts.most_common():
+    spelling.setdefault(name.casefold(), name)
+  merged = {n: spelling[n.casefold()] for n in sorted(counts) if spelling[n.casefold()] != n}
+  if not merged:
+    return names
+  info[key] = merged
+  return np.array([merged.get(n, n) for n in names.tolist()], dtype=object)
 
 
 # -- cells ----------------------------------------------------------------------------------------

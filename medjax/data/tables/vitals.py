@@ -54,7 +54,7 @@ def read_vitals(path: str, channels: Sequence[str], steps: int, hours_per_step: 
   lines, frame = csvfile.load(path, text_columns)
   ids, id_set = values_lib.read_ids(frame, lines, cols["pid"], fold_case, problems)
   found = list(frame.problems)   # now with their patients
-  hours, kind = _times(frame.frame[cols["time"]])
+  hours, kind = _times(frame.frame[cols["time"]], frame.delimiter != ",")
   # Most of the file's valid times decide whether its times are hours or timestamps: a row of
   # the other kind is a typo that costs its own row, wherever it is.
   named = ids != ""
@@ -68,6 +68,12 @@ def read_vitals(path: str, channels: Sequence[str], steps: int, hours_per_step: 
   step_f = np.floor(offset / hours_per_step)
   inside = step_f < steps
   late = int(np.sum(~inside))
+  if numeric_file and late and not inside.any():
+    found.append(csvfile.Problem(
+        frame.source, lines.header_line, f"every row's {frame.columns[cols['time']]!r} lies past "
+        f"the last step ({window:g} hours: data.vitals_steps x vitals_hours_per_step): are they "
+        "hours since admission? Epoch seconds or milliseconds and spreadsheet day numbers are "
+        "not; the rows are counted as past the last step", "column"))
   bins = (rows[inside], codes[inside] * steps + step_f[inside].astype(np.int64))
   values = np.full((len(patients), steps, len(channels)), np.nan, np.float32)
   for c, channel in enumerate(channels):
@@ -214,10 +220,10 @@ def _bin_means(v: np.ndarray, flat: np.ndarray, cells: int) -> np.ndarray:
     return np.where(count > 0, total / np.maximum(count, 1), np.nan)
 
 
-def _times(col: pd.Series) -> tuple[np.ndarray, np.ndarray]:
+def _times(col: pd.Series, decimal_comma: bool = False) -> tuple[np.ndarray, np.ndarray]:
   """(hours, kind): kind 1 for a finite number of hours, 2 for an ISO timestamp (hours since the
   epoch, naive times taken as UTC), 0 for anything else."""
-  hours, kinds, _ = values_lib.numbers(col, False)
+  hours, kinds, _ = values_lib.numbers(col, decimal_comma)   # '0,5' in a ';' file is 0.5
   ok = np.where(~np.isnan(hours), 1, 0)
   rest = np.flatnonzero((ok == 0) & (kinds == values_lib.NOT_A_NUMBER))
   if len(rest):
