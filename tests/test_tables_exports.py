@@ -136,3 +136,26 @@ def test_vitals_times_with_decimal_commas_and_times_that_are_not_hours(tmp_path)
   assert problem.line == 1 and problem.reason.startswith(
       "every row's 'hour' lies past the last step (4 hours: data.vitals_steps x "
       "vitals_hours_per_step): are they hours since admission?")
+
+
+def test_vitals_written_newest_first_or_in_no_order_keep_their_rows(tmp_path):
+  """Order is checked where the file keeps one: newest first it runs backwards (50 of 60 rows
+  were set aside as out of order), and a patient whose rows hold no order (an export without
+  ORDER BY: 9,808 of 10,000 set aside) keeps every row but those repeating a time. A mostly
+  ordered series still loses only its odd row."""
+  newest_first = "".join(f"P{p},{h},{70 + h}\n" for p in range(3) for h in (5, 4, 3, 2, 1, 0))
+  path = _write(tmp_path, "vitals.csv", "patient_id,hour,hr\n" + newest_first)
+  problems = tables.Problems("quarantine")
+  vitals = tables.read_vitals(path, ["hr"], 6, 1.0, problems)
+  np.testing.assert_array_equal(vitals.values[:, :, 0], [[70, 71, 72, 73, 74, 75]] * 3)
+  assert not problems.items
+  hours = np.random.default_rng(0).permutation(20)
+  shuffled = "".join(f"P1,{h},{70 + h}\n" for h in hours) + f"P1,{hours[0]},99\nP2,0,60\n" \
+      "P2,2,61\nP2,1,62\nP2,3,63\n"
+  path = _write(tmp_path, "vitals.csv", "patient_id,hour,hr\n" + shuffled)
+  problems = tables.Problems("quarantine")
+  vitals = tables.read_vitals(path, ["hr"], 20, 1.0, problems)
+  hr = dict(zip(vitals.ids.tolist(), vitals.values[:, :, 0]))
+  np.testing.assert_array_equal(hr["P1"], 70 + np.arange(20))
+  assert [(p.line, p.reason.split(" ")[0]) for p in problems.items] == [
+      (22, "duplicate"), (25, "row")]   # P1's repeated hour; P2's hour 1 after 2
