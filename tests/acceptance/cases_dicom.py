@@ -621,3 +621,57 @@ def _(ctx):
     _hostile().inconsistent_headers(made, pid)
     os.replace(os.path.join(made, "appended.dcm"), path)
   return _only_image(ctx, build, labelled=True, reason="inconsistent header")
+
+
+# -- values an export gets wrong (tests/test_dicom_values.py has the unit tests) --------------
+
+def _patched(ds, path: str, old: bytes, new: bytes) -> str:
+  """`ds` saved, then `old` (once in the file) overwritten with `new`: what pydicom won't write."""
+  _saved(ds, path)
+  with open(path, "rb") as f:
+    data = f.read()
+  assert data.count(old) == 1 and len(old) == len(new)
+  with open(path, "wb") as f:
+    f.write(data.replace(old, new))
+  return path
+
+
+@case("dicom", "PatientID stored with the wrong VR (IS): pydicom's warning quotes it", ACCEPTED)
+def _(ctx):
+  def build(path):
+    import pydicom  # pylint: disable=import-outside-toplevel
+    ds = _image()
+    ds.add(pydicom.DataElement(0x00100020, "IS", "1" * len(HOSTILE_ID)))
+    _patched(ds, path, b"1" * len(HOSTILE_ID), HOSTILE_ID.encode())
+  return _dicom(ctx, build, quarantined=False,
+                checks=[lib.referenced("dicom/hostile/hostile.dcm"), lib.decoded(10)])
+
+
+@case("dicom", "RescaleSlope 'NaN'", QUARANTINED)
+def _(ctx):
+  def build(path):
+    _patched(_image(RescaleSlope="1.25", RescaleIntercept="0"), path, b"1.25", b"NaN ")
+  return _dicom(ctx, build, "RescaleSlope 'NaN' is not a finite number", stage="decode",
+                checks=[lib.decoded(10)])
+
+
+@case("dicom", "JPEG 2000 codestream cut in half inside whole encapsulation", QUARANTINED)
+def _(ctx):
+  def build(path):
+    from pydicom import encaps  # pylint: disable=import-outside-toplevel
+    from pydicom import uid  # pylint: disable=import-outside-toplevel
+    h = _hostile()
+    ds = h.compressed(h.ramp(64), uid.JPEG2000Lossless, HOSTILE_ID)
+    (frame,) = encaps.generate_frames(ds.PixelData, number_of_frames=1)
+    ds.PixelData = encaps.encapsulate([frame[:len(frame) // 4 * 2]])
+    _saved(ds, path)
+  return _dicom(ctx, build, "codestream ends without its end marker (FF D9): truncated")
+
+
+@case("dicom", "a strip 1 x 60000 pixels (its padded square: 13.4 GiB)", ACCEPTED)
+def _(ctx):
+  def build(path):
+    strip = (np.arange(60000) % 4000).astype(np.uint16)[None]
+    _saved(_image(strip), path)
+  return _dicom(ctx, build, quarantined=False,
+                checks=[lib.referenced("dicom/hostile/hostile.dcm"), lib.decoded(10)])

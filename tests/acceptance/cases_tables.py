@@ -1143,3 +1143,40 @@ def _(ctx):
   rows = vitals_rows()
   return _tables(ctx, vitals=table(VH.replace("hour", "19700101"), rows),
                  more_ids=["19700101"], patient_ids=IDS, error="vitals.csv")
+
+
+# -- what exports put in the tables (tests/test_tables_exports.py has the unit tests) ---------
+
+@case("tables", "labs: an MRN column beside the id column", QUARANTINED)
+def _(ctx):
+  rows = [f"{pid},{55012345 + i},{135 + i},4.{i},{98 + i}" for i, pid in enumerate(IDS)]
+  return _tables(ctx, labs=table("patient_id,MRN,Na,K,Cl", rows),
+                 quarantined=[Quarantined("labs.csv", "identifies patients", line=1)])
+
+
+@case("tables", "labs: a name and a birth date column", QUARANTINED)
+def _(ctx):
+  rows = [f"{pid},Smith^Jo{chr(97 + i)},0{1 + i % 9}/10/67,{135 + i},4.{i},{98 + i}"
+          for i, pid in enumerate(IDS)]
+  return _tables(ctx, labs=table("patient_id,patient_name,dob,Na,K,Cl", rows),
+                 more_ids=[f"Smith^Jo{chr(97 + i)}" for i in range(10)], patient_ids=IDS,
+                 quarantined=[Quarantined("labs.csv", "identifies patients", line=1)])
+
+
+@case("tables", "labs: '1,050' in a tab file (a thousands separator?)", QUARANTINED)
+def _(ctx):
+  rows = [f"{pid}\t{135 + i}\t4.{i}\t{'1,050' if i == 3 else 98 + i}"
+          for i, pid in enumerate(IDS)]
+  return _tables(ctx, labs=table("patient_id\tNa\tK\tGlucose", rows),
+                 quarantined=[Quarantined("labs.csv", "may hold a decimal comma", line=5)])
+
+
+@case("tables", "vitals: a placeholder date (1600-01-01) mid-series", QUARANTINED)
+def _(ctx):
+  return _tables(ctx, vitals=_vitals_times(STAMPS, {(4, 2): "1600-01-01T00:00:00"}),
+                 quarantined=[Quarantined("vitals.csv", "a mistyped date?", line=28)])
+
+
+@case("tables", "vitals: written newest first", ACCEPTED)
+def _(ctx):
+  return _tables(ctx, vitals=table(VH, vitals_rows(hours=(2, 1, 0))))
