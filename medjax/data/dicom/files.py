@@ -272,8 +272,8 @@ def _patient_id(ds) -> str:
   U+FFFD, and reads non-ASCII bytes without a SpecificCharacterSet as Latin-1. Exports get both
   wrong (UTF-8 ids without a SpecificCharacterSet, Latin-1 ids under ISO_IR 192), and
   replacement characters make two patients one ('PTX\ufffd01' for both 'PTX\xc401' and
-  'PTX\xd601'). Such bytes are read as UTF-8 where they are valid UTF-8, else as Latin-1; both
-  are one-to-one, and the labels tables are read the same way."""
+  'PTX\xd601'). Such bytes are read as UTF-8 where they are valid UTF-8, else as Latin-1: both
+  are one-to-one, as the tables are read (UTF-8, else a single-byte code page)."""
   raw = ds.get_item(_PATIENT_ID, keep_deferred=True)
   value = str(ds.get("PatientID") or "")
   data = raw.value if isinstance(raw, dataelem.RawDataElement) else None

@@ -290,9 +290,9 @@ def check_frames(path: str, f, ds, ts: uids.UID, frames: int, size: int) -> None
 def check_codestream_end(path: str, f, pixel_data, ts: uids.UID, size: int) -> None:
   """Rejects a JPEG, JPEG-LS or JPEG 2000 file whose last fragment does not end with the
   codestream's end marker (EOI, or JPEG 2000's EOC: both FF D9), past the bytes that pad a
-  fragment to even length (00, or FF as some encoders write it: pydicom's MR2_J2KR.dcm). Decoders fill what a cut codestream lacks (a JPEG cut in half
-  decoded with its lower half one grey), and a truncated file is caught earlier only when the
-  encapsulation itself is cut.
+  fragment to even length (00, or FF as some encoders write it: pydicom's MR2_J2KR.dcm).
+  Decoders fill what a cut codestream lacks (a JPEG cut in half decoded with its lower half one
+  grey), and a truncated file is caught earlier only when the encapsulation itself is cut.
 
   Only item headers and the last fragment's final bytes are read; malformed encapsulation is
   left to `check_frames` and the decoder."""

@@ -165,9 +165,9 @@ def _off_the_longest_run(ids: np.ndarray, hours: np.ndarray,
   row's. Patients whose rows are in order already (the usual case) cost no Python loop.
 
   The order is the file's: a file written newest first (three or more of its steps, and three
-  quarters of them, go back in time) runs backwards. Where a patient's longest run holds under half of its rows, the file keeps
-  no order for that patient (an export without ORDER BY), so its order shows no typo: every
-  row is kept but those repeating an earlier row's time."""
+  quarters of them, go back in time) runs backwards. Where a patient's longest run holds under
+  half of its rows, the file keeps no order for that patient (an export without ORDER BY), so
+  its order shows no typo: every row is kept but those repeating an earlier row's time."""
   out_of_order, repeated = np.zeros(len(ids), bool), np.zeros(len(ids), bool)
   rows = np.flatnonzero(kept)
   if not len(rows):
