@@ -108,7 +108,8 @@ def modality_lut(stored: np.ndarray, ds) -> np.ndarray:
     if not np.isfinite(number):
       raise Unusable(f"{keyword} {str(value)!r} is not a finite number")
   try:
-    values = processing.apply_modality_lut(stored, ds)
+    with np.errstate(over="ignore", invalid="ignore"):   # checked just below
+      values = processing.apply_modality_lut(stored, ds)
   except (IndexError, ValueError, TypeError, KeyError, AttributeError) as e:
     what = "Modality LUT Sequence" if ds.get("ModalityLUTSequence") else "modality LUT"
     raise Unusable(f"{what} unusable ({type(e).__name__}: {str(e)[:120]})") from e
