@@ -38,6 +38,18 @@ def image_dataset(pixels: np.ndarray, patient_id: str = "HOSTILE-1", bits_stored
   return ds
 
 
+def patched(ds: pydicom.Dataset, path: str, old: bytes, new: bytes) -> str:
+  """`ds` saved to `path`, then the one occurrence of `old` in the file overwritten with `new`
+  (as long): what pydicom would not write (a 'NaN' RescaleSlope, Latin-1 bytes under UTF-8)."""
+  save(ds, path)
+  with open(path, "rb") as f:
+    data = f.read()
+  assert data.count(old) == 1 and len(old) == len(new)
+  with open(path, "wb") as f:
+    f.write(data.replace(old, new))
+  return path
+
+
 def ramp(size: int = 64) -> np.ndarray:
   return (np.add.outer(np.arange(size), np.arange(size)) * (4000 // (2 * size))).astype(np.uint16)
 

@@ -33,17 +33,6 @@ def fresh_children():
   decoder.shutdown()
 
 
-def _patched(ds: pydicom.Dataset, path: str, old: bytes, new: bytes) -> str:
-  """`ds` saved to `path` with the one occurrence of `old` in the file replaced by `new`."""
-  hostile.save(ds, path)
-  with open(path, "rb") as f:
-    data = f.read()
-  assert data.count(old) == 1 and len(old) == len(new)
-  with open(path, "wb") as f:
-    f.write(data.replace(old, new))
-  return path
-
-
 def _rejected(fn, path: str, **kw) -> str:
   with pytest.raises(dicom.RejectedFile) as e:
     fn(path, **kw)
@@ -67,7 +56,7 @@ def test_a_rescale_that_is_not_a_usable_number_costs_its_file_naming_it(tmp_path
                                                                           value, reason):
   ds = hostile.image_dataset(hostile.ramp(16))
   ds.RescaleSlope, ds.RescaleIntercept = placeholder.decode().strip(), "0.0"
-  path = _patched(ds, str(tmp_path / "rescale.dcm"), placeholder, value)
+  path = hostile.patched(ds, str(tmp_path / "rescale.dcm"), placeholder, value)
   dicom.read_header(path)   # the header is fine: decoding finds it
   for fn in (dicom.load_image, decoder.Decoder(isolate="all").load_image):
     assert _rejected(fn, path) == reason
@@ -89,12 +78,12 @@ def test_a_voi_lut_that_cannot_map_costs_its_file_naming_it(tmp_path, item, reas
 def test_header_values_that_mislead_the_length_checks_are_named(tmp_path):
   ds = hostile.image_dataset(hostile.frames(2))
   ds.NumberOfFrames = "222"
-  path = _patched(ds, str(tmp_path / "frames.dcm"), b"IS\x04\x00222 ", b"IS\x04\x001.5 ")
+  path = hostile.patched(ds, str(tmp_path / "frames.dcm"), b"IS\x04\x00222 ", b"IS\x04\x001.5 ")
   # (IS '1.5' used to count as 1 frame, then as 1.5 in the expected length.)
   assert _rejected(dicom.read_header, path) == "invalid NumberOfFrames '1.5'"
   ds = hostile.compressed(hostile.ramp(16), uid.RLELossless)   # undefined-length pixel data
-  path = _patched(ds, str(tmp_path / "native.dcm"), uid.RLELossless.encode() + b"\0",
-                  uid.ExplicitVRLittleEndian.encode() + b"\0")
+  path = hostile.patched(ds, str(tmp_path / "native.dcm"), uid.RLELossless.encode() + b"\0",
+                         uid.ExplicitVRLittleEndian.encode() + b"\0")
   assert _rejected(dicom.read_header, path) == (
       "Pixel Data has undefined length (encapsulated data?) under the native transfer syntax "
       "Explicit VR Little Endian: the file's TransferSyntaxUID is wrong")
@@ -125,7 +114,7 @@ def _with_patient_id(tmp_path, name: str, raw: bytes, charset: str | None) -> st
   ds = hostile.image_dataset(hostile.ramp(8), patient_id="X" * len(raw))
   if charset:
     ds.SpecificCharacterSet = charset
-  return _patched(ds, str(tmp_path / name), b"X" * len(raw), raw)
+  return hostile.patched(ds, str(tmp_path / name), b"X" * len(raw), raw)
 
 
 def test_patient_ids_in_the_wrong_character_set_stay_apart_and_read_as_meant(tmp_path):
@@ -146,7 +135,7 @@ def test_pydicom_warnings_that_quote_a_patient_id_never_reach_the_output(tmp_pat
   headers in its own process, whose output is the run's log."""
   ds = hostile.image_dataset(hostile.ramp(8))
   ds.add(pydicom.DataElement(0x00100020, "IS", "12345678"))
-  path = _patched(ds, str(tmp_path / "vr.dcm"), b"12345678", b"PTX7001K")
+  path = hostile.patched(ds, str(tmp_path / "vr.dcm"), b"12345678", b"PTX7001K")
   code = ("import sys; from medjax.data import dicom; "
           "print(dicom.read_header(sys.argv[1]).patient_id == 'PTX7001K')")
   out = subprocess.run([sys.executable, "-c", code, path], cwd=REPO, capture_output=True,

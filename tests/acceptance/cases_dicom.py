@@ -625,24 +625,13 @@ def _(ctx):
 
 # -- values an export gets wrong (tests/test_dicom_values.py has the unit tests) --------------
 
-def _patched(ds, path: str, old: bytes, new: bytes) -> str:
-  """`ds` saved, then `old` (once in the file) overwritten with `new`: what pydicom won't write."""
-  _saved(ds, path)
-  with open(path, "rb") as f:
-    data = f.read()
-  assert data.count(old) == 1 and len(old) == len(new)
-  with open(path, "wb") as f:
-    f.write(data.replace(old, new))
-  return path
-
-
 @case("dicom", "PatientID stored with the wrong VR (IS): pydicom's warning quotes it", ACCEPTED)
 def _(ctx):
   def build(path):
     import pydicom  # pylint: disable=import-outside-toplevel
     ds = _image()
     ds.add(pydicom.DataElement(0x00100020, "IS", "1" * len(HOSTILE_ID)))
-    _patched(ds, path, b"1" * len(HOSTILE_ID), HOSTILE_ID.encode())
+    _hostile().patched(ds, path, b"1" * len(HOSTILE_ID), HOSTILE_ID.encode())
   return _dicom(ctx, build, quarantined=False,
                 checks=[lib.referenced("dicom/hostile/hostile.dcm"), lib.decoded(10)])
 
@@ -650,7 +639,7 @@ def _(ctx):
 @case("dicom", "RescaleSlope 'NaN'", QUARANTINED)
 def _(ctx):
   def build(path):
-    _patched(_image(RescaleSlope="1.25", RescaleIntercept="0"), path, b"1.25", b"NaN ")
+    _hostile().patched(_image(RescaleSlope="1.25", RescaleIntercept="0"), path, b"1.25", b"NaN ")
   return _dicom(ctx, build, "RescaleSlope 'NaN' is not a finite number", stage="decode",
                 checks=[lib.decoded(10)])
 

@@ -1147,20 +1147,25 @@ def _(ctx):
 
 # -- what exports put in the tables (tests/test_tables_exports.py has the unit tests) ---------
 
+def _identifier_columns(ctx, columns: str, cells, names=()) -> lib.Plan:
+  """labs.csv with identifier `columns` (their `cells(i)` per patient) before Na, K, Cl: never
+  analytes, each one quarantine entry for its column; `names` must not leak."""
+  rows = [f"{pid},{cells(i)},{135 + i},4.{i},{98 + i}" for i, pid in enumerate(IDS)]
+  return _tables(ctx, labs=table(f"patient_id,{columns},Na,K,Cl", rows), more_ids=list(names),
+                 patient_ids=IDS,
+                 quarantined=[Quarantined("labs.csv", "identifies patients", line=1)])
+
+
 @case("tables", "labs: an MRN column beside the id column", QUARANTINED)
 def _(ctx):
-  rows = [f"{pid},{55012345 + i},{135 + i},4.{i},{98 + i}" for i, pid in enumerate(IDS)]
-  return _tables(ctx, labs=table("patient_id,MRN,Na,K,Cl", rows),
-                 quarantined=[Quarantined("labs.csv", "identifies patients", line=1)])
+  return _identifier_columns(ctx, "MRN", lambda i: 55012345 + i)
 
 
 @case("tables", "labs: a name and a birth date column", QUARANTINED)
 def _(ctx):
-  rows = [f"{pid},Smith^Jo{chr(97 + i)},0{1 + i % 9}/10/67,{135 + i},4.{i},{98 + i}"
-          for i, pid in enumerate(IDS)]
-  return _tables(ctx, labs=table("patient_id,patient_name,dob,Na,K,Cl", rows),
-                 more_ids=[f"Smith^Jo{chr(97 + i)}" for i in range(10)], patient_ids=IDS,
-                 quarantined=[Quarantined("labs.csv", "identifies patients", line=1)])
+  names = [f"Smith^Jo{chr(97 + i)}" for i in range(10)]
+  return _identifier_columns(ctx, "patient_name,dob", lambda i: f"{names[i]},0{1 + i % 9}/10/67",
+                             names)
 
 
 @case("tables", "labs: '1,050' in a tab file (a thousands separator?)", QUARANTINED)
