@@ -305,11 +305,9 @@ def _checked(path: str, f, size: int, budgets: Budgets, ds, patient_id: str):
   bits = _positive_int(path, ds, "BitsAllocated")
   _check_bits(path, ds, bits)
   dicom_limits.check_budgets(path, rows, columns, frames, samples, bits, budgets)
-  dicom_limits.check_codestream(path, f, ds.get_item(_PIXEL_DATA, keep_deferred=True), ts, rows,
-                                columns)
+  dicom_limits.check_codestream(path, f, ds, ts, rows, columns, size)
   dicom_limits.check_frames(path, f, ds, ts, frames, size)
-  dicom_limits.check_codestream_end(path, f, ds.get_item(_PIXEL_DATA, keep_deferred=True), ts,
-                                    size)
+  dicom_limits.check_codestream_end(path, f, ds, ts, size)
   instance = str(ds.get("SOPInstanceUID") or "").strip()
   return ds, Header(
       patient_id=patient_id, modality=str(ds.get("Modality") or ""),

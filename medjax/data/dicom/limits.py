@@ -191,7 +191,8 @@ def _codestreams() -> frozenset:
                    + uids.JPEG2000TransferSyntaxes)
 
 
-def check_codestream(path: str, f, pixel_data, ts: uids.UID, rows: int, columns: int) -> None:
+def check_codestream(path: str, f, ds, ts: uids.UID, rows: int, columns: int,
+                     size: int) -> None:
   """Rejects a JPEG, JPEG-LS or JPEG 2000 file whose first frame's size is not Rows x Columns.
 
   Decoders size their output from one and fill it from the other: gdcm aborts the process on
@@ -200,25 +201,22 @@ def check_codestream(path: str, f, pixel_data, ts: uids.UID, rows: int, columns:
 
   Args:
     f: the open file.
-    pixel_data: the Pixel Data element as read, still deferred.
+    ds: the dataset, its Pixel Data still deferred.
+    size: the file's size.
   """
-  from pydicom import dataelem  # pylint: disable=import-outside-toplevel
-  if ts not in _codestreams():
+  pixel_data = _encapsulated(ds)
+  if ts not in _codestreams() or pixel_data is None:
     return
-  if (not isinstance(pixel_data, dataelem.RawDataElement)
-      or pixel_data.length != _UNDEFINED_LENGTH):
-    return
-  f.seek(pixel_data.value_tell)
-  offset_table = f.read(8)
-  if len(offset_table) < 8 or offset_table[:4] != _ITEM:
+  fragments_at = _after_offset_table(f, pixel_data, size)
+  if fragments_at is None:
     return  # the decoder reports malformed encapsulation
-  f.seek(struct.unpack("<I", offset_table[4:])[0], os.SEEK_CUR)
+  f.seek(fragments_at[0])
   item = f.read(8)
   if len(item) < 8 or item[:4] != _ITEM:
     return
-  size = codestream_size(f.read(min(struct.unpack("<I", item[4:])[0], _CODESTREAM_PEEK)))
-  if size is not None and size != (rows, columns):
-    raise RejectedFile(path, f"{ts.name} codestream is {size[0]} x {size[1]} but Rows x Columns "
+  shape = codestream_size(f.read(min(struct.unpack("<I", item[4:])[0], _CODESTREAM_PEEK)))
+  if shape is not None and shape != (rows, columns):
+    raise RejectedFile(path, f"{ts.name} codestream is {shape[0]} x {shape[1]} but Rows x Columns "
                        f"is {rows} x {columns} (inconsistent header); not decoded")
 
 
@@ -244,9 +242,8 @@ def check_frames(path: str, f, ds, ts: uids.UID, frames: int, size: int) -> None
   """
   from pydicom import dataelem  # pylint: disable=import-outside-toplevel
   from pydicom import uid as uids  # pylint: disable=import-outside-toplevel
-  pixel_data = ds.get_item(_PIXEL_DATA, keep_deferred=True)
-  if (not ts.is_encapsulated or not isinstance(pixel_data, dataelem.RawDataElement)
-      or pixel_data.length != _UNDEFINED_LENGTH):
+  pixel_data = _encapsulated(ds)
+  if not ts.is_encapsulated or pixel_data is None:
     return
   extended = ds.get_item(_EXTENDED_OFFSET_TABLE, keep_deferred=True)
   if extended is not None:
@@ -255,18 +252,17 @@ def check_frames(path: str, f, ds, ts: uids.UID, frames: int, size: int) -> None
     if entries and entries != frames:
       raise RejectedFile(path, f"Extended Offset Table has {_count(entries, 'entry', 'entries')} "
                          f"but NumberOfFrames is {frames} (inconsistent header)")
-  pos = pixel_data.value_tell
-  item = _item(f, pos, size)
-  if item is None or item[0] != _ITEM:
+  fragments_at = _after_offset_table(f, pixel_data, size)
+  if fragments_at is None:
     return
-  table = item[1]
+  pos, table = fragments_at
   if table % 4:
     return
   if table and table // 4 != frames:
     raise RejectedFile(path, f"Basic Offset Table has {_count(table // 4, 'entry', 'entries')} "
                        f"but NumberOfFrames is {frames} (inconsistent header)")
   rle = ts == uids.RLELossless
-  fragments, pos = 0, pos + 8 + table
+  fragments = 0
   # Enough to decide: NumberOfFrames fragments, or one more for RLE.
   while fragments < frames + rle:
     item = _item(f, pos, size)
@@ -287,7 +283,7 @@ def check_frames(path: str, f, ds, ts: uids.UID, frames: int, size: int) -> None
                        "exactly one per frame (inconsistent header)")
 
 
-def check_codestream_end(path: str, f, pixel_data, ts: uids.UID, size: int) -> None:
+def check_codestream_end(path: str, f, ds, ts: uids.UID, size: int) -> None:
   """Rejects a JPEG, JPEG-LS or JPEG 2000 file whose last fragment does not end with the
   codestream's end marker (EOI, or JPEG 2000's EOC: both FF D9), past the bytes that pad a
   fragment to even length (00, or FF as some encoders write it: pydicom's MR2_J2KR.dcm).
@@ -296,14 +292,13 @@ def check_codestream_end(path: str, f, pixel_data, ts: uids.UID, size: int) -> N
 
   Only item headers and the last fragment's final bytes are read; malformed encapsulation is
   left to `check_frames` and the decoder."""
-  from pydicom import dataelem  # pylint: disable=import-outside-toplevel
-  if (ts not in _codestreams() or not isinstance(pixel_data, dataelem.RawDataElement)
-      or pixel_data.length != _UNDEFINED_LENGTH):
+  pixel_data = _encapsulated(ds)
+  if ts not in _codestreams() or pixel_data is None:
     return
-  item = _item(f, pixel_data.value_tell, size)   # the Basic Offset Table
-  if item is None or item[0] != _ITEM:
+  fragments_at = _after_offset_table(f, pixel_data, size)
+  if fragments_at is None:
     return
-  pos, last = pixel_data.value_tell + 8 + item[1], None
+  pos, last = fragments_at[0], None
   while (item := _item(f, pos, size)) is not None and item[0] == _ITEM:
     last, pos = (pos + 8, item[1]), pos + 8 + item[1]
   if last is None or last[1] == 0:
@@ -314,6 +309,26 @@ def check_codestream_end(path: str, f, pixel_data, ts: uids.UID, size: int) -> N
   if not tail.endswith(b"\xff\xd9"):
     raise RejectedFile(path, f"{ts.name} codestream ends without its end marker (FF D9): "
                        "truncated")
+
+
+def _encapsulated(ds):
+  """The dataset's Pixel Data element if it is of undefined length (encapsulated) and still
+  deferred (its value unread), else None."""
+  from pydicom import dataelem  # pylint: disable=import-outside-toplevel
+  pixel_data = ds.get_item(_PIXEL_DATA, keep_deferred=True)
+  if (isinstance(pixel_data, dataelem.RawDataElement)
+      and pixel_data.length == _UNDEFINED_LENGTH):
+    return pixel_data
+  return None
+
+
+def _after_offset_table(f, pixel_data, size: int) -> tuple[int, int] | None:
+  """(where the first fragment's item starts, the Basic Offset Table's length) of `_encapsulated`
+  Pixel Data; None when its first item is not an item (malformed: the decoder's to report)."""
+  item = _item(f, pixel_data.value_tell, size)
+  if item is None or item[0] != _ITEM:
+    return None
+  return pixel_data.value_tell + 8 + item[1], item[1]
 
 
 def _item(f, pos: int, size: int) -> tuple[bytes, int] | None:
