@@ -57,14 +57,14 @@ def read_labs(path: str, analytes: Sequence[str], rename: dict[str, str],
   ids, id_set = values_lib.read_ids(frame, lines, cols["pid"], fold_case, problems)
   source, found = frame.source, list(frame.problems)   # now with their patients
   skip = {"date", "time", "timestamp"}
-  columns = [j for j, h in enumerate(frame.columns)
-             if j != cols["pid"] and h and h.lower() not in skip
-             and not values_lib.identifier_column(h)]
-  for j, h in enumerate(frame.columns):
-    if j != cols["pid"] and h and values_lib.identifier_column(h):
-      found.append(csvfile.Problem(
-          source, lines.header_line, f"column {j + 1} ({values_lib.shown(h, problems.known_ids)})"
-          " identifies patients rather than measuring them; its values are ignored", "column"))
+  named = [(j, h) for j, h in enumerate(frame.columns) if j != cols["pid"] and h]
+  identifiers = {j for j, h in named if values_lib.identifier_column(h)}
+  columns = [j for j, h in named if h.lower() not in skip and j not in identifiers]
+  for j in sorted(identifiers):
+    found.append(csvfile.Problem(
+        source, lines.header_line, f"column {j + 1} "
+        f"({values_lib.shown(frame.columns[j], problems.known_ids)}) identifies patients rather "
+        "than measuring them; its values are ignored", "column"))
   names = [rename.get(frame.columns[j], frame.columns[j]) for j in columns]
   _check_renamed(lines.path, [frame.columns[j] for j in columns], names, problems.known_ids)
   if not analytes:

@@ -22,13 +22,13 @@ PATIENT_COLUMNS = ("patient_id", "patientid", "patient", "mrn")
 # Columns that identify a patient rather than measure one (compared casefolded, without spaces,
 # '_' and '-'): an export's MRN beside its PatientID, names, birth dates, addresses. Left out of
 # the analytes (and out of tables.npz), whatever config.data.analytes says.
-IDENTIFIER_COLUMNS = frozenset({
-    "patientid", "patient", "mrn", "medicalrecordnumber", "name", "patientname", "firstname",
-    "lastname", "surname", "givenname", "familyname", "middlename", "fullname", "dob",
-    "dateofbirth", "birthdate", "birthday", "ssn", "socialsecuritynumber", "nhsnumber",
-    "nationalid", "address", "street", "city", "zip", "zipcode", "postcode", "postalcode",
-    "phone", "telephone", "email", "accession", "accessionnumber", "encounterid", "visitid",
-    "admissionid", "hadmid", "subjectid", "stayid", "insuranceid"})
+IDENTIFIER_COLUMNS = frozenset({c.replace("_", "") for c in PATIENT_COLUMNS} | {
+    "medicalrecordnumber", "name", "patientname", "firstname", "lastname", "surname",
+    "givenname", "familyname", "middlename", "fullname", "dob", "dateofbirth", "birthdate",
+    "birthday", "ssn", "socialsecuritynumber", "nhsnumber", "nationalid", "address", "street",
+    "city", "zip", "zipcode", "postcode", "postalcode", "phone", "telephone", "email",
+    "accession", "accessionnumber", "encounterid", "visitid", "admissionid", "hadmid",
+    "subjectid", "stayid", "insuranceid"})
 LABEL_COLUMNS = ("diagnosis", "label", "class")
 TIME_COLUMNS = ("hour", "hours", "time", "timestamp", "charttime")
 # A long labs.csv's analyte and value columns (MIMIC's labevents: 'label', 'valuenum').
