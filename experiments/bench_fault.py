@@ -35,13 +35,13 @@ import time
 import numpy as np
 
 from medjax import jsonl
+from medjax.fault import agent
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def launch(workdir: str, overrides: list[str], config: str) -> dict:
-  env = dict(os.environ)
-  env.pop("XLA_FLAGS", None)
+  env = dict(os.environ, XLA_FLAGS=agent.without_device_count(os.environ.get("XLA_FLAGS", "")))
   t0 = time.perf_counter()
   with open(os.path.join(os.path.dirname(workdir), os.path.basename(workdir) + ".log"), "w") as log:
     code = subprocess.run([sys.executable, os.path.join(ROOT, "launch.py"), f"--config={config}",

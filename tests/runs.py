@@ -12,6 +12,7 @@ import time
 
 from medjax import jsonl
 from medjax.checkpoint import snapshots
+from medjax.fault import agent
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAUNCH = os.path.join(ROOT, "launch.py")
@@ -21,8 +22,9 @@ _tiny_cohort: list[str] = []   # the session's generated tiny cohort, made on fi
 
 def env() -> dict:
   e = dict(os.environ)
-  # Workers get their device count from their agent; the test process's 8 fake devices stay here.
-  e.pop("XLA_FLAGS", None)
+  # Workers get their device count from their agent; the test process's 8 fake devices stay here
+  # (its other flags, conftest.py's optimisation level, go on).
+  e["XLA_FLAGS"] = agent.without_device_count(e.get("XLA_FLAGS", ""))
   e["JAX_PLATFORMS"] = "cpu"
   return e
 

@@ -12,15 +12,15 @@ import pytest
 from jupyter_client import kernelspec
 from nbclient import NotebookClient
 
+from tests import runs
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOK = os.path.join(ROOT, "experiments", "notebooks", "evaluate.ipynb")
 
 
 def _train_tiny(workdir: str) -> dict:
   """A single-process quickstart:tiny run (about a minute on CPU); returns its summary.json."""
-  env = dict(os.environ)
-  env.pop("XLA_FLAGS", None)  # one device, like a laptop run; this process has 8 fake ones
-  env["JAX_PLATFORMS"] = "cpu"
+  env = runs.env()  # one device, like a laptop run; this process has 8 fake ones
   proc = subprocess.run(
       [sys.executable, "launch.py", "--config=configs/quickstart.py:tiny", f"--workdir={workdir}",
        "--config.fault.supervised=False"],

@@ -14,6 +14,7 @@ import time
 
 from experiments.report import scales as scales_lib
 from medjax import jsonl
+from medjax.fault import agent
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # Table I's rows: (name, label, the paper's row or None, --config.ckpt.* flags given the scale and
@@ -101,7 +102,7 @@ class Runner:
     if os.path.exists(workdir):
       subprocess.run(["rm", "-rf", workdir], check=True)
     log(f"{name}: launch.py " + " ".join(flags))
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env = dict(os.environ, XLA_FLAGS=agent.without_device_count(os.environ.get("XLA_FLAGS", "")))
     t0 = time.perf_counter()
     os.makedirs(os.path.dirname(workdir), exist_ok=True)
     with open(workdir + ".log", "w") as out:

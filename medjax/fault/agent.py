@@ -87,9 +87,15 @@ def _suspended(pid: int) -> bool:
 def with_device_count(xla_flags: str, devices: int) -> str:
   """The user's XLA_FLAGS with the CPU device count a worker gets (any count they held
   replaced): flags such as --xla_dump_to or the backend's optimisation level reach the workers."""
-  kept = [f for f in xla_flags.split()
-          if not f.startswith("--xla_force_host_platform_device_count")]
-  return " ".join([*kept, f"--xla_force_host_platform_device_count={devices}"])
+  return " ".join([*without_device_count(xla_flags).split(),
+                   f"--xla_force_host_platform_device_count={devices}"])
+
+
+def without_device_count(xla_flags: str) -> str:
+  """XLA_FLAGS without a CPU device count: what a process that starts runs of its own (a test, a
+  benchmark) passes on, its fake devices not being theirs."""
+  return " ".join(f for f in xla_flags.split()
+                  if not f.startswith("--xla_force_host_platform_device_count"))
 
 
 class Agent:

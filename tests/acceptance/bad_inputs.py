@@ -62,6 +62,7 @@ import time
 import psutil
 
 # The case modules register their cases on import.
+from tests import runs
 from tests.acceptance import cases_config  # pylint: disable=unused-import
 from tests.acceptance import cases_dicom  # pylint: disable=unused-import
 from tests.acceptance import cases_state  # pylint: disable=unused-import
@@ -77,10 +78,8 @@ LEFTOVER_GRACE_S = 5.0        # a run's processes must be gone this soon after i
 # -- running ------------------------------------------------------------------------------------
 
 def _env(plan: lib.Plan) -> dict:
-  env = dict(os.environ)
-  env.pop("XLA_FLAGS", None)     # a test's fake devices are not the user's
+  env = runs.env()     # a test's fake devices are not the user's
   env.pop("MEDJAX_DEBUG", None)
-  env["JAX_PLATFORMS"] = "cpu"
   env["PYTHONUNBUFFERED"] = "1"
   env.update(plan.env)
   return env

@@ -20,6 +20,7 @@ import time
 
 import psutil
 
+from tests import runs
 from tests.acceptance import lib
 from tests.acceptance.lib import ACCEPTED, CLEAR, RECOVERED, case
 
@@ -37,8 +38,7 @@ def _base(ctx, kind: str) -> str:
   if kind == "unsupervised":
     args.append("--config.fault.supervised=False")
   print(f"      (training the {kind} tiny run the damaged-state cases start from)", flush=True)
-  env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "MEDJAX_DEBUG")}
-  env["JAX_PLATFORMS"] = "cpu"
+  env = {k: v for k, v in runs.env().items() if k != "MEDJAX_DEBUG"}
   done = subprocess.run(args, cwd=lib.ROOT, env=env, capture_output=True, timeout=600,
                         check=False)
   if done.returncode != 0 or not os.path.exists(os.path.join(workdir, "summary.json")):

@@ -7,14 +7,14 @@ import subprocess
 import sys
 
 from tests.acceptance import judge
+from tests import runs
 from tests.acceptance import lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def test_quick_battery_passes(tmp_path):
-  env = dict(os.environ)
-  env.pop("XLA_FLAGS", None)   # the runs are a user's, not this process's fake devices
+  env = runs.env()   # the runs are a user's, not this process's fake devices
   done = subprocess.run([sys.executable, "-m", "tests.acceptance.bad_inputs", "--quick",
                          f"--results={tmp_path}", f"--scratch={tmp_path / 'scratch'}"],
                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
