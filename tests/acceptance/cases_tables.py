@@ -746,6 +746,18 @@ def _(ctx):
                                           line=5)])
 
 
+@case("tables", "labs long: glucose in mmol/L among rows in mg/dL", QUARANTINED)
+def _(ctx):
+  # Line 2 + 2 x 3 + 1 = 9: patient 3's glucose, the only one in mmol/L.
+  rows = [f"{pid},{a},{v},{u}" for i, pid in enumerate(IDS)
+          for a, v, u in (("Na", 140, "mmol/L"),
+                          ("Glucose", 5.3 if i == 3 else 95, "mmol/L" if i == 3 else "mg/dL"))]
+  return _tables(ctx, labs=table("patient_id,analyte,value,unit", rows),
+                 checks=[_lab(IDS[3], "Glucose", False, others=1)],
+                 quarantined=[Quarantined("labs.csv", "where most of its rows are in 'mg/dL'",
+                                          line=9)])
+
+
 @case("tables", "labs: glucose 5500 allowed by data.value_ranges.Glucose", ACCEPTED)
 def _(ctx):
   labs = _labs_plus("Glucose", lambda i: 5500 if i == 2 else 90 + i)

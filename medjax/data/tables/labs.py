@@ -42,10 +42,8 @@ def read_labs(path: str, analytes: Sequence[str], rename: dict[str, str],
   def text_columns(lines):
     cols["pid"] = csvfile.find_column(lines, values_lib.PATIENT_COLUMNS, "patient id")
     lower = [h.strip().lower() for h in lines.header]
-    analyte = next((lower.index(n) for n in values_lib.ANALYTE_COLUMNS if n in lower), None)
-    value = next((lower.index(n) for n in values_lib.VALUE_COLUMNS if n in lower), None)
-    if analyte is not None and value is not None:
-      cols["analyte"], cols["value"] = analyte, value
+    cols.update(_long_columns(lower))
+    if "analyte" in cols:
       return [j for j in range(len(lower)) if j != cols["value"]]
     return [cols["pid"]] + [j for j, h in enumerate(lower)
                             if h in ("date", "time", "timestamp", "")
@@ -102,6 +100,49 @@ def read_labs(path: str, analytes: Sequence[str], rename: dict[str, str],
   return Labs(list(analytes), ids[kept], values)
 
 
+def _long_columns(lower: list[str]) -> dict[str, int | None]:
+  """A long file's analyte, value and (optional) unit columns in the lower-cased header; empty
+  for a wide file."""
+  def find(names):
+    return next((lower.index(n) for n in names if n in lower), None)
+  analyte, value = find(values_lib.ANALYTE_COLUMNS), find(values_lib.VALUE_COLUMNS)
+  if analyte is None or value is None:
+    return {}
+  return {"analyte": analyte, "value": value, "unit": find(values_lib.UNIT_COLUMNS)}
+
+
+def _unit(text) -> str:
+  """A unit as written, compared without case, spaces or the micro sign's spelling ('mg/dL',
+  'MG/DL'; 'µmol/L', 'umol/L')."""
+  text = "" if text is None or text != text else str(text)
+  return "".join(text.split()).casefold().replace("\u00b5", "u").replace("\u03bc", "u")
+
+
+def _in_one_unit(frame, unit_column, rows, sel, names, ids, id_set, info, found) -> np.ndarray:
+  """Of one analyte's rows (`rows[sel]`), those in its unit: the unit most of its rows give
+  (ties: the first seen). A row in another unit is set aside, its value on another scale; a row
+  without a unit is kept (pH, INR and many exports have none). The units go to
+  info['analyte_units'] (summary.json's tables.labs.csv)."""
+  written = frame.frame[unit_column].to_numpy(object)[rows[sel]]
+  units = values_lib.map_unique(written, _unit)
+  given = units != ""
+  if not given.any():
+    return sel
+  codes, uniques = pd.factorize(pd.Series(units[given], dtype=object))
+  most = np.bincount(codes).argmax()   # ties: the first seen
+  major, spelt = uniques[most], written[given][codes == most][0]
+  name = names[rows[sel[0]]]
+  info.setdefault("analyte_units", {})[name] = str(spelt).strip()
+  other = given & (units != major)
+  for i, text in zip(rows[sel[other]], written[other]):
+    found.append(csvfile.Problem(
+        frame.source, int(frame.lines[i]), f"analyte {values_lib.shown(name, id_set)} in "
+        f"{values_lib.shown(text, id_set)}, where most of its rows are in "
+        f"{values_lib.shown(spelt, id_set)}; convert the values to that unit or give them "
+        "another analyte name; the row is set aside", patient=ids[i]))
+  return sel[~other]
+
+
 def _check_renamed(path: str, columns: list[str], names: list[str], ids: set[str]) -> None:
   seen = {}
   for column, name in zip(columns, names):
@@ -154,6 +195,8 @@ def _read_labs_long(lines, frame, cols, analytes, rename, problems, ranges, fold
   bounds = np.flatnonzero(np.diff(column[rows][order])) + 1
   for sel in np.split(order, bounds) if len(rows) else []:
     name = analytes[column[rows[sel[0]]]]
+    if cols["unit"] is not None:
+      sel = _in_one_unit(frame, cols["unit"], rows, sel, names, ids, id_set, lines.info, found)
     v, probs, counts, _ = values_lib.read_values(frame, cols["value"], name, "analyte", ranges,
                                                  id_set, rows[sel])
     values[sel] = v

@@ -34,6 +34,8 @@ TIME_COLUMNS = ("hour", "hours", "time", "timestamp", "charttime")
 # A long labs.csv's analyte and value columns (MIMIC's labevents: 'label', 'valuenum').
 ANALYTE_COLUMNS = ("analyte", "test", "test_name")
 VALUE_COLUMNS = ("value", "result", "valuenum", "result_value")
+# A long labs.csv's unit column (MIMIC's labevents: valueuom).
+UNIT_COLUMNS = ("unit", "units", "uom", "valueuom", "unit_of_measure", "result_unit")
 # Built-in plausible ranges (inclusive) of the known vitals channels: wide enough for any real
 # patient and for the synthetic generator (which writes SpO2 up to ~103 and heart rates down to
 # ~7), narrow enough to catch unit slips (temperature in Fahrenheit, SpO2 as a fraction).
