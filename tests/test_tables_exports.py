@@ -168,14 +168,15 @@ def test_long_labs_rows_in_another_unit_are_set_aside_not_mixed_in(tmp_path):
   set aside with its reason, a row without a unit kept."""
   rows = [f"P{p},glucose,{90 + p},mg/dL" for p in range(6)]
   rows += ["P6,glucose,5.4,mmol/L", "P7,glucose,100,MG/DL ", "P8,glucose,101,",
-           "P1,bilirubin,10,µmol/L", "P2,bilirubin,12,umol/l", "P3,bilirubin,0.8,mg/dL"]
+           "P1,bilirubin,10,µmol/L", "P2,bilirubin,12,umol/l", "P3,bilirubin,0.8,mg/dL",
+           "P4,ferritin,30,P4"]   # a shifted row: the unit cell holds the patient's id
   path = _write(tmp_path, "labs.csv", "patient_id,test,valuenum,valueuom\n"
                 + "\n".join(rows) + "\n")
   problems = tables.Problems("quarantine")
   labs = tables.read_labs(path, (), {}, problems)
-  assert labs.analytes == ["bilirubin", "glucose"]
+  assert labs.analytes == ["bilirubin", "ferritin", "glucose"]
   by_id = dict(zip(labs.ids.tolist(), labs.values.tolist()))
-  assert "P6" not in by_id and by_id["P7"][1] == 100 and by_id["P8"][1] == 101
+  assert "P6" not in by_id and by_id["P7"][2] == 100 and by_id["P8"][2] == 101
   assert by_id["P1"][0] == 10 and by_id["P2"][0] == 12 and np.isnan(by_id["P3"][0])
   assert _reasons(problems) == [
       "analyte 'glucose' in 'mmol/L', where most of its rows are in 'mg/dL'; convert the values "
@@ -183,5 +184,6 @@ def test_long_labs_rows_in_another_unit_are_set_aside_not_mixed_in(tmp_path):
       "analyte 'bilirubin' in 'mg/dL', where most of its rows are in 'µmol/L'; convert the "
       "values to that unit or give them another analyte name; the row is set aside"]
   assert [p.patient for p in problems.items] == ["P6", "P3"]
-  assert problems.files["labs.csv"]["analyte_units"] == {"bilirubin": "µmol/L",
-                                                          "glucose": "mg/dL"}
+  assert problems.files["labs.csv"]["analyte_units"] == {
+      "bilirubin": "µmol/L", "ferritin": "(withheld: it may identify a patient)",
+      "glucose": "mg/dL"}

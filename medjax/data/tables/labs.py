@@ -132,7 +132,10 @@ def _in_one_unit(frame, unit_column, rows, sel, names, ids, id_set, info, found)
   most = np.bincount(codes).argmax()   # ties: the first seen
   major, spelt = uniques[most], written[given][codes == most][0]
   name = names[rows[sel[0]]]
-  info.setdefault("analyte_units", {})[name] = str(spelt).strip()
+  # A unit cell may hold what identifies a patient (a shifted row): summary.json never has it.
+  info.setdefault("analyte_units", {})[name] = (values_lib.shown(spelt, id_set)
+                                               if values_lib.withheld(spelt, id_set)
+                                               else str(spelt).strip())
   other = given & (units != major)
   for i, text in zip(rows[sel[other]], written[other]):
     found.append(csvfile.Problem(
