@@ -5,14 +5,9 @@ import os
 import shutil
 import tempfile
 
-# The suite compiles a few hundred small programs whose running time is next to nothing; at XLA's
-# backend (LLVM) optimisation level 0 they compile in about half the time (the tiny config's first
-# 2-process run: 58 s of CPU against 89; test_model.py with test_tabular.py: 129 s against 183),
-# and run about as fast (the same run from a warm cache: 30.5 s of CPU against 30.3). The runs the suite starts inherit it (`runs.env`); users'
-# runs keep XLA's default. Under pytest-xdist the workers inherit the controller's flags.
-for _flag in ("--xla_force_host_platform_device_count=8", "--xla_backend_optimization_level=0"):
-  if _flag not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _flag).strip()
+from tests import xla_flags  # why level 0: there
+
+xla_flags.set_in_environment()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # Every run the suite starts (launch.py, workers, in-process runs) shares one compilation cache,
 # fresh per session (`paths.compilation_cache_or`): a run compiles only programs no run compiled

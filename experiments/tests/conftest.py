@@ -3,8 +3,7 @@
 
 import os
 
-# tests/conftest.py may have set them; why level 0: there.
-for _flag in ("--xla_force_host_platform_device_count=8", "--xla_backend_optimization_level=0"):
-  if _flag not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _flag).strip()
+from tests import xla_flags  # why level 0: there
+
+xla_flags.set_in_environment()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")

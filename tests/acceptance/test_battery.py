@@ -6,8 +6,8 @@ import os
 import subprocess
 import sys
 
-from tests.acceptance import judge
 from tests import runs
+from tests.acceptance import judge
 from tests.acceptance import lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -118,8 +118,8 @@ def _unit(text) -> str:
   return "".join(text.split()).casefold().replace("\u00b5", "u").replace("\u03bc", "u")
 
 
-def _in_one_unit(frame, unit_column, rows, sel, names, ids, id_set, info, found) -> np.ndarray:
-  """Of one analyte's rows (`rows[sel]`), those in its unit: the unit most of its rows give
+def _in_one_unit(frame, unit_column, rows, sel, name, ids, id_set, info, found) -> np.ndarray:
+  """Of analyte `name`'s rows (`rows[sel]`), those in its unit: the unit most of its rows give
   (ties: the first seen). A row in another unit is set aside, its value on another scale; a row
   without a unit is kept (pH, INR and many exports have none). The units go to
   info['analyte_units'] (summary.json's tables.labs.csv)."""
@@ -131,7 +131,6 @@ def _in_one_unit(frame, unit_column, rows, sel, names, ids, id_set, info, found)
   codes, uniques = pd.factorize(pd.Series(units[given], dtype=object))
   most = np.bincount(codes).argmax()   # ties: the first seen
   major, spelt = uniques[most], written[given][codes == most][0]
-  name = names[rows[sel[0]]]
   # A unit cell may hold what identifies a patient (a shifted row): summary.json never has it.
   info.setdefault("analyte_units", {})[name] = (values_lib.shown(spelt, id_set)
                                                if values_lib.withheld(spelt, id_set)
@@ -199,7 +198,7 @@ def _read_labs_long(lines, frame, cols, analytes, rename, problems, ranges, fold
   for sel in np.split(order, bounds) if len(rows) else []:
     name = analytes[column[rows[sel[0]]]]
     if cols["unit"] is not None:
-      sel = _in_one_unit(frame, cols["unit"], rows, sel, names, ids, id_set, lines.info, found)
+      sel = _in_one_unit(frame, cols["unit"], rows, sel, name, ids, id_set, lines.info, found)
     v, probs, counts, _ = values_lib.read_values(frame, cols["value"], name, "analyte", ranges,
                                                  id_set, rows[sel])
     values[sel] = v
