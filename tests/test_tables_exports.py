@@ -6,6 +6,7 @@ quotes what may identify a patient."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from medjax.data import tables
 from medjax.data.tables import values as values_lib
@@ -187,3 +188,37 @@ def test_long_labs_rows_in_another_unit_are_set_aside_not_mixed_in(tmp_path):
   assert problems.files["labs.csv"]["analyte_units"] == {
       "bilirubin": "µmol/L", "ferritin": "(withheld: it may identify a patient)",
       "glucose": "mg/dL"}
+
+
+def test_headers_spelt_as_exports_spell_them_name_the_same_columns(tmp_path):
+  """'Patient ID', 'Diagnosis', 'HR' and MIMIC's labevents (subject_id, label, a text 'value'
+  beside 'valuenum', valueuom) were refused ('not a header with a patient id column') or read
+  wrong: a column's role is matched ignoring case, spaces, '_', '-' and '.'; a long file's
+  numeric value column is preferred to a text one."""
+  labels = tables.read_labels(_write(tmp_path, "labels.csv", "Patient ID,Diagnosis\nP1,copd\n"
+                                     "P2,normal\n"), tables.Problems("raise"))
+  assert labels.ids.tolist() == ["P1", "P2"] and labels.classes.tolist() == ["copd", "normal"]
+  path = _write(tmp_path, "labs.csv", "subject_id,hadm_id,charttime,label,value,valuenum,valueuom\n"
+                "P1,H9,2150-01-01 08:00,Sodium,135,135,mEq/L\n"
+                "P1,H9,2150-01-01 08:00,Potassium,___,,mEq/L\n"
+                "P2,H8,2150-01-02 08:00,Sodium,>150,151,mEq/L\n")
+  problems = tables.Problems("quarantine")
+  labs = tables.read_labs(path, (), {}, problems)
+  assert labs.analytes == ["Potassium", "Sodium"] and labs.ids.tolist() == ["P1", "P2"]
+  np.testing.assert_allclose(labs.values, [[np.nan, 135], [np.nan, 151]])
+  assert _reasons(problems) == []
+  path = _write(tmp_path, "vitals.csv", "PATIENT.ID,Hours,HR,Sp O2\nP1,0,80,97\nP1,1,82,98\n")
+  vitals = tables.read_vitals(path, ["hr", "spo2"], 2, 1.0, tables.Problems("raise"))
+  np.testing.assert_allclose(vitals.values, [[[80, 97], [82, 98]]])
+
+
+def test_a_header_without_a_role_s_column_names_the_spellings_allowed(tmp_path):
+  """The refusal names the file, the role and its spellings, never a header cell (it may be a
+  row of patient ids), and says what to do."""
+  path = _write(tmp_path, "labels.csv", "record,diagnosis\nP1,copd\n")
+  with pytest.raises(tables.TableError) as refused:
+    tables.read_labels(path, tables.Problems("quarantine"))
+  message = str(refused.value)
+  assert "labels.csv: line 1 is not a header with a patient id column" in message
+  assert "subject_id" in message and "name the file's patient id column one of these" in message
+  assert "record" not in message

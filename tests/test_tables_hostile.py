@@ -342,6 +342,29 @@ def test_ids_are_stripped_everywhere_and_case_differences_are_counted(tmp_path):
   assert dup and "duplicate patient row (line 3" in dup[0]["reason"]
 
 
+def test_ids_a_spreadsheet_mangled_are_counted_with_what_to_do(tmp_path, caplog):
+  """DICOM's 000123 is labs.csv's 123 once a spreadsheet has dropped the zeros, and a long
+  number saved from one reads 1.23457E+11: they linked nothing, quietly (two patients each with
+  half the data). They stay apart (000123 and 123 may be two patients) but are counted, in the
+  summary and the ingest table, with what to do."""
+  root = tmp_path / "cohort"
+  _dicom(str(root / "dicom" / "a.dcm"), "000123")
+  _dicom(str(root / "dicom" / "b.dcm"), "0042")
+  (root / "labels.csv").write_text("patient_id,diagnosis\n000123,flu\n0042,copd\n"
+                                   "1.23457E+11,flu\nA0042,copd\n")
+  (root / "labs.csv").write_text("patient_id,Na\n123,140\n42,141\n1.23457E+11,139\n"
+                                 "A0042,138\n")
+  with caplog.at_level("WARNING"):
+    result = ingest.run(_config(), str(tmp_path / "w"), str(root))
+  t = result.summary["tables"]
+  assert t["ids_leading_zeros_only_mismatch"] == 2 and t["ids_in_scientific_notation"] == 1
+  assert t["ids_case_only_mismatch"] == 0 and t["ids"]["labs_without_label"] == 2
+  table = ingest_summary.format_summary(result.summary)
+  assert "ids differing only by leading zeros: 2" in table
+  assert "ids in scientific notation: 1" in table
+  assert "2 patient ids differ from another only by leading zeros" in caplog.text
+
+
 # -- rule 7: every labels.csv line is in the manifest or in the quarantine report -----------------
 
 _ID_CHARS = list("aAzZ09 \t\"',;|-._éÉßİıü") + ["\u00a0", "\u0301", "Ω", "日"]

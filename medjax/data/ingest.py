@@ -23,6 +23,7 @@ import hmac
 import json
 import logging
 import os
+import re
 import secrets
 import time
 import zipfile
@@ -147,7 +148,7 @@ def run(config, workdir: str, root: str) -> Ingested:
     _write_jsonl(run_paths.quarantine, quarantine)
     raise errors.InputError(f"{root}: ingest kept no patient ({_why_none(read, files_by_patient)}"
                             f"); every rejected file and row is in {run_paths.quarantine}")
-  case_only = _count_case_only(read, files_by_patient)
+  spellings = _count_id_spellings(read, files_by_patient)
   manifest, table_arrays = _assemble(linked, read, files_by_patient, data, salt, config.seed)
   label_of = dict(zip(read.labels.ids.tolist(), read.labels.classes.tolist())) if (
       read.labels is not None) else {}
@@ -174,7 +175,7 @@ def run(config, workdir: str, root: str) -> Ingested:
   summary = ingest_summary.summarize(manifest, quarantine, len(headers) + sum(
       1 for q in quarantine if q["stage"] == "scan"), scan_s, read.vitals.late)
   summary["tables"] = ingest_summary.tables_summary(problems, quarantine, linked.id_counts,
-                                                    case_only, fold)
+                                                    spellings, fold)
   summary["accounting"] = counts
   summary["seconds"] = round(time.perf_counter() - t0, 3)
   with open(run_paths.ingest_summary, "w") as f:
@@ -331,18 +332,33 @@ def _link(read: _Tables, files_by_patient: dict, classes, problems: tables.Probl
   return _Linked(patients, class_names, labels, id_counts)
 
 
-def _count_case_only(read: _Tables, files_by_patient: dict) -> int:
-  """Ids that differ only by letter case may be different patients: kept apart, but counted
-  (and a warning says how to join them)."""
+# An id as a spreadsheet writes a long number it read from a cell: digits lost (1.23457E+11).
+_SCIENTIFIC = re.compile(r"\d(\.\d+)?[eE]\+\d+")
+
+
+def _count_id_spellings(read: _Tables, files_by_patient: dict) -> dict[str, int]:
+  """Ids that may be one patient spelt two ways, kept apart but counted, each with a warning
+  saying what to do: differing only by letter case; only by leading zeros (a spreadsheet drops
+  them from an all-digit id: DICOM's 000123 is labs.csv's 123); written in scientific notation
+  (a spreadsheet's 1.23457E+11, its digits lost)."""
   spellings = (set(read.labels.ids if read.labels is not None else ()) | set(read.labs.ids)
                | set(read.vitals.ids) | set(files_by_patient))
-  case_only = sum(1 for k in collections.Counter(p.casefold() for p in spellings).values()
-                  if k > 1)
-  if case_only:
-    logging.warning("ingest: %d patient ids differ from another only by letter case; they are "
-                    "kept apart (set config.data.ids_case_insensitive=True if they are the same "
-                    "patients)", case_only)
-  return case_only
+  twice = lambda keys: sum(1 for k in collections.Counter(keys).values() if k > 1)
+  counts = {"ids_case_only_mismatch": twice(p.casefold() for p in spellings),
+            "ids_leading_zeros_only_mismatch": twice(
+                p.lstrip("0") or "0" for p in spellings if p.isascii() and p.isdigit()),
+            "ids_in_scientific_notation": sum(1 for p in spellings if _SCIENTIFIC.fullmatch(p))}
+  hints = {"ids_case_only_mismatch": "differ from another only by letter case; they are kept "
+           "apart (set config.data.ids_case_insensitive=True if they are the same patients)",
+           "ids_leading_zeros_only_mismatch": "differ from another only by leading zeros (a "
+           "spreadsheet drops them: 000123 and 123); they are kept apart (export the ids as "
+           "text, or restore the zeros, if they are the same patients)",
+           "ids_in_scientific_notation": "are written in scientific notation (1.23E+11: a "
+           "spreadsheet wrote a long number, its digits are lost); export the ids as text"}
+  for key, n in counts.items():
+    if n:
+      logging.warning("ingest: %d patient ids %s", n, hints[key])
+  return counts
 
 
 def _assemble(linked: _Linked, read: _Tables, files_by_patient: dict, data, salt: bytes,

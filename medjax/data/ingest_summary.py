@@ -95,7 +95,8 @@ def _class_line(classes: dict[str, int], spelled_out: int = 8) -> str:
           f"{show(ranked[-3:][::-1])}")
 
 
-def tables_summary(problems, quarantine, id_counts: dict, case_only: int, fold: bool) -> dict:
+def tables_summary(problems, quarantine, id_counts: dict, spellings: dict[str, int],
+                   fold: bool) -> dict:
   """summary['tables']: per file its format and row counts, values set aside, id linkage."""
   out: dict = {}
   set_aside = collections.Counter(q["path"] for q in quarantine
@@ -112,7 +113,7 @@ def tables_summary(problems, quarantine, id_counts: dict, case_only: int, fold: 
     out[name] = entry
   for kind, cols in values.items():
     out[f"values_{kind}"] = cols
-  out["ids_case_only_mismatch"] = case_only
+  out.update(spellings)   # ids_case_only_mismatch, ids_leading_zeros_only_mismatch, ...
   out["ids_case_insensitive"] = fold
   out["ids"] = id_counts
   return out
@@ -145,6 +146,13 @@ def _table_lines(tables_summary: dict) -> list[str]:
     lines.append(f"ids differing only by letter case: {tables_summary['ids_case_only_mismatch']} "
                  "(kept apart; set config.data.ids_case_insensitive=True if they are the same "
                  "patients)")
+  if tables_summary.get("ids_leading_zeros_only_mismatch"):
+    lines.append("ids differing only by leading zeros: "
+                 f"{tables_summary['ids_leading_zeros_only_mismatch']} (kept apart; a spreadsheet "
+                 "drops them: export the ids as text if they are the same patients)")
+  if tables_summary.get("ids_in_scientific_notation"):
+    lines.append(f"ids in scientific notation: {tables_summary['ids_in_scientific_notation']} "
+                 "(a spreadsheet's 1.23E+11, digits lost: export the ids as text)")
   ids = tables_summary.get("ids", {})
   if ids.get("labels_without_data") or ids.get("data_without_label"):
     lines.append(f"labels without data {ids.get('labels_without_data', 0)}, patients with data "

@@ -227,17 +227,27 @@ class Frame:
   problems: list[Problem]  # the set-aside lines
 
 
+def column_key(name: str) -> str:
+  """A header name as compared with the names a column's role allows: casefolded, without
+  spaces, '_', '-' or '.' ('Patient ID', 'PATIENT_ID', 'patient.id' and 'patientid' are one)."""
+  return re.sub(r"[\s_\-.]", "", str(name)).casefold()
+
+
 def find_column(lines: Lines, names: Sequence[str], what: str) -> int:
-  lower = [h.lower() for h in lines.header]
+  """The index of the first header column whose `column_key` is one of `names`' (in `names`'
+  order of preference), or a refusal naming the spellings allowed."""
+  keys = [column_key(h) for h in lines.header]
   for name in names:
-    if name in lower:
-      return lower.index(name)
+    if column_key(name) in keys:
+      return keys.index(column_key(name))
   # The header is not echoed: a file without one would show its first row (patient ids).
   comment = lines.header and lines.header[0].lstrip().startswith("#")
   raise refuse(lines.path, f"line {lines.header_line} is not a header with a {what} column "
-               f"(one of {list(names)}; {len(lines.header)} columns found); "
+               f"(one of {list(names)}, compared ignoring case, spaces, '_', '-' and '.'; "
+               f"{len(lines.header)} columns found); "
                + ("remove the comment lines ('#') above the header" if comment else
-                  "add a header line naming the columns"))
+                  f"name the file's {what} column one of these, or add a header line naming "
+                  "the columns if the file has none"))
 
 
 def _check_header(lines: Lines) -> None:

@@ -12,6 +12,10 @@ from medjax.data.tables import csvfile
 from medjax.data.tables import values as values_lib
 
 
+# A wide file's columns that are neither analytes nor identifiers (by `csvfile.column_key`).
+_NOT_ANALYTES = frozenset({"date", "time", "timestamp", "datetime", ""})
+
+
 @dataclasses.dataclass
 class Labs:
   """labs.csv: analyte names (L), patient ids (P,), float32 (P, L) values (NaN: not measured)."""
@@ -41,23 +45,22 @@ def read_labs(path: str, analytes: Sequence[str], rename: dict[str, str],
 
   def text_columns(lines):
     cols["pid"] = csvfile.find_column(lines, values_lib.PATIENT_COLUMNS, "patient id")
-    lower = [h.strip().lower() for h in lines.header]
-    cols.update(_long_columns(lower))
+    keys = [csvfile.column_key(h) for h in lines.header]
+    cols.update(_long_columns(keys))
     if "analyte" in cols:
-      return [j for j in range(len(lower)) if j != cols["value"]]
-    return [cols["pid"]] + [j for j, h in enumerate(lower)
-                            if h in ("date", "time", "timestamp", "")
-                            or values_lib.identifier_column(h)]
+      return [j for j in range(len(keys)) if j != cols["value"]]
+    return [cols["pid"]] + [j for j, h in enumerate(keys)
+                            if h in _NOT_ANALYTES or values_lib.identifier_column(h)]
 
   lines, frame = csvfile.load(path, text_columns)
   if "analyte" in cols:
     return _read_labs_long(lines, frame, cols, analytes, rename, problems, ranges, fold_case)
   ids, id_set = values_lib.read_ids(frame, lines, cols["pid"], fold_case, problems)
   source, found = frame.source, list(frame.problems)   # now with their patients
-  skip = {"date", "time", "timestamp"}
   named = [(j, h) for j, h in enumerate(frame.columns) if j != cols["pid"] and h]
   identifiers = {j for j, h in named if values_lib.identifier_column(h)}
-  columns = [j for j, h in named if h.lower() not in skip and j not in identifiers]
+  columns = [j for j, h in named
+             if csvfile.column_key(h) not in _NOT_ANALYTES and j not in identifiers]
   for j in sorted(identifiers):
     found.append(csvfile.Problem(
         source, lines.header_line, f"column {j + 1} "
@@ -100,11 +103,11 @@ def read_labs(path: str, analytes: Sequence[str], rename: dict[str, str],
   return Labs(list(analytes), ids[kept], values)
 
 
-def _long_columns(lower: list[str]) -> dict[str, int | None]:
-  """A long file's analyte, value and (optional) unit columns in the lower-cased header; empty
-  for a wide file."""
+def _long_columns(keys: list[str]) -> dict[str, int | None]:
+  """A long file's analyte, value and (optional) unit columns, given the header's column keys
+  (`csvfile.column_key`); empty for a wide file."""
   def find(names):
-    return next((lower.index(n) for n in names if n in lower), None)
+    return next((keys.index(k) for k in map(csvfile.column_key, names) if k in keys), None)
   analyte, value = find(values_lib.ANALYTE_COLUMNS), find(values_lib.VALUE_COLUMNS)
   if analyte is None or value is None:
     return {}

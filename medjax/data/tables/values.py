@@ -18,24 +18,31 @@ import pandas as pd
 from medjax import errors
 from medjax.data.tables import csvfile
 
-PATIENT_COLUMNS = ("patient_id", "patientid", "patient", "mrn")
+# The names a role's column may have, in order of preference, compared by `csvfile.column_key`
+# (case, spaces, '_', '-' and '.' ignored): MIMIC's subject_id, OMOP's person_id, R's pid.
+PATIENT_COLUMNS = ("patient_id", "patient", "mrn", "subject_id", "person_id", "pid")
 # Columns that identify a patient rather than measure one (compared casefolded, without spaces,
 # '_' and '-'): an export's MRN beside its PatientID, names, birth dates, addresses. Left out of
 # the analytes (and out of tables.npz), whatever config.data.analytes says.
-IDENTIFIER_COLUMNS = frozenset({c.replace("_", "") for c in PATIENT_COLUMNS} | {
+IDENTIFIER_COLUMNS = frozenset({csvfile.column_key(c) for c in PATIENT_COLUMNS} | {
     "medicalrecordnumber", "name", "patientname", "firstname", "lastname", "surname",
     "givenname", "familyname", "middlename", "fullname", "dob", "dateofbirth", "birthdate",
     "birthday", "ssn", "socialsecuritynumber", "nhsnumber", "nationalid", "address", "street",
     "city", "zip", "zipcode", "postcode", "postalcode", "phone", "telephone", "email",
     "accession", "accessionnumber", "encounterid", "visitid", "admissionid", "hadmid",
     "subjectid", "stayid", "insuranceid"})
-LABEL_COLUMNS = ("diagnosis", "label", "class")
-TIME_COLUMNS = ("hour", "hours", "time", "timestamp", "charttime")
-# A long labs.csv's analyte and value columns (MIMIC's labevents: 'label', 'valuenum').
-ANALYTE_COLUMNS = ("analyte", "test", "test_name")
-VALUE_COLUMNS = ("value", "result", "valuenum", "result_value")
-# A long labs.csv's unit column (MIMIC's labevents: valueuom).
-UNIT_COLUMNS = ("unit", "units", "uom", "valueuom", "unit_of_measure", "result_unit")
+LABEL_COLUMNS = ("diagnosis", "label", "class", "outcome", "target")
+TIME_COLUMNS = ("hour", "hours", "time", "timestamp", "charttime", "datetime")
+# A long labs.csv's analyte and value columns: MIMIC's labevents joined to d_labitems ('label',
+# 'valuenum' beside the text 'value', so the numeric one first), OMOP's measurement
+# ('measurement_source_value', 'value_as_number'), Epic's ('component_name', 'ord_num_value').
+ANALYTE_COLUMNS = ("analyte", "test", "test_name", "label", "lab_name", "component_name",
+                   "measurement_source_value")
+VALUE_COLUMNS = ("valuenum", "value_as_number", "ord_num_value", "numeric_value", "value",
+                 "result", "result_value")
+# A long labs.csv's unit column (MIMIC's valueuom, OMOP's unit_source_value).
+UNIT_COLUMNS = ("unit", "units", "uom", "valueuom", "unit_of_measure", "result_unit",
+                "unit_source_value", "reference_unit")
 # Built-in plausible ranges (inclusive) of the known vitals channels: wide enough for any real
 # patient and for the synthetic generator (which writes SpO2 up to ~103 and heart rates down to
 # ~7), narrow enough to catch unit slips (temperature in Fahrenheit, SpO2 as a fraction).
@@ -183,7 +190,7 @@ def shown(text, ids: set[str]) -> str:
 
 def identifier_column(name: str) -> bool:
   """Whether a column named `name` identifies patients (`IDENTIFIER_COLUMNS`)."""
-  return re.sub(r"[\s_\-]", "", str(name)).casefold() in IDENTIFIER_COLUMNS
+  return csvfile.column_key(name) in IDENTIFIER_COLUMNS
 
 
 def shown_value(text, ids: set[str]) -> str:

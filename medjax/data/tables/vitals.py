@@ -41,15 +41,18 @@ def read_vitals(path: str, channels: Sequence[str], steps: int, hours_per_step: 
   def text_columns(lines):
     cols["pid"] = csvfile.find_column(lines, values_lib.PATIENT_COLUMNS, "patient id")
     cols["time"] = csvfile.find_column(lines, values_lib.TIME_COLUMNS, "time")
-    missing = [c for c in channels if c not in lines.header]
+    keys = [csvfile.column_key(h) for h in lines.header]
+    cols["channels"] = [keys.index(k) if k in keys else None
+                        for k in map(csvfile.column_key, channels)]
+    missing = [c for c, j in zip(channels, cols["channels"]) if j is None]
     if missing:
       # The header is not echoed: a cell of it may hold anything, an identifier included.
       raise csvfile.refuse(lines.path, f"channel columns {missing} not found among its "
                            f"{len(lines.header)} columns (config.data.vitals_channels="
-                           f"{list(channels)}); rename the columns or set "
-                           "config.data.vitals_channels")
-    return [cols["pid"]] + [j for j, h in enumerate(lines.header)
-                            if j != cols["time"] and h not in channels]
+                           f"{list(channels)}, compared ignoring case, spaces, '_', '-' and "
+                           "'.'); rename the columns or set config.data.vitals_channels")
+    return [cols["pid"]] + [j for j in range(len(keys))
+                            if j != cols["time"] and j not in cols["channels"]]
 
   lines, frame = csvfile.load(path, text_columns)
   ids, id_set = values_lib.read_ids(frame, lines, cols["pid"], fold_case, problems)
@@ -76,9 +79,9 @@ def read_vitals(path: str, channels: Sequence[str], steps: int, hours_per_step: 
         "not; the rows are counted as past the last step", "column"))
   bins = (rows[inside], codes[inside] * steps + step_f[inside].astype(np.int64))
   values = np.full((len(patients), steps, len(channels)), np.nan, np.float32)
-  for c, channel in enumerate(channels):
+  for c, (channel, j) in enumerate(zip(channels, cols["channels"])):
     v, probs, counts, commas = values_lib.read_values(
-        frame, frame.columns.index(channel), channel, "column", ranges, id_set, bins[0])
+        frame, j, channel, "column", ranges, id_set, bins[0])
     found += probs
     values_lib.count_values(lines.info, counts, channel)
     if commas:
