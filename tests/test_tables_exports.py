@@ -222,3 +222,26 @@ def test_a_header_without_a_role_s_column_names_the_spellings_allowed(tmp_path):
   assert "labels.csv: line 1 is not a header with a patient id column" in message
   assert "subject_id" in message and "name the file's patient id column one of these" in message
   assert "record" not in message
+
+
+def test_wide_labs_with_a_row_per_draw_keep_each_analytes_first_value(tmp_path):
+  """An export with one row per draw lost every later draw's analytes (the first row won, the
+  rest were set aside), where the same data in a long file kept them: each analyte's first
+  usable value now wins in both. A later row that adds nothing is still set aside; a value it
+  repeats is reported, not used."""
+  path = _write(tmp_path, "labs.csv", "patient_id,date,Na,Glucose\n"
+                "P1,2024-01-01,140,\nP1,2024-01-02,150,95\n"     # Glucose from the second draw
+                "P2,2024-01-01,141,96\nP2,2024-01-03,142,97\n"   # adds nothing: set aside
+                "P3,2024-01-01,,\nP3,2024-01-02,x,98\nP3,2024-01-04,139,\n")
+  problems = tables.Problems("quarantine")
+  labs = tables.read_labs(path, (), {}, problems)
+  assert labs.ids.tolist() == ["P1", "P2", "P3"]
+  np.testing.assert_allclose(labs.values, [[140, 95], [141, 96], [139, 98]])
+  assert [(p.line, p.what) for p in problems.items] == [(3, "values"), (5, "row"), (7, "values")]
+  assert "'Na': a later row of a patient gives it again" in problems.items[0].reason
+  assert problems.items[1].reason.startswith("duplicate patient row (line 4 has this patient)")
+  assert problems.files["labs.csv"]["rows_merged"] == 3
+  long = _write(tmp_path, "long.csv", "patient_id,analyte,value\nP1,Na,140\nP1,Na,150\n"
+                "P1,Glucose,95\nP2,Na,141\nP2,Glucose,96\nP3,Na,x\nP3,Glucose,98\nP3,Na,139\n")
+  same = tables.read_labs(long, ("Na", "Glucose"), {}, tables.Problems("quarantine"))
+  np.testing.assert_allclose(same.values, labs.values)

@@ -783,6 +783,17 @@ def _(ctx):
                                           line=9)])
 
 
+@case("tables", "labs wide: a row per draw, the second draw's Glucose", QUARANTINED)
+def _(ctx):
+  # The first draw measured Na, K, Cl; the second Glucose and Na again: the patient keeps all
+  # four (each analyte's first value), the repeated Na is reported.
+  rows = [f"{pid},{135 + i},3.5,98," for i, pid in enumerate(IDS)] + [f"{IDS[2]},150,,,90"]
+  return _tables(ctx, labs=table(LABS_H + ",Glucose", rows),
+                 checks=[_lab(IDS[2], "Glucose", True, others=3)],
+                 quarantined=[Quarantined("labs.csv", "a later row of a patient gives it again",
+                                          line=12)])
+
+
 @case("tables", "labs: glucose 5500 allowed by data.value_ranges.Glucose", ACCEPTED)
 def _(ctx):
   labs = _labs_plus("Glucose", lambda i: 5500 if i == 2 else 90 + i)

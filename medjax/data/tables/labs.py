@@ -38,7 +38,8 @@ def read_labs(path: str, analytes: Sequence[str], rename: dict[str, str],
     fold_case: casefold patient ids (config.data.ids_case_insensitive).
 
   Returns:
-    Labs with one row per patient (the first row of a patient; later ones are set aside).
+    Labs with one row per patient: each analyte's first usable value, in file order (a
+    patient's later rows fill what its earlier ones left missing).
   """
   ranges = ranges or {}
   cols = {}
@@ -85,22 +86,75 @@ def read_labs(path: str, analytes: Sequence[str], rename: dict[str, str],
   for i in np.flatnonzero(empty):
     found.append(csvfile.Problem(source, int(frame.lines[i]),
                                  f"empty {frame.columns[cols['pid']]!r}; the row is set aside"))
-  kept = np.flatnonzero(~empty)
-  kept = values_lib.first_rows(ids, kept, frame.lines, source, found)
-  values = np.full((len(kept), len(analytes)), np.nan, np.float32)
-  commas = 0
-  for j, name in zip(columns, names):
-    if name in index:
-      v, probs, counts, c = values_lib.read_values(frame, j, name, "column", ranges, id_set, kept)
-      values[:, index[name]] = v
-      found += probs
-      commas += c
-      values_lib.count_values(lines.info, counts, name)
-  if commas:
-    lines.info["decimal_commas"] = commas
+  read = [(j, name) for j, name in zip(columns, names) if name in index]
+  patients, values = _one_row_per_patient(frame, lines, read, index, ids, np.flatnonzero(~empty),
+                                          ranges, id_set, found)
   problems.files[source] = lines.info
   problems.extend(found)
-  return Labs(list(analytes), ids[kept], values)
+  return Labs(list(analytes), patients, values)
+
+
+def _column_values(frame, read, index, rows, ranges, id_set) -> tuple[np.ndarray, list, dict]:
+  """The (rows, analytes) values of the columns `read` ((column, analyte) pairs) in `rows`, their
+  problems, and the counts `_record` adds to the file's info."""
+  values = np.full((len(rows), len(index)), np.nan, np.float32)
+  found, info = [], {}
+  for j, name in read:
+    v, probs, counts, commas = values_lib.read_values(frame, j, name, "column", ranges, id_set,
+                                                      rows)
+    values[:, index[name]] = v
+    found += probs
+    values_lib.count_values(info, counts, name)
+    info["decimal_commas"] = info.get("decimal_commas", 0) + commas
+  return values, found, info
+
+
+def _record(lines, found: list, problems: list, info: dict) -> None:
+  found += problems
+  for kind, counts in info.get("values", {}).items():
+    for name, k in counts.items():
+      values_lib.count_values(lines.info, {kind: k}, name)
+  if info.get("decimal_commas"):
+    lines.info["decimal_commas"] = info["decimal_commas"]
+
+
+def _one_row_per_patient(frame, lines, read, index, ids, rows, ranges, id_set, found):
+  """A wide file's (patients, values), one row per patient, as a long file's: each analyte's
+  first usable value (in file order) wins, so a patient's later row (a later draw) fills the
+  analytes its earlier rows left missing. A later row that adds none is set aside ("duplicate
+  patient row"); a later value of an analyte already given is reported and not used."""
+  values, probs, info = _column_values(frame, read, index, rows, ranges, id_set)
+  codes, patients = pd.factorize(pd.Series(ids[rows], dtype=object))
+  usable = ~np.isnan(values)
+  later = pd.Series(codes).duplicated().to_numpy()
+  given_before = ((pd.DataFrame(usable).groupby(codes).cumsum().to_numpy() - usable) > 0
+                  if later.any() else np.zeros_like(usable))
+  wins = usable & ~given_before
+  aside = later & ~wins.any(axis=1)
+  first = values_lib.first_lines(ids[rows], frame.lines[rows], np.flatnonzero(aside))
+  for i, line in zip(rows[aside], first):
+    found.append(csvfile.Problem(frame.source, int(frame.lines[i]), "duplicate patient row (line "
+                                 f"{line} has this patient); the row is set aside",
+                                 patient=ids[i]))
+  if aside.any():   # the values' problems and counts are of the rows kept only
+    _, probs, info = _column_values(frame, read, index, rows[~aside], ranges, id_set)
+  _record(lines, found, probs, info)
+  repeated = usable & given_before & ~aside[:, None]
+  for name, a in index.items():
+    at = frame.lines[rows[repeated[:, a]]]
+    if len(at):
+      more = (f" ({len(at)} such values, first on lines {', '.join(map(str, at[:5]))})"
+              if len(at) > 1 else "")
+      found.append(csvfile.Problem(
+          frame.source, int(at[0]), f"column {name!r}: a later row of a patient gives it again "
+          f"(the patient's first value is used){more}", "values",
+          len(at), tuple(int(x) for x in at[:values_lib.SHOWN_LINES])))
+  if (later & ~aside).any():
+    lines.info["rows_merged"] = int(np.sum(later & ~aside))
+  out = np.full((len(patients), len(index)), np.nan, np.float32)
+  r, a = np.nonzero(wins)
+  out[codes[r], a] = values[r, a]
+  return np.asarray(patients, dtype=object), out
 
 
 def _long_columns(keys: list[str]) -> dict[str, int | None]:
