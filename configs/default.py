@@ -42,7 +42,7 @@ def get_config(arg=None):
   data.vitals_hours_per_step = 1.0
   data.image_size = 32        # cached image side (images are letterboxed and resized to it)
   data.max_images = 4
-  data.split = (0.7, 0.1, 0.2)
+  data.split = (0.7, 0.1, 0.2)   # train, val, test; labels.csv's split column overrides it
   data.on_error = "quarantine"   # malformed table rows: 'quarantine' (report, go on) or 'raise'
   # Plausible (low, high) per lab analyte or vitals channel name (matched ignoring case); values
   # outside are set to missing with a quarantine row. Entries add to (or, as None, remove) the

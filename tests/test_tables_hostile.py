@@ -19,6 +19,7 @@ from configs import quickstart
 from medjax import errors
 from medjax.data import ingest
 from medjax.data import ingest_summary
+from medjax.data import pipeline
 from medjax.data import synthetic
 from medjax.data import tables
 from medjax.data.tables import values as values_lib
@@ -508,3 +509,59 @@ def test_raise_mode_reports_the_lowest_line_of_the_file(tmp_path):
   path = _write(tmp_path, "labs.csv", "patient_id,Na,K\nP1,140,4\nP2,13O,x\nP2,1,1\nP3,\"1\n")
   with pytest.raises(tables.TableError, match=r"^labs.csv:3: column 'Na': value '13O'"):
     tables.read_labs(path, (), {}, tables.Problems("raise"))
+
+
+def test_a_split_column_in_labels_csv_decides_the_split(tmp_path, caplog):
+  """A cohort's own split (labels.csv's 'split' column, as MIMIC-CXR ships one) was ignored
+  quietly and config.data.split drew another: test patients could train. The column decides;
+  a row naming no split is set aside with its reason; with no 'train' at all, one clear error."""
+  root = tmp_path / "cohort"
+  rows = ["P1,flu,train", "P2,copd,Training", "P3,flu,val", "P4,copd, TEST ", "P5,flu,test",
+          "P6,copd,", "P7,flu,fold3", "P8,copd,train"]
+  (root / "labels.csv").parent.mkdir(parents=True)
+  (root / "labels.csv").write_text("patient_id,diagnosis,Split\n" + "\n".join(rows) + "\n")
+  (root / "labs.csv").write_text("patient_id,Na\n" + "".join(f"P{i},{130 + i}\n"
+                                                             for i in range(1, 9)))
+  with caplog.at_level("INFO"):
+    result = ingest.run(_config(), str(tmp_path / "w"), str(root))
+  m = result.manifest
+  by_record = dict(zip(m.record_ids.tolist(), m.split.tolist()))
+  want = {"P1": "train", "P2": "train", "P3": "val", "P4": "test", "P5": "test", "P8": "train"}
+  salt = ingest.load_or_create_salt(str(tmp_path / "w" / "secrets" / "id_salt"))
+  assert {p: by_record[ingest.pseudonym(p, salt)] for p in want} == want
+  assert len(m) == 6
+  reasons = {q["line"]: q["reason"] for q in result.quarantine if q["path"] == "labels.csv"
+             and q["stage"] == "tables"}
+  assert reasons[7].startswith("empty 'Split' (train, val or test")
+  assert reasons[8].startswith("'Split' 'fold3' is not a split")
+  assert result.summary["tables"]["labels.csv"]["split_column"] == "Split"
+  assert "the split from its 'Split' column" in ingest_summary.format_summary(result.summary)
+  assert "config.data.split is not used): train 3, val 1, test 2" in caplog.text
+
+  (root / "labels.csv").write_text("patient_id,diagnosis,split\nP1,flu,test\nP2,copd,val\n")
+  with pytest.raises(errors.InputError, match="puts none of the patients ingest kept in 'train'"):
+    ingest.run(_config(), str(tmp_path / "w2"), str(root))
+
+
+def test_a_split_without_val_is_refused_before_training_that_needs_one(tmp_path):
+  """labels.csv's split with train and test only, and early stopping on: each worker failed at
+  its first epoch's end (a reshape of no validation rows) until the crash-loop guard stopped the
+  run. The ingest (new or reused) refuses it at once, naming the field; ingest-only mode and a
+  run that needs no validation split go on."""
+  root = tmp_path / "cohort"
+  root.mkdir()
+  (root / "labels.csv").write_text("patient_id,diagnosis,split\n" + "".join(
+      f"P{i},{'flu' if i % 2 else 'copd'},{'test' if i % 4 == 0 else 'train'}\n"
+      for i in range(1, 9)))
+  (root / "labs.csv").write_text("patient_id,Na\n" + "".join(f"P{i},{130 + i}\n"
+                                                             for i in range(1, 9)))
+  config = _config(root=str(root))
+  config.optim.early_stopping_patience = 2
+  for _ in ("a new ingest", "the ingest reused"):
+    with pytest.raises(errors.InputError, match=r"config.optim.early_stopping_patience needs a "
+                       r"validation split, and the ingested cohort has no 'val' patient"):
+      pipeline.ingested(config, str(tmp_path / "w"), str(root))
+  config.optim.early_stopping_patience = 0
+  assert len(pipeline.ingested(config, str(tmp_path / "w"), str(root)).manifest) == 8
+  config.optim.early_stopping_patience, config.mode = 2, "ingest"
+  assert len(pipeline.ingested(config, str(tmp_path / "w"), str(root)).manifest) == 8

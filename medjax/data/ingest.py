@@ -295,6 +295,7 @@ class _Linked:
   class_names: list[str]
   labels: np.ndarray     # class index per patient; -1 without labels.csv
   id_counts: dict
+  splits: np.ndarray | None = None   # per patient, from labels.csv's split column
 
 
 def _link(read: _Tables, files_by_patient: dict, classes, problems: tables.Problems,
@@ -329,7 +330,11 @@ def _link(read: _Tables, files_by_patient: dict, classes, problems: tables.Probl
   if not patients and with_data:
     logging.warning("ingest: labels.csv links no patient with data; see %s",
                     run_paths.quarantine)
-  return _Linked(patients, class_names, labels, id_counts)
+  splits = None
+  if read.labels.splits is not None:
+    split_of = dict(zip(read.labels.ids.tolist(), read.labels.splits.tolist()))
+    splits = np.array([split_of[p] for p in patients], dtype="<U5")
+  return _Linked(patients, class_names, labels, id_counts, splits)
 
 
 # An id as a spreadsheet writes a long number it read from a cell: digits lost (1.23457E+11).
@@ -361,6 +366,21 @@ def _count_id_spellings(read: _Tables, files_by_patient: dict) -> dict[str, int]
   return counts
 
 
+def _split(linked: _Linked, record_ids: np.ndarray, data, seed: int) -> np.ndarray:
+  """Each patient's split: labels.csv's split column's where it has one (a cohort's own split),
+  else `stratified_split` by config.data.split."""
+  if linked.splits is None:
+    return stratified_split(linked.labels, record_ids, tuple(data.split), seed)
+  counts = {s: int(np.sum(linked.splits == s)) for s in manifest_lib.SPLITS}
+  logging.info("ingest: the split is labels.csv's split column's (config.data.split is not "
+               "used): %s", ", ".join(f"{s} {k}" for s, k in counts.items()))
+  if not counts["train"]:
+    raise errors.InputError("labels.csv: its split column puts none of the patients ingest "
+                            "kept in 'train'; give some 'train', or drop the column to let "
+                            "config.data.split decide")
+  return linked.splits
+
+
 def _assemble(linked: _Linked, read: _Tables, files_by_patient: dict, data, salt: bytes,
               seed: int) -> tuple[manifest_lib.Manifest, dict[str, np.ndarray]]:
   """The manifest (pseudonymous ids, labels, modalities, image files, cost, split) and the
@@ -384,7 +404,7 @@ def _assemble(linked: _Linked, read: _Tables, files_by_patient: dict, data, salt
     num_images[i] = sum(frames for _, frames in files)
   mask = np.stack([num_images > 0, ~np.all(np.isnan(labs), axis=1),
                    ~np.all(np.isnan(vitals), axis=(1, 2))], axis=1)
-  split = stratified_split(linked.labels, record_ids, tuple(data.split), seed)
+  split = _split(linked, record_ids, data, seed)
   manifest = manifest_lib.Manifest(
       record_ids=record_ids, labels=linked.labels, modality_mask=mask, num_images=num_images,
       cost=manifest_lib.expected_cost(mask, num_images), split=split, image_files=image_files,

@@ -134,6 +134,8 @@ def _table_lines(tables_summary: dict) -> list[str]:
       notes.append(f"{info['decimal_commas']} decimal commas read")
     if info.get("rows_quarantined"):
       notes.append(f"{info['rows_quarantined']} of {info.get('rows', 0)} rows set aside")
+    if info.get("split_column"):
+      notes.append(f"the split from its {info['split_column']!r} column")
     if info.get("rows_past_last_step"):
       notes.append(f"{info['rows_past_last_step']} rows past the last step")
     if notes:

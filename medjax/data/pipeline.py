@@ -15,6 +15,7 @@ import os
 
 import numpy as np
 
+from medjax import errors
 from medjax import paths
 from medjax import progress
 from medjax.data import cache as cache_lib
@@ -79,12 +80,31 @@ def ingested(config, workdir: str, root: str) -> ingested_lib.Ingested:
   run = paths.RunPaths(workdir, config)
   if os.path.exists(run.ingest_summary) and not config.data.reingest and config.mode != "ingest":
     logging.info("ingest: reusing %s (set --config.data.reingest=True to redo it)", run.ingest)
-    return ingested_lib.load(workdir)
+    result = ingested_lib.load(workdir)
+    _check_splits(config, result.manifest)
+    return result
   # Imported where an ingest runs: pandas and the readers (medjax/data/ingested.py).
   from medjax.data import ingest  # pylint: disable=import-outside-toplevel
   result = ingest.run(config, workdir, root)
   logging.info("ingest summary\n%s", ingest_summary.format_summary(result.summary))
+  _check_splits(config, result.manifest)
   return result
+
+
+def _check_splits(config, manifest: manifest_lib.Manifest) -> None:
+  """What training needs of the splits that config.data.split alone cannot say (labels.csv's
+  split column, or the quarantine, may leave 'val' empty): refused before any process starts,
+  rather than a worker failing at its first epoch's end in a crash loop."""
+  if config.mode == "ingest" or len(manifest.indices("val")):
+    return
+  wants = [f for f, on in (("optim.early_stopping_patience", config.optim.early_stopping_patience),
+                           ("ckpt.keep_best", config.ckpt.keep_best),
+                           ("trial.storage", config.trial.storage)) if on]
+  if wants:
+    raise errors.InputError(
+        f"config.{wants[0]} needs a validation split, and the ingested cohort has no 'val' "
+        "patient (labels.csv's split column gives none, or none of them was kept); give some "
+        f"patients 'val', or turn config.{wants[0]} off")
 
 
 def prepare(config, workdir: str) -> Prepared:

@@ -783,6 +783,34 @@ def _(ctx):
                                           line=9)])
 
 
+def _splits_are(want: dict[str, str]):
+  """A check: each raw id's manifest split is `want`'s."""
+  def check(run):
+    pseudonym = judge.pseudonymiser(run.plan)
+    got = {r["id"]: r["split"] for r in (run.manifest() or []) if "id" in r}
+    have = {pid: got.get(pseudonym(pid)) if pseudonym else None for pid in want}
+    return have == want, f"splits {list(have.values())}"
+  return (f"the splits are labels.csv's ({list(want.values())})", check)
+
+
+@case("tables", "labels: the cohort's own split column, one row naming no split", QUARANTINED)
+def _(ctx):
+  splits = ["train", "Training", "val", "test", "TEST", "train", "validation", "holdout",
+            "train", "fold3"]
+  rows = [f"{r},{s}" for r, s in zip(labels_rows(), splits)]
+  want = {IDS[i]: s for i, s in enumerate(["train", "train", "val", "test", "test", "train",
+                                            "val", "test", "train"])}
+  return _tables(ctx, labels=table(LH + ",split", rows), patients=9, checks=[_splits_are(want)],
+                 quarantined=[Quarantined("labels.csv", "'split' 'fold3' is not a split",
+                                          line=11)])
+
+
+@case("tables", "labels: a split column without 'train'", CLEAR)
+def _(ctx):
+  rows = [f"{r},{'test' if i % 2 else 'val'}" for i, r in enumerate(labels_rows())]
+  return _tables(ctx, labels=table(LH + ",split", rows), error="'train'")
+
+
 @case("tables", "labs wide: a row per draw, the second draw's Glucose", QUARANTINED)
 def _(ctx):
   # The first draw measured Na, K, Cl; the second Glucose and Na again: the patient keeps all

@@ -14,10 +14,12 @@ from medjax.data.tables import values as values_lib
 
 @dataclasses.dataclass
 class Labels:
-  """labels.csv's accepted rows: ids (P,), class names (P,), physical lines (P,)."""
+  """labels.csv's accepted rows: ids (P,), class names (P,), physical lines (P,), and splits
+  (P,: 'train', 'val' or 'test') where the file has a split column, else None."""
   ids: np.ndarray
   classes: np.ndarray
   lines: np.ndarray
+  splits: np.ndarray | None = None
 
   def as_dicts(self) -> tuple[dict[str, str], dict[str, int]]:
     return (dict(zip(self.ids.tolist(), self.classes.tolist())),
@@ -26,17 +28,22 @@ class Labels:
 
 def read_labels(path: str, problems: values_lib.Problems, classes: Sequence[str] = (),
                 fold_case: bool = False) -> Labels:
-  """labels.csv (columns `patient_id`, `diagnosis`): one accepted row per patient.
+  """labels.csv (columns `patient_id`, `diagnosis`, optionally `split`): one accepted row per
+  patient.
 
-  Rows with an empty id or class, a class not in `classes` (when given) or a patient an earlier
-  line already has are set aside with their line.
+  Rows with an empty id or class, a class not in `classes` (when given), a split that is not
+  train, val or test (where the file has a split column) or a patient an earlier line already
+  has are set aside with their line.
   """
   cols = {}
 
   def text_columns(lines):
     cols["pid"] = csvfile.find_column(lines, values_lib.PATIENT_COLUMNS, "patient id")
     cols["label"] = csvfile.find_column(lines, values_lib.LABEL_COLUMNS, "label")
-    return [cols["pid"], cols["label"]]
+    keys = [csvfile.column_key(h) for h in lines.header]
+    cols["split"] = next((keys.index(k) for k in map(csvfile.column_key,
+                                                     values_lib.SPLIT_COLUMNS) if k in keys), None)
+    return [j for j in (cols["pid"], cols["label"], cols["split"]) if j is not None]
 
   lines, frame = csvfile.load(path, text_columns)
   ids, id_set = values_lib.read_ids(frame, lines, cols["pid"], fold_case, problems)
@@ -60,11 +67,34 @@ def read_labels(path: str, problems: values_lib.Problems, classes: Sequence[str]
           f"config.data.classes ({len(classes)} names); add it or fix the row; the row is set "
           "aside", patient=ids[i]))
     keep &= ~unknown
+  splits = None
+  if cols["split"] is not None:
+    splits = _splits(frame, cols["split"], ids, id_set, keep, lines.info, found)
+    keep &= splits != ""
   kept = np.flatnonzero(keep)
   kept = values_lib.first_rows(ids, kept, frame.lines, source, found)
   problems.files[source] = lines.info
   problems.extend(found)
-  return Labels(ids[kept], names[kept], frame.lines[kept])
+  return Labels(ids[kept], names[kept], frame.lines[kept],
+                None if splits is None else splits[kept])
+
+
+def _splits(frame, column: int, ids, id_set, keep, info: dict, found: list) -> np.ndarray:
+  """The split column's 'train', 'val' or 'test' per row ('' where it names none: that row, if
+  still kept, is set aside with its reason)."""
+  cells = frame.frame[column].to_numpy(object)
+  splits = values_lib.map_unique(
+      cells, lambda c: values_lib.SPLIT_NAMES.get(str(c).strip().casefold(), ""))
+  name = frame.columns[column]
+  info["split_column"] = name
+  for i in np.flatnonzero(keep & (splits == "")):
+    what = (f"empty {name!r}" if not str(cells[i]).strip() else
+            f"{name!r} {values_lib.shown(cells[i], id_set)} is not a split")
+    found.append(csvfile.Problem(
+        frame.source, int(frame.lines[i]), f"{what} (train, val or test; training, valid, "
+        "validation, dev, testing or holdout); give one, or drop the column to let "
+        "config.data.split decide; the row is set aside", patient=ids[i]))
+  return splits
 
 
 def _class_name(cell: str) -> str:
