@@ -245,3 +245,16 @@ def test_wide_labs_with_a_row_per_draw_keep_each_analytes_first_value(tmp_path):
                 "P1,Glucose,95\nP2,Na,141\nP2,Glucose,96\nP3,Na,x\nP3,Glucose,98\nP3,Na,139\n")
   same = tables.read_labs(long, ("Na", "Glucose"), {}, tables.Problems("quarantine"))
   np.testing.assert_allclose(same.values, labs.values)
+
+
+def test_labels_columns_that_are_not_read_are_named_not_dropped_quietly(tmp_path):
+  """An export's age and sex beside the class were ignored without a word; they are named in
+  the file's summary (a header cell that may identify a patient withheld) and the ingest table
+  says where measurements go."""
+  path = _write(tmp_path, "labels.csv", "patient_id,diagnosis,age,Sex,P2\nP1,flu,71,F,x\n"
+                "P2,copd,64,M,y\n")
+  problems = tables.Problems("quarantine")
+  labels = tables.read_labels(path, problems)
+  assert labels.classes.tolist() == ["flu", "copd"] and problems.items == []
+  assert problems.files["labels.csv"]["columns_not_read"] == [
+      "'age'", "'Sex'", "(withheld: it may identify a patient)"]

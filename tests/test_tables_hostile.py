@@ -519,7 +519,8 @@ def test_a_split_column_in_labels_csv_decides_the_split(tmp_path, caplog):
   rows = ["P1,flu,train", "P2,copd,Training", "P3,flu,val", "P4,copd, TEST ", "P5,flu,test",
           "P6,copd,", "P7,flu,fold3", "P8,copd,train"]
   (root / "labels.csv").parent.mkdir(parents=True)
-  (root / "labels.csv").write_text("patient_id,diagnosis,Split\n" + "\n".join(rows) + "\n")
+  (root / "labels.csv").write_text("patient_id,diagnosis,Split,age\n"
+                                   + "".join(f"{r},70\n" for r in rows))
   (root / "labs.csv").write_text("patient_id,Na\n" + "".join(f"P{i},{130 + i}\n"
                                                              for i in range(1, 9)))
   with caplog.at_level("INFO"):
@@ -535,7 +536,9 @@ def test_a_split_column_in_labels_csv_decides_the_split(tmp_path, caplog):
   assert reasons[7].startswith("empty 'Split' (train, val or test")
   assert reasons[8].startswith("'Split' 'fold3' is not a split")
   assert result.summary["tables"]["labels.csv"]["split_column"] == "Split"
-  assert "the split from its 'Split' column" in ingest_summary.format_summary(result.summary)
+  table = ingest_summary.format_summary(result.summary)
+  assert "1 column not read ('age': it gives each patient's class and split" in table
+  assert "the split from its 'Split' column" in table
   assert "config.data.split is not used): train 3, val 1, test 2" in caplog.text
 
   (root / "labels.csv").write_text("patient_id,diagnosis,split\nP1,flu,test\nP2,copd,val\n")

@@ -134,6 +134,11 @@ def _table_lines(tables_summary: dict) -> list[str]:
       notes.append(f"{info['decimal_commas']} decimal commas read")
     if info.get("rows_quarantined"):
       notes.append(f"{info['rows_quarantined']} of {info.get('rows', 0)} rows set aside")
+    if info.get("columns_not_read"):
+      n = len(info["columns_not_read"])
+      notes.append(f"{n} column{'s' if n > 1 else ''} not read "
+                   f"({', '.join(info['columns_not_read'][:5])}: it gives each patient's class "
+                   "and split; measurements go in labs.csv)")
     if info.get("split_column"):
       notes.append(f"the split from its {info['split_column']!r} column")
     if info.get("rows_past_last_step"):

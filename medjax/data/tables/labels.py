@@ -67,6 +67,11 @@ def read_labels(path: str, problems: values_lib.Problems, classes: Sequence[str]
           f"config.data.classes ({len(classes)} names); add it or fix the row; the row is set "
           "aside", patient=ids[i]))
     keep &= ~unknown
+  # Other columns are not read (an export's age or sex beside the class): said, never quietly.
+  others = [values_lib.shown(h, problems.known_ids) for j, h in enumerate(frame.columns)
+            if h and j not in (cols["pid"], cols["label"], cols["split"])]
+  if others:
+    lines.info["columns_not_read"] = others
   splits = None
   if cols["split"] is not None:
     splits = _splits(frame, cols["split"], ids, id_set, keep, lines.info, found)
