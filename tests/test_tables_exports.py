@@ -207,6 +207,9 @@ def test_headers_spelt_as_exports_spell_them_name_the_same_columns(tmp_path):
   assert labs.analytes == ["Potassium", "Sodium"] and labs.ids.tolist() == ["P1", "P2"]
   np.testing.assert_allclose(labs.values, [[np.nan, 135], [np.nan, 151]])
   assert _reasons(problems) == []
+  wide = tables.read_labs(_write(tmp_path, "wide.csv", "Subject ID,CHARTTIME,Na\n"
+                                 "P1,2150-01-01 08:00,135\n"), (), {}, tables.Problems("raise"))
+  assert wide.analytes == ["Na"]   # the draw's time is no analyte
   path = _write(tmp_path, "vitals.csv", "PATIENT.ID,Hours,HR,Sp O2\nP1,0,80,97\nP1,1,82,98\n")
   vitals = tables.read_vitals(path, ["hr", "spo2"], 2, 1.0, tables.Problems("raise"))
   np.testing.assert_allclose(vitals.values, [[[80, 97], [82, 98]]])

@@ -12,8 +12,9 @@ from medjax.data.tables import csvfile
 from medjax.data.tables import values as values_lib
 
 
-# A wide file's columns that are neither analytes nor identifiers (by `csvfile.column_key`).
-_NOT_ANALYTES = frozenset({"date", "time", "timestamp", "datetime", ""})
+# A wide file's columns that are neither analytes nor identifiers (by `csvfile.column_key`):
+# the draw's date or time (MIMIC's charttime too).
+_NOT_ANALYTES = frozenset({"date", ""} | {csvfile.column_key(c) for c in values_lib.TIME_COLUMNS})
 
 
 @dataclasses.dataclass
