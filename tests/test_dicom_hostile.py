@@ -589,3 +589,17 @@ def test_a_file_whose_read_never_returns_costs_that_file_and_the_ingest_goes_on(
   with open(os.path.join(workdir, "ingest", "report.json")) as f:
     cache = json.load(f)["cache"]["host-0"]
   assert cache["records_written"] == 500
+
+
+def test_a_decoder_that_aborts_on_an_image_too_big_for_its_limit_says_so(tmp_path, monkeypatch):
+  """A C decoder that cannot allocate aborts (a genuine 20000 x 20000 JPEG under the 2 GB
+  limit: 'decoder crashed (SIGABRT)'), which read as a damaged file. Where the header asks for
+  more than the limit, the reason says so and what to raise; a small image's crash does not."""
+  path = str(tmp_path / "big.dcm")
+  hostile.rle_memory_bomb(path, side=4096)
+  monkeypatch.setenv(decoder.FAULT_ENV, "abort=big.dcm")
+  assert _rejected(decoder.Decoder(memory_mb=512, workers=1).load_image, path).reason == (
+      "decoder crashed (SIGABRT) on RLE Lossless (its 16,777,216 pixels need about 652 MB to "
+      "decode, over config.data.decode_memory_mb=512; raise it if the file is genuine)")
+  assert _rejected(decoder.Decoder(memory_mb=2048, workers=1).load_image, path).reason == (
+      "decoder crashed (SIGABRT) on RLE Lossless")

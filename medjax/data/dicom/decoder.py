@@ -55,6 +55,8 @@ _STDERR_TAIL = 2000
 _MAX_HEADER = 1 << 16
 # A child's stderr file is emptied before a request once it holds this much (pydicom warns a lot).
 _STDERR_KEEP = 1 << 20
+# What decoding takes (measured, docs/data.md): about 300 MB plus 22 bytes per pixel.
+_DECODE_BASE_MB, _DECODE_BYTES_PER_PIXEL = 300, 22
 
 
 class Decoder:
@@ -113,9 +115,31 @@ class Decoder:
       return image
     what = ts.name if _known(ts) else "a dataset without a known transfer syntax"
     pool = _pool(self.memory_mb, self.timeout_s, self.workers)
-    return pool.decode(path, {"path": path, "roots": [os.fspath(r) for r in roots],
-                              "budgets": dataclasses.asdict(self.budgets), "frames": frames},
-                       what)
+    try:
+      return pool.decode(path, {"path": path, "roots": [os.fspath(r) for r in roots],
+                                "budgets": dataclasses.asdict(self.budgets), "frames": frames},
+                         what)
+    except dicom_limits.RejectedFile as e:
+      if not e.reason.startswith("decoder crashed ("):
+        raise
+      hint = self._memory_hint(dicom.read_header, path, roots)
+      if not hint:
+        raise
+      raise dicom_limits.RejectedFile(path, e.reason + hint) from None
+
+  def _memory_hint(self, read_header, path: str, roots) -> str:
+    """Why a decoder library may have aborted: a C decoder that cannot allocate aborts or
+    segfaults rather than raise. Said when the image's header asks for more than the limit."""
+    try:
+      h = read_header(path, self.budgets, roots=roots)   # the header only: safe in this process
+    except dicom_limits.RejectedFile:
+      return ""
+    pixels = h.rows * h.columns * max(h.frames, 1) * max(h.samples_per_pixel, 1)
+    need = _DECODE_BASE_MB + _DECODE_BYTES_PER_PIXEL * pixels / 2**20
+    if need <= self.memory_mb:
+      return ""
+    return (f" (its {pixels:,} pixels need about {need:,.0f} MB to decode, over "
+            f"config.data.decode_memory_mb={self.memory_mb}; raise it if the file is genuine)")
 
   def _decodes_here(self, ts) -> bool:
     """Native pixel data decodes in this process ('compressed'), in the read that found it."""
