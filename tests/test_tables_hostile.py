@@ -568,3 +568,15 @@ def test_a_split_without_val_is_refused_before_training_that_needs_one(tmp_path)
   assert len(pipeline.ingested(config, str(tmp_path / "w"), str(root)).manifest) == 8
   config.optim.early_stopping_patience, config.mode = 2, "ingest"
   assert len(pipeline.ingested(config, str(tmp_path / "w"), str(root)).manifest) == 8
+
+
+def test_a_dicom_patientid_that_is_a_missing_value_marker_is_quarantined_as_such(tmp_path):
+  root = tmp_path / "cohort"
+  _dicom(str(root / "dicom" / "a.dcm"), "NULL")
+  _dicom(str(root / "dicom" / "b.dcm"), "P1")
+  (root / "labels.csv").write_text("patient_id,diagnosis\nP1,flu\n")
+  result = ingest.run(_config(), str(tmp_path / "w"), str(root))
+  assert len(result.manifest) == 1
+  assert {q["path"]: q["reason"] for q in result.quarantine}["dicom/a.dcm"] == (
+      "its PatientID is blank or a missing-value marker ('NULL', 'N/A', 'None'); give the file "
+      "its patient's id")

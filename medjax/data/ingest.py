@@ -141,7 +141,8 @@ def run(config, workdir: str, root: str) -> Ingested:
       files_by_patient[pid].append((os.path.join("dicom", rel), header.frames))
     else:
       quarantine.append({"path": os.path.join("dicom", rel), "stage": "link",
-                         "reason": "its PatientID is blank"})
+                         "reason": "its PatientID is blank or a missing-value marker "
+                         "('NULL', 'N/A', 'None'); give the file its patient's id"})
   linked = _link(read, files_by_patient, data.classes, problems, run_paths)
   if not linked.patients:
     quarantine.extend(p.as_dict() for p in problems.items)
