@@ -261,3 +261,19 @@ def test_labels_columns_that_are_not_read_are_named_not_dropped_quietly(tmp_path
   assert labels.classes.tolist() == ["flu", "copd"] and problems.items == []
   assert problems.files["labels.csv"]["columns_not_read"] == [
       "'age'", "'Sex'", "(withheld: it may identify a patient)"]
+
+
+def test_mEq_and_mmol_per_litre_are_one_unit_for_monovalent_ions_only(tmp_path):
+  """Two lab systems' sodium, in mEq/L and mmol/L, are one scale (1 mEq/L of a monovalent ion is
+  1 mmol/L): half of it was set aside. Calcium's are not (1 mmol/L is 2 mEq/L): still set
+  aside."""
+  path = _write(tmp_path, "labs.csv", "patient_id,test,value,unit\n"
+                "P1,Sodium,140,mEq/L\nP2,Sodium,138,mmol/L\nP3,Sodium,141,mEq/L\n"
+                "P1,Ca,2.3,mmol/L\nP2,Ca,2.4,mmol/L\nP3,Ca,4.6,mEq/L\n")
+  problems = tables.Problems("quarantine")
+  labs = tables.read_labs(path, (), {}, problems)
+  assert labs.analytes == ["Ca", "Sodium"]
+  np.testing.assert_allclose(labs.values, [[2.3, 140], [2.4, 138], [np.nan, 141]], rtol=1e-6)
+  assert [p.line for p in problems.items] == [7]
+  assert problems.items[0].reason.startswith(
+      "analyte 'Ca' in 'mEq/L', where most of its rows are in 'mmol/L'")

@@ -176,6 +176,12 @@ def _unit(text) -> str:
   return "".join(text.split()).casefold().replace("\u00b5", "u").replace("\u03bc", "u")
 
 
+# Analytes (by `csvfile.column_key`) of one charge, for which mEq/L and mmol/L are one unit
+# (sodium 140 mEq/L is 140 mmol/L); calcium's and magnesium's are not (1 mmol/L = 2 mEq/L).
+_MONOVALENT = frozenset({"na", "sodium", "k", "potassium", "cl", "chloride", "hco3",
+                         "bicarbonate", "co2", "totalco2", "tco2", "li", "lithium"})
+
+
 def _in_one_unit(frame, unit_column, rows, sel, name, ids, id_set, info, found) -> np.ndarray:
   """Of analyte `name`'s rows (`rows[sel]`), those in its unit: the unit most of its rows give
   (ties: the first seen). A row in another unit is set aside, its value on another scale; a row
@@ -183,6 +189,8 @@ def _in_one_unit(frame, unit_column, rows, sel, name, ids, id_set, info, found) 
   info['analyte_units'] (summary.json's tables.labs.csv)."""
   written = frame.frame[unit_column].to_numpy(object)[rows[sel]]
   units = values_lib.map_unique(written, _unit)
+  if csvfile.column_key(name) in _MONOVALENT:   # 1 mEq/L of a monovalent ion is 1 mmol/L
+    units[units == "meq/l"] = "mmol/l"
   given = units != ""
   if not given.any():
     return sel
