@@ -97,7 +97,7 @@ def _splits(frame, column: int, ids, id_set, keep, info: dict, found: list) -> n
             f"{name!r} {values_lib.shown(cells[i], id_set)} is not a split")
     found.append(csvfile.Problem(
         frame.source, int(frame.lines[i]), f"{what} (train, val or test; training, valid, "
-        "validation, dev, testing or holdout); give one, or drop the column to let "
+        "validation, validate, dev, tune, testing or holdout); give one, or drop the column to let "
         "config.data.split decide; the row is set aside", patient=ids[i]))
   return splits
 

@@ -36,8 +36,9 @@ LABEL_COLUMNS = ("diagnosis", "label", "class", "outcome", "target")
 # where there is one it decides each patient's split, config.data.split does not.
 SPLIT_COLUMNS = ("split", "data_split", "subset")
 SPLIT_NAMES = {"train": "train", "training": "train", "val": "val", "valid": "val",
-               "validation": "val", "dev": "val", "test": "test", "testing": "test",
-               "holdout": "test", "hold-out": "test", "heldout": "test"}
+               "validation": "val", "validate": "val", "dev": "val", "tune": "val",
+               "tuning": "val", "test": "test", "testing": "test", "holdout": "test",
+               "hold-out": "test", "heldout": "test"}
 TIME_COLUMNS = ("hour", "hours", "time", "timestamp", "charttime", "datetime")
 # A long labs.csv's analyte and value columns: MIMIC's labevents joined to d_labitems ('label',
 # 'valuenum' beside the text 'value', so the numeric one first), OMOP's measurement
