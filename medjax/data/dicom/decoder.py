@@ -122,16 +122,17 @@ class Decoder:
     except dicom_limits.RejectedFile as e:
       if not e.reason.startswith("decoder crashed ("):
         raise
-      hint = self._memory_hint(dicom.read_header, path, roots)
+      hint = self._memory_hint(path, roots)
       if not hint:
         raise
       raise dicom_limits.RejectedFile(path, e.reason + hint) from None
 
-  def _memory_hint(self, read_header, path: str, roots) -> str:
+  def _memory_hint(self, path: str, roots) -> str:
     """Why a decoder library may have aborted: a C decoder that cannot allocate aborts or
     segfaults rather than raise. Said when the image's header asks for more than the limit."""
+    from medjax.data import dicom  # pylint: disable=import-outside-toplevel  # loaded by now
     try:
-      h = read_header(path, self.budgets, roots=roots)   # the header only: safe in this process
+      h = dicom.read_header(path, self.budgets, roots=roots)   # the header only: safe here
     except dicom_limits.RejectedFile:
       return ""
     pixels = h.rows * h.columns * max(h.frames, 1) * max(h.samples_per_pixel, 1)

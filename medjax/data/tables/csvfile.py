@@ -233,13 +233,18 @@ def column_key(name: str) -> str:
   return re.sub(r"[\s_\-.]", "", str(name)).casefold()
 
 
+def column_index(header: Sequence[str], names: Sequence[str]) -> int | None:
+  """The index of the first `header` column whose `column_key` is one of `names`' (in `names`'
+  order of preference); None when there is none."""
+  keys = [column_key(h) for h in header]
+  return next((keys.index(k) for k in map(column_key, names) if k in keys), None)
+
+
 def find_column(lines: Lines, names: Sequence[str], what: str) -> int:
-  """The index of the first header column whose `column_key` is one of `names`' (in `names`'
-  order of preference), or a refusal naming the spellings allowed."""
-  keys = [column_key(h) for h in lines.header]
-  for name in names:
-    if column_key(name) in keys:
-      return keys.index(column_key(name))
+  """`column_index` of a column the file must have, or a refusal naming the spellings allowed."""
+  j = column_index(lines.header, names)
+  if j is not None:
+    return j
   # The header is not echoed: a file without one would show its first row (patient ids).
   comment = lines.header and lines.header[0].lstrip().startswith("#")
   raise refuse(lines.path, f"line {lines.header_line} is not a header with a {what} column "

@@ -40,9 +40,7 @@ def read_labels(path: str, problems: values_lib.Problems, classes: Sequence[str]
   def text_columns(lines):
     cols["pid"] = csvfile.find_column(lines, values_lib.PATIENT_COLUMNS, "patient id")
     cols["label"] = csvfile.find_column(lines, values_lib.LABEL_COLUMNS, "label")
-    keys = [csvfile.column_key(h) for h in lines.header]
-    cols["split"] = next((keys.index(k) for k in map(csvfile.column_key,
-                                                     values_lib.SPLIT_COLUMNS) if k in keys), None)
+    cols["split"] = csvfile.column_index(lines.header, values_lib.SPLIT_COLUMNS)
     return [j for j in (cols["pid"], cols["label"], cols["split"]) if j is not None]
 
   lines, frame = csvfile.load(path, text_columns)

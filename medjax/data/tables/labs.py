@@ -47,12 +47,12 @@ def read_labs(path: str, analytes: Sequence[str], rename: dict[str, str],
 
   def text_columns(lines):
     cols["pid"] = csvfile.find_column(lines, values_lib.PATIENT_COLUMNS, "patient id")
-    keys = [csvfile.column_key(h) for h in lines.header]
-    cols.update(_long_columns(keys))
+    cols.update(_long_columns(lines.header))
     if "analyte" in cols:
-      return [j for j in range(len(keys)) if j != cols["value"]]
-    return [cols["pid"]] + [j for j, h in enumerate(keys)
-                            if h in _NOT_ANALYTES or values_lib.identifier_column(h)]
+      return [j for j in range(len(lines.header)) if j != cols["value"]]
+    return [cols["pid"]] + [j for j, h in enumerate(lines.header)
+                            if csvfile.column_key(h) in _NOT_ANALYTES
+                            or values_lib.identifier_column(h)]
 
   lines, frame = csvfile.load(path, text_columns)
   if "analyte" in cols:
@@ -97,26 +97,18 @@ def read_labs(path: str, analytes: Sequence[str], rename: dict[str, str],
 
 def _column_values(frame, read, index, rows, ranges, id_set) -> tuple[np.ndarray, list, dict]:
   """The (rows, analytes) values of the columns `read` ((column, analyte) pairs) in `rows`, their
-  problems, and the counts `_record` adds to the file's info."""
+  problems, and what they add to the file's info (bad values' counts, decimal commas)."""
   values = np.full((len(rows), len(index)), np.nan, np.float32)
-  found, info = [], {}
+  found, info, commas = [], {}, 0
   for j, name in read:
-    v, probs, counts, commas = values_lib.read_values(frame, j, name, "column", ranges, id_set,
-                                                      rows)
+    v, probs, counts, c = values_lib.read_values(frame, j, name, "column", ranges, id_set, rows)
     values[:, index[name]] = v
     found += probs
+    commas += c
     values_lib.count_values(info, counts, name)
-    info["decimal_commas"] = info.get("decimal_commas", 0) + commas
+  if commas:
+    info["decimal_commas"] = commas
   return values, found, info
-
-
-def _record(lines, found: list, problems: list, info: dict) -> None:
-  found += problems
-  for kind, counts in info.get("values", {}).items():
-    for name, k in counts.items():
-      values_lib.count_values(lines.info, {kind: k}, name)
-  if info.get("decimal_commas"):
-    lines.info["decimal_commas"] = info["decimal_commas"]
 
 
 def _one_row_per_patient(frame, lines, read, index, ids, rows, ranges, id_set, found):
@@ -139,7 +131,8 @@ def _one_row_per_patient(frame, lines, read, index, ids, rows, ranges, id_set, f
                                  patient=ids[i]))
   if aside.any():   # the values' problems and counts are of the rows kept only
     _, probs, info = _column_values(frame, read, index, rows[~aside], ranges, id_set)
-  _record(lines, found, probs, info)
+  found += probs
+  lines.info.update(info)   # the wide path is the only one to count the file's values
   repeated = usable & given_before & ~aside[:, None]
   for name, a in index.items():
     at = frame.lines[rows[repeated[:, a]]]
@@ -158,11 +151,9 @@ def _one_row_per_patient(frame, lines, read, index, ids, rows, ranges, id_set, f
   return np.asarray(patients, dtype=object), out
 
 
-def _long_columns(keys: list[str]) -> dict[str, int | None]:
-  """A long file's analyte, value and (optional) unit columns, given the header's column keys
-  (`csvfile.column_key`); empty for a wide file."""
-  def find(names):
-    return next((keys.index(k) for k in map(csvfile.column_key, names) if k in keys), None)
+def _long_columns(header: list[str]) -> dict[str, int | None]:
+  """A long file's analyte, value and (optional) unit columns; empty for a wide file."""
+  find = lambda names: csvfile.column_index(header, names)
   analyte, value = find(values_lib.ANALYTE_COLUMNS), find(values_lib.VALUE_COLUMNS)
   if analyte is None or value is None:
     return {}

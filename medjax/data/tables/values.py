@@ -21,8 +21,8 @@ from medjax.data.tables import csvfile
 # The names a role's column may have, in order of preference, compared by `csvfile.column_key`
 # (case, spaces, '_', '-' and '.' ignored): MIMIC's subject_id, OMOP's person_id, R's pid.
 PATIENT_COLUMNS = ("patient_id", "patient", "mrn", "subject_id", "person_id", "pid")
-# Columns that identify a patient rather than measure one (compared casefolded, without spaces,
-# '_' and '-'): an export's MRN beside its PatientID, names, birth dates, addresses. Left out of
+# Columns that identify a patient rather than measure one (compared by `csvfile.column_key`):
+# an export's MRN beside its PatientID, names, birth dates, addresses. Left out of
 # the analytes (and out of tables.npz), whatever config.data.analytes says.
 IDENTIFIER_COLUMNS = frozenset({csvfile.column_key(c) for c in PATIENT_COLUMNS} | {
     "medicalrecordnumber", "name", "patientname", "firstname", "lastname", "surname",

@@ -41,9 +41,7 @@ def read_vitals(path: str, channels: Sequence[str], steps: int, hours_per_step: 
   def text_columns(lines):
     cols["pid"] = csvfile.find_column(lines, values_lib.PATIENT_COLUMNS, "patient id")
     cols["time"] = csvfile.find_column(lines, values_lib.TIME_COLUMNS, "time")
-    keys = [csvfile.column_key(h) for h in lines.header]
-    cols["channels"] = [keys.index(k) if k in keys else None
-                        for k in map(csvfile.column_key, channels)]
+    cols["channels"] = [csvfile.column_index(lines.header, [c]) for c in channels]
     missing = [c for c, j in zip(channels, cols["channels"]) if j is None]
     if missing:
       # The header is not echoed: a cell of it may hold anything, an identifier included.
@@ -51,7 +49,7 @@ def read_vitals(path: str, channels: Sequence[str], steps: int, hours_per_step: 
                            f"{len(lines.header)} columns (config.data.vitals_channels="
                            f"{list(channels)}, compared ignoring case, spaces, '_', '-' and "
                            "'.'); rename the columns or set config.data.vitals_channels")
-    return [cols["pid"]] + [j for j in range(len(keys))
+    return [cols["pid"]] + [j for j in range(len(lines.header))
                             if j != cols["time"] and j not in cols["channels"]]
 
   lines, frame = csvfile.load(path, text_columns)
