@@ -103,10 +103,11 @@ class Run:
          "executed": self.executed[pid], "blocked_s": 0.5, **extra}, self.now))
 
   def exit(self, pid: int, code: int, host: str = "host-0", *,
-           generation: int | None = None, reason: str = "") -> dict:
+           generation: int | None = None, reason: str = "", signalled: bool = False) -> dict:
     return self._do(self.policy.report_exit(
         {"host": host, "generation": self.state.generation if generation is None else generation,
-         "process_id": pid, "exit_code": code, "reason": reason}, self.now))
+         "process_id": pid, "exit_code": code, "signalled": signalled, "reason": reason},
+        self.now))
 
   def commit(self, step: int) -> None:
     self._do(self.policy.committed(step))
@@ -308,6 +309,46 @@ def test_a_peer_crash_is_reclassified_when_its_host_turns_out_lost():
   assert run.named("generation_stopped") == [{"generation": 1}]
   assert run.status == Status.BACKOFF
   assert run.saved["failures"][0]["kind"] == "host_lost"
+
+
+@pytest.mark.parametrize("seen_after_the_stop", [False, True])
+def test_a_peers_error_is_reclassified_as_the_crash_that_caused_it(seen_after_the_stop):
+  run = Run()
+  run.start()
+  run.faults.append({"name": "0-kill@step=4:process=1", "process": 1, "time": run.now - 0.02})
+  run.ms += 10
+  # Worker 1's sockets closed before its exit was seen: worker 0's collective failed first.
+  run.exit(0, run_state.EXIT_ERROR, reason="gloo: connection closed by peer")
+  assert run.named("failure")[0]["kind"] == "error"
+  run.ms += 15
+  if seen_after_the_stop:
+    run.settle()
+    assert run.status == Status.BACKOFF
+  run.exit(1, -signal.SIGKILL)
+  assert run.named("failure_reclassified") == [{
+      "kind": "crash", "worker": 1, "host": "host-0", "detected_s": 0.03,
+      "fault": "0-kill@step=4:process=1"}]
+  (failure,) = run.state.failures
+  assert (failure.kind, failure.worker, failure.observed, failure.reason) == (
+      "crash", 1, "error of worker 0", "")
+  assert failure.step == run.step[1]
+  assert run.saved["failures"][0]["kind"] == "crash"
+
+
+@pytest.mark.parametrize("code,signalled", [
+    (-signal.SIGKILL, True),      # its agent killed it, stopping the generation
+    (-signal.SIGABRT, False),     # an abort can be a peer's symptom too (a failed check)
+    (run_state.EXIT_ERROR, False),
+    (run_state.EXIT_STOPPED, False)])
+def test_a_peers_error_stays_the_failure_when_the_other_exit_is_no_cause(code, signalled):
+  run = Run()
+  run.start()
+  run.exit(0, run_state.EXIT_ERROR, reason="ValueError: a bug")
+  run.ms += 15
+  run.exit(1, code, signalled=signalled)
+  assert not run.named("failure_reclassified")
+  (failure,) = run.state.failures
+  assert (failure.kind, failure.worker, failure.reason) == ("error", 0, "ValueError: a bug")
 
 
 def _lose_host_1(run: Run) -> None:

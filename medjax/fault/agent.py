@@ -52,6 +52,7 @@ class Worker:
   proc: subprocess.Popen
   reported: bool = False
   term_sent: float = 0.0
+  signalled: bool = False   # the agent sent it SIGTERM or SIGKILL (stopping its generation)
 
 
 # An abseil FATAL line (XLA's and the runtime's LOG(FATAL), a failed CHECK: severity F, the date
@@ -210,9 +211,10 @@ class Agent:
     for w in alive:
       if waited > self.f.stop_grace_s * 2 or _suspended(w.proc.pid):
         # A stopped process (SIGSTOP) can act on nothing else: no need to wait for it.
+        w.signalled = True
         w.proc.send_signal(signal.SIGKILL)
       elif waited > self.f.stop_grace_s and not w.term_sent:
-        w.term_sent = now
+        w.term_sent, w.signalled = now, True
         w.proc.send_signal(signal.SIGTERM)
     return False
 
@@ -224,7 +226,7 @@ class Agent:
         self.client.call("ReportExit", {"host": self.host, "generation": self.generation,
                                         "process_id": w.process_id,
                                         "exit_code": w.proc.returncode,
-                                        "reason": self._reason(w)})
+                                        "signalled": w.signalled, "reason": self._reason(w)})
         w.reported = True
       except grpc.RpcError:
         pass  # reported on a later pass

@@ -141,6 +141,9 @@ class Policy:
         if code == run_state.EXIT_INPUT:
           # Bad input or damaged state: the next generation would fail the same way.
           self._give_up(reason or f"worker {pid} refused its input", error=reason)
+    elif (s.status in (Status.STOPPING, Status.BACKOFF, Status.WAITING)
+          and code in run_state.CAUSE_SIGNALS and not msg.get("signalled")):
+      self._reclassify_as_crash(pid, msg.get("host"), code, now)
     return self._take({"ok": True})
 
   def worker_heartbeat(self, msg: dict, now: float) -> run_state.Effects:
@@ -355,6 +358,25 @@ class Policy:
       return
     last.observed, last.kind, last.worker, last.host = last.kind, "host_lost", host, host
     self._emit("failure_reclassified", kind="host_lost", host=host)
+
+  def _reclassify_as_crash(self, pid: int, host: str | None, code: int, now: float) -> None:
+    """A worker killed by a signal that its agent did not send, seen after a peer's error had
+    stopped the generation (its exit may be seen after the stop settled): the peer's error (its collective lost this worker) was the symptom,
+    this worker's death the cause; the failure becomes its crash, timed from its fault."""
+    s = self.state
+    last = s.failures[-1] if s.failures else None
+    if (last is None or last.kind != "error" or last.generation != s.generation
+        or last.worker == pid):
+      return
+    w = s.workers.get(pid)
+    fault_time, fault_name = self._fault_time(pid, w, last.t_detect)
+    last.observed, last.worker, last.host = f"error of worker {last.worker}", pid, host
+    last.step = w.step if w is not None and w.step is not None else last.step
+    last.kind, last.reason = run_state.EXIT_KINDS[code], ""
+    last.fault, last.detected_s = fault_name, round(last.t_detect - fault_time, 3)
+    self._emit("failure_reclassified", kind=last.kind, worker=pid, host=host,
+               detected_s=last.detected_s, fault=fault_name)
+    self._persist()
 
   def backoff_s(self) -> float:
     """0 after the first failure since progress (a new committed step, or the run's first

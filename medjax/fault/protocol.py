@@ -8,7 +8,7 @@ Methods and their messages (all fields JSON):
   RegisterAgent   {host, agent_id, address}                   -> {ok, coordinator_epoch}
   AgentHeartbeat  {host, agent_id, generation, workers: [{process_id, pid, running, exit_code}]}
                   -> {action: 'idle'|'run'|'stop'|'exit', generation, spec}
-  ReportExit      {host, generation, process_id, exit_code, reason}   -> {ok}
+  ReportExit      {host, generation, process_id, exit_code, signalled, reason}   -> {ok}
   WorkerHeartbeat {generation, process_id, phase, step, epoch, partition, counter,
                    blocked_s, executed, writes, write_s, ...}  -> {stop}
   Commit          {generation, record, write_s}               -> {ok}

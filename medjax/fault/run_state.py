@@ -24,6 +24,9 @@ EXIT_ERROR, EXIT_INPUT, EXIT_STOPPED, EXIT_PREEMPTED, EXIT_OOM = 1, 2, 10, 11, 1
 # illegal instruction, arithmetic error). Killed by signal N, a process exits with -N.
 _CRASH_SIGNALS = (signal.SIGKILL, signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS, signal.SIGILL,
                   signal.SIGFPE)
+# A signal that a process's own code does not send itself when a peer fails (as an abort can, a
+# failed check in a collective whose peer is gone): its death is a cause, not a symptom.
+CAUSE_SIGNALS = tuple(-s for s in _CRASH_SIGNALS if s != signal.SIGABRT)
 EXIT_KINDS = {**{-s: "crash" for s in _CRASH_SIGNALS}, -signal.SIGTERM: "sigterm",
               -signal.SIGSTOP: "hang", EXIT_ERROR: "error", EXIT_INPUT: "input",
               EXIT_PREEMPTED: "preemption", EXIT_OOM: "oom", EXIT_STOPPED: "stopped", 0: "exit"}
@@ -53,7 +56,7 @@ class Failure:
   t_detect: float
   fault: str | None = None    # the fault marker it was matched to
   recovered_s: float | None = None  # from detection to the next generation's first step
-  observed: str | None = None  # the symptom, when a lost host turned out to be the cause
+  observed: str | None = None  # the symptom, when a lost host or a peer's crash was the cause
   reason: str = ""            # the worker's one-line error, when it left one
 
 
