@@ -6,8 +6,10 @@ quotes what may identify a patient."""
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 
+from medjax.data import ingest_summary
 from medjax.data import tables
 from medjax.data.tables import values as values_lib
 
@@ -277,3 +279,56 @@ def test_mEq_and_mmol_per_litre_are_one_unit_for_monovalent_ions_only(tmp_path):
   assert [p.line for p in problems.items] == [7]
   assert problems.items[0].reason.startswith(
       "analyte 'Ca' in 'mEq/L', where most of its rows are in 'mmol/L'")
+
+
+def test_values_beyond_an_assays_limit_are_read_at_the_limit_and_counted(tmp_path):
+  """'<0.01' (troponin under the detection limit) and '>60' (eGFR, the lab's cap) were set to
+  missing as not numbers: the patient was measured, and the limit is the value the lab gives.
+  They are read at the limit, counted in the file's info and named in the ingest summary."""
+  path = _write(tmp_path, "labs.csv", "patient_id,troponin_i,egfr,crp\n"
+                "P1,<0.01,>60,< 5\nP2,0.4,≥ 90,<=3\nP3,> x,45,<>\n")
+  problems = tables.Problems("quarantine")
+  labs = tables.read_labs(path, (), {}, problems)
+  np.testing.assert_allclose(labs.values, [[0.01, 60, 5], [0.4, 90, 3], [np.nan, 45, np.nan]],
+                             rtol=1e-6)
+  info = problems.files["labs.csv"]
+  assert info["values_at_limit"] == 5
+  assert info["values"] == {"not_a_number": {"troponin_i": 1, "crp": 1}}
+  summary = ingest_summary.tables_summary(problems, [], {}, {}, False)
+  assert summary["labs.csv"]["values_at_limit"] == 5
+  text = ingest_summary.format_summary({
+      "patients": 3, "splits": {"train": 3, "val": 0, "test": 0}, "dicom_files": 0, "images": 0,
+      "quarantined": 0, "groups": {}, "missing": {}, "classes": {}, "quarantine_reasons": {},
+      "tables": summary})
+  assert "labs.csv: 5 values beyond an assay's limit ('<0.01', '>60') read at the limit" in text
+  long = _write(tmp_path, "long.csv", "patient_id;analyte;value\nP1;troponin_i;<0,01\n"
+                "P2;troponin_i;0,5\n")
+  problems = tables.Problems("raise")
+  labs = tables.read_labs(long, (), {}, problems)
+  np.testing.assert_allclose(labs.values, [[0.01], [0.5]], rtol=1e-6)
+  assert problems.files["long.csv"]["values_at_limit"] == 1
+  assert problems.files["long.csv"]["decimal_commas"] == 2
+  # An hour is no assay: '<5' stays a time that is not a number.
+  hours, kinds, read = values_lib.numbers(pd.Series(["<5", "1"], dtype=object), False)
+  assert np.isnan(hours[0]) and kinds[0] == values_lib.NOT_A_NUMBER and read == {}
+
+
+
+def test_mimic_labevents_limits_in_the_text_value_are_read_where_valuenum_is_empty(tmp_path):
+  """MIMIC leaves valuenum empty where value is '<0.01' or '>1000': those measured patients
+  were missing, silently. The text value is taken where it reads as one; 'NEG' and MIMIC's
+  '___' stay missing, as the export meant, without a report."""
+  path = _write(tmp_path, "labs.csv", "subject_id,label,value,valuenum,valueuom\n"
+                "P1,Troponin T,<0.01,,ng/mL\nP2,Troponin T,0.05,0.05,ng/mL\n"
+                "P3,Troponin T,NEG,,ng/mL\nP4,Troponin T,___,,ng/mL\n"
+                "P5,Troponin T,>25,,ng/mL\nP5,Sodium,140,140,mEq/L\n")
+  problems = tables.Problems("quarantine")
+  labs = tables.read_labs(path, (), {}, problems)
+  assert labs.analytes == ["Sodium", "Troponin T"]
+  by_id = dict(zip(labs.ids.tolist(), labs.values.tolist()))
+  np.testing.assert_allclose([by_id[p][1] for p in ("P1", "P2", "P5")], [0.01, 0.05, 25],
+                             rtol=1e-6)
+  assert "P3" not in by_id and "P4" not in by_id   # no usable value: no labs row
+  assert _reasons(problems) == []
+  info = problems.files["labs.csv"]
+  assert info["values_from_text"] == 2 and info["values_at_limit"] == 2

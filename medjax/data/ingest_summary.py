@@ -132,6 +132,12 @@ def _table_lines(tables_summary: dict) -> list[str]:
       notes.append(f"delimiter {info['delimiter']!r}")
     if info.get("decimal_commas"):
       notes.append(f"{info['decimal_commas']} decimal commas read")
+    if info.get("values_at_limit"):
+      notes.append(f"{info['values_at_limit']} values beyond an assay's limit ('<0.01', '>60') "
+                   "read at the limit")
+    if info.get("values_from_text"):
+      notes.append(f"{info['values_from_text']} values read from its text value column where "
+                   "the numeric one was empty")
     if info.get("rows_quarantined"):
       notes.append(f"{info['rows_quarantined']} of {info.get('rows', 0)} rows set aside")
     if info.get("columns_not_read"):

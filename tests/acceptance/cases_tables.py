@@ -321,6 +321,22 @@ def _(ctx):
                  checks=[lib.table_info("labs.csv", "decimal_commas", lambda n: (n or 0) >= 20)])
 
 
+@case("tables", "labs: values beyond an assay's limit ('<0.01', '>60')", ACCEPTED)
+def _(ctx):
+  rows = [f"{r},{'<0.01' if i % 2 else f'{0.02 * i:.2f}'},{'>60' if i % 3 else 45}"
+          for i, r in enumerate(labs_rows())]
+  return _tables(ctx, labs=table("patient_id,Na,K,Cl,troponin_i,egfr", rows),
+                 checks=[lib.table_info("labs.csv", "values_at_limit", 5 + 6)])
+
+
+@case("tables", "labs: MIMIC labevents, valuenum empty where value is a limit", ACCEPTED)
+def _(ctx):
+  rows = [f"{pid},{a},{v},{v},mmol/L" for pid in IDS for a, v in (("Na", 140), ("K", 4.1))]
+  rows += [f"{pid},Troponin T,{'<0.01' if i % 2 else 'NEG'},,ng/mL" for i, pid in enumerate(IDS)]
+  return _tables(ctx, labs=table("subject_id,label,value,valuenum,valueuom", rows),
+                 checks=[lib.table_info("labs.csv", "values_from_text", 5)])
+
+
 @case("tables", "labs: header only", ACCEPTED)
 def _(ctx):
   return _tables(ctx, labs=LABS_H + "\n")

@@ -97,17 +97,17 @@ def read_labs(path: str, analytes: Sequence[str], rename: dict[str, str],
 
 def _column_values(frame, read, index, rows, ranges, id_set) -> tuple[np.ndarray, list, dict]:
   """The (rows, analytes) values of the columns `read` ((column, analyte) pairs) in `rows`, their
-  problems, and what they add to the file's info (bad values' counts, decimal commas)."""
+  problems, and what they add to the file's info (bad values' counts, decimal commas, values
+  at an assay's limit)."""
   values = np.full((len(rows), len(index)), np.nan, np.float32)
-  found, info, commas = [], {}, 0
+  found, info = [], {}
   for j, name in read:
-    v, probs, counts, c = values_lib.read_values(frame, j, name, "column", ranges, id_set, rows)
+    v, probs, counts, notes = values_lib.read_values(frame, j, name, "column", ranges, id_set,
+                                                     rows)
     values[:, index[name]] = v
     found += probs
-    commas += c
     values_lib.count_values(info, counts, name)
-  if commas:
-    info["decimal_commas"] = commas
+    values_lib.add_counts(info, notes)
   return values, found, info
 
 
@@ -152,12 +152,38 @@ def _one_row_per_patient(frame, lines, read, index, ids, rows, ranges, id_set, f
 
 
 def _long_columns(header: list[str]) -> dict[str, int | None]:
-  """A long file's analyte, value and (optional) unit columns; empty for a wide file."""
+  """A long file's analyte, value and (optional) unit columns, and a second value column if it
+  has one (MIMIC's text 'value' beside 'valuenum'); empty for a wide file."""
   find = lambda names: csvfile.column_index(header, names)
   analyte, value = find(values_lib.ANALYTE_COLUMNS), find(values_lib.VALUE_COLUMNS)
   if analyte is None or value is None:
     return {}
-  return {"analyte": analyte, "value": value, "unit": find(values_lib.UNIT_COLUMNS)}
+  chosen = csvfile.column_key(header[value])
+  return {"analyte": analyte, "value": value, "unit": find(values_lib.UNIT_COLUMNS),
+          "text": find([n for n in values_lib.VALUE_COLUMNS
+                        if csvfile.column_key(n) != chosen])}
+
+
+def _fill_from_text(frame: csvfile.Frame, value: int, text: int, info: dict) -> None:
+  """Where the value column is empty and the second value column holds what reads as a value, it
+  is taken: MIMIC leaves 'valuenum' empty where 'value' is '<0.1' or '>1000' (an assay's limit,
+  `values.numbers`), and would lose those measured patients quietly. Text that is no value
+  ('NEG', '___') stays missing, as the export meant. Counted as info['values_from_text']."""
+  column = frame.frame[value]
+  empty = column.isna().to_numpy(bool)
+  if column.dtype == object:
+    empty |= (column.astype(str).str.strip() == "").to_numpy(bool)
+  if not empty.any():
+    return
+  cells = frame.frame[text].iloc[np.flatnonzero(empty)]
+  parsed, kinds, read = values_lib.numbers(cells, frame.delimiter != ",", limits=True)
+  usable = (kinds == values_lib.OK) & ~np.isnan(parsed)
+  if usable.any():
+    numeric = column.to_numpy(object if column.dtype == object else np.float64, copy=True)
+    numeric[np.flatnonzero(empty)[usable]] = parsed[usable]
+    frame.frame[value] = pd.Series(numeric, index=frame.frame.index)
+    info["values_from_text"] = int(usable.sum())
+    values_lib.add_counts(info, read)
 
 
 def _unit(text) -> str:
@@ -248,6 +274,8 @@ def _read_labs_long(lines, frame, cols, analytes, rename, problems, ranges, fold
         source, int(frame.lines[i]), f"analyte {values_lib.shown(names[i], id_set)} not in "
         f"config.data.analytes ({len(analytes)} names); add it or map it with "
         "config.data.rename; the row is set aside", patient=ids[i]))
+  if cols["text"] is not None:
+    _fill_from_text(frame, cols["value"], cols["text"], lines.info)
   rows = np.flatnonzero(~empty & ~unknown)
   values = np.full(len(rows), np.nan)
   order = np.argsort(column[rows], kind="stable")
@@ -256,11 +284,12 @@ def _read_labs_long(lines, frame, cols, analytes, rename, problems, ranges, fold
     name = analytes[column[rows[sel[0]]]]
     if cols["unit"] is not None:
       sel = _in_one_unit(frame, cols["unit"], rows, sel, name, ids, id_set, lines.info, found)
-    v, probs, counts, _ = values_lib.read_values(frame, cols["value"], name, "analyte", ranges,
-                                                 id_set, rows[sel])
+    v, probs, counts, notes = values_lib.read_values(frame, cols["value"], name, "analyte",
+                                                     ranges, id_set, rows[sel])
     values[sel] = v
     found += probs
     values_lib.count_values(lines.info, counts, name)
+    values_lib.add_counts(lines.info, notes)
   usable = ~np.isnan(values)
   rows, values = rows[usable], values[usable]
   codes, patients = pd.factorize(pd.Series(ids[rows], dtype=object))

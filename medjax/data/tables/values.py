@@ -79,6 +79,8 @@ FLOAT32_MAX = float(np.finfo(np.float32).max)
 MISSING_MARKERS = frozenset({"nan", "-nan", "+nan", "na", "n/a", "#n/a", "null", "none", "<na>"})
 _WITHHELD = "(withheld: it may identify a patient)"
 _NON_FINITE_WORDS = frozenset({"inf", "infinity"} | {m.lstrip("+-") for m in MISSING_MARKERS})
+# A value reported beyond an assay's limit: '<0.01', '<= 5', '>60', '≥90' (the limit follows).
+_LIMIT = r"^(?:[<>]=?|[≤≥])\s*(\S.*)$"
 SHOWN_LINES = 20   # line numbers listed in one values entry of the quarantine report
 OK, NON_FINITE, NOT_A_NUMBER, OUT_OF_RANGE, BEYOND_FLOAT32, AMBIGUOUS_COMMA = range(6)
 _VALUE_KINDS = {NON_FINITE: "non_finite", NOT_A_NUMBER: "not_a_number",
@@ -217,15 +219,18 @@ def withheld(text, ids: set[str]) -> bool:
   return shown(text, ids) == _WITHHELD
 
 
-def numbers(col: pd.Series, decimal_comma: bool) -> tuple[np.ndarray, np.ndarray, int]:
-  """(float64 values with NaN for missing or bad, kind per cell, decimal commas read). A value
-  is checked as float64 before anything narrows it: finite, and within what float32 holds."""
+def numbers(col: pd.Series, decimal_comma: bool,
+            limits: bool = False) -> tuple[np.ndarray, np.ndarray, dict[str, int]]:
+  """(float64 values with NaN for missing or bad, kind per cell, what was read besides plain
+  numbers: {'decimal_commas': n, 'values_at_limit': n}, the nonzero ones). A value is checked as
+  float64 before anything narrows it: finite, and within what float32 holds. `limits`: a value
+  reported as beyond a limit of the assay ('<0.01', '>60', '≥ 90') is read at the limit."""
   if col.dtype.kind in "fiu":
     values = col.to_numpy(np.float64, copy=True)
     kinds = np.where(np.isinf(values), NON_FINITE, OK)
     kinds[np.isfinite(values) & (np.abs(values) > FLOAT32_MAX)] = BEYOND_FLOAT32
     values[kinds != OK] = np.nan
-    return values, kinds, 0
+    return values, kinds, {}
   # Text as read (a column pandas took for booleans, or mixed with floats, as text again).
   if col.dtype.kind == "b":
     cells = pd.Series(np.where(col.to_numpy(bool), "True", "False"), dtype=object)
@@ -237,6 +242,11 @@ def numbers(col: pd.Series, decimal_comma: bool) -> tuple[np.ndarray, np.ndarray
   values = pd.to_numeric(cells, errors="coerce").to_numpy(np.float64, copy=True)
   failed = np.flatnonzero(np.isnan(values))
   text = cells.iloc[failed].str.strip()   # Unicode spaces too: '105\xa0' is 105
+  limited = failed[:0]
+  if limits and len(text):
+    limit = text.str.extract(_LIMIT, expand=False)
+    limited = failed[limit.notna().to_numpy(bool)]
+    text = text.where(limit.isna(), limit)
   again = pd.to_numeric(text, errors="coerce").to_numpy(np.float64)
   values[failed] = again
   failed, text = failed[np.isnan(again)], text[np.isnan(again)]
@@ -259,7 +269,14 @@ def numbers(col: pd.Series, decimal_comma: bool) -> tuple[np.ndarray, np.ndarray
   kinds[failed[rest]] = NOT_A_NUMBER
   kinds[(kinds == OK) & np.isfinite(values) & (np.abs(values) > FLOAT32_MAX)] = BEYOND_FLOAT32
   values[kinds != OK] = np.nan
-  return values, kinds, commas
+  read = {"decimal_commas": commas, "values_at_limit": int((kinds[limited] == OK).sum())}
+  return values, kinds, {k: n for k, n in read.items() if n}
+
+
+def add_counts(info: dict, counts: dict[str, int]) -> None:
+  """Adds `counts` (what `numbers` read besides plain numbers) to a file's info."""
+  for key, n in counts.items():
+    info[key] = info.get(key, 0) + n
 
 
 def _value_problems(source: str, label: str, name: str, kinds: np.ndarray, lines: np.ndarray,
@@ -297,20 +314,21 @@ def _value_problems(source: str, label: str, name: str, kinds: np.ndarray, lines
 
 def read_values(frame: csvfile.Frame, column: int, name: str, label: str, ranges, ids: set[str],
                 rows=None):
-  """A numeric column's values (NaN where missing or bad) and its problems and counts."""
+  """A numeric column's values (NaN where missing or bad), its problems, their counts and what
+  was read besides plain numbers (`numbers`; a value beyond an assay's limit is read at it)."""
   col = frame.frame[column] if rows is None else frame.frame[column].iloc[rows]
   lines = frame.lines if rows is None else frame.lines[rows]
-  values, kinds, commas = numbers(col, frame.delimiter != ",")
+  values, kinds, read = numbers(col, frame.delimiter != ",", limits=True)
   bounds = range_for(ranges, name)
   if bounds is not None:
     outside = ~np.isnan(values) & ((values < bounds[0]) | (values > bounds[1]))
     kinds[outside] = OUT_OF_RANGE
     values[outside] = np.nan
   if not (kinds != OK).any():
-    return values, [], {}, commas
+    return values, [], {}, read
   probs, counts = _value_problems(frame.source, label, name, kinds, lines,
                                   col.to_numpy(object), ids, bounds)
-  return values, probs, counts, commas
+  return values, probs, counts, read
 
 
 def read_ids(frame: csvfile.Frame, lines: csvfile.Lines, column: int, fold_case: bool,

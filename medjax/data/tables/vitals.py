@@ -78,12 +78,11 @@ def read_vitals(path: str, channels: Sequence[str], steps: int, hours_per_step: 
   bins = (rows[inside], codes[inside] * steps + step_f[inside].astype(np.int64))
   values = np.full((len(patients), steps, len(channels)), np.nan, np.float32)
   for c, (channel, j) in enumerate(zip(channels, cols["channels"])):
-    v, probs, counts, commas = values_lib.read_values(
+    v, probs, counts, notes = values_lib.read_values(
         frame, j, channel, "column", ranges, id_set, bins[0])
     found += probs
     values_lib.count_values(lines.info, counts, channel)
-    if commas:
-      lines.info["decimal_commas"] = lines.info.get("decimal_commas", 0) + commas
+    values_lib.add_counts(lines.info, notes)
     values[:, :, c] = _bin_means(v, bins[1], len(patients) * steps).reshape(len(patients), steps)
   lines.info["rows_past_last_step"] = late
   problems.files[frame.source] = lines.info
