@@ -332,3 +332,42 @@ def test_mimic_labevents_limits_in_the_text_value_are_read_where_valuenum_is_emp
   assert _reasons(problems) == []
   info = problems.files["labs.csv"]
   assert info["values_from_text"] == 2 and info["values_at_limit"] == 2
+
+
+def test_raw_mimic_labevents_are_long_labs_named_by_itemid_and_record_ids_no_analytes(tmp_path):
+  """MIMIC-IV's hosp/labevents.csv as shipped (itemid, no label: that is in d_labitems) was read
+  as a wide file: labevent_id, specimen_id and itemid became analytes, valueuom and flag values
+  'not a number'. It is a long file whose analytes are its itemid codes; a wide file's columns
+  that are record ids ('specimen_id', 'OrderID') are no analytes either, and 'Lipid' still is."""
+  path = _write(tmp_path, "labs.csv", "labevent_id,subject_id,hadm_id,specimen_id,itemid,"
+                "order_provider_id,charttime,storetime,value,valuenum,valueuom,ref_range_lower,"
+                "ref_range_upper,flag,priority,comments\n"
+                "1,10000032,,2595786,50912,,2180-03-23 11:51:00,2180-03-23 12:25:00,0.4,0.4,"
+                "mg/dL,0.4,1.1,,ROUTINE,\n"
+                "2,10000032,,2595786,50971,,2180-03-23 11:51:00,2180-03-23 12:25:00,3.7,3.7,"
+                "mEq/L,3.3,5.1,,ROUTINE,\n"
+                "3,10000033,,2595787,50912,,2180-03-24 11:51:00,2180-03-24 12:25:00,1.4,1.4,"
+                "mg/dL,0.4,1.1,abnormal,STAT,\n")
+  problems = tables.Problems("quarantine")
+  labs = tables.read_labs(path, (), {}, problems)
+  assert labs.analytes == ["50912", "50971"] and labs.ids.tolist() == ["10000032", "10000033"]
+  np.testing.assert_allclose(labs.values, [[0.4, 3.7], [1.4, np.nan]], rtol=1e-6)
+  assert _reasons(problems) == []
+  assert problems.files["labs.csv"]["analyte_codes"] == "itemid"
+  renamed = tables.read_labs(path, (), {"50912": "creatinine"}, tables.Problems("raise"))
+  assert renamed.analytes == ["50971", "creatinine"]
+  summary = ingest_summary.tables_summary(problems, [], {}, {}, False)
+  text = ingest_summary.format_summary({
+      "patients": 2, "splits": {"train": 2, "val": 0, "test": 0}, "dicom_files": 0, "images": 0,
+      "quarantined": 0, "groups": {}, "missing": {}, "classes": {}, "quarantine_reasons": {},
+      "tables": summary})
+  assert "labs.csv: analytes named by their 'itemid' codes (join the code table's names" in text
+
+  wide = _write(tmp_path, "wide.csv", "patient_id,specimen_id,OrderID,Lipid,Na\n"
+                "P1,2595786,77,1.2,140\n")
+  problems = tables.Problems("quarantine")
+  labs = tables.read_labs(wide, (), {}, problems)
+  assert labs.analytes == ["Lipid", "Na"]
+  assert _reasons(problems) == [
+      f"column {j} ('{name}') identifies records (its name ends in 'id'), not a measurement; "
+      "its values are ignored" for j, name in ((2, "specimen_id"), (3, "OrderID"))]

@@ -135,6 +135,10 @@ def _table_lines(tables_summary: dict) -> list[str]:
     if info.get("values_at_limit"):
       notes.append(f"{info['values_at_limit']} values beyond an assay's limit ('<0.01', '>60') "
                    "read at the limit")
+    if info.get("analyte_codes"):
+      notes.append(f"analytes named by their {info['analyte_codes']!r} codes (join the code "
+                   "table's names, e.g. MIMIC's d_labitems label, or map them with "
+                   "config.data.rename, for the built-in plausible ranges)")
     if info.get("values_from_text"):
       notes.append(f"{info['values_from_text']} values read from its text value column where "
                    "the numeric one was empty")

@@ -337,6 +337,19 @@ def _(ctx):
                  checks=[lib.table_info("labs.csv", "values_from_text", 5)])
 
 
+@case("tables", "labs: MIMIC-IV labevents as shipped (itemid codes, record ids)", ACCEPTED)
+def _(ctx):
+  rows = [f"{100 * i + k},{pid},,{2595786 + i},{item},,2180-03-23 11:51:00,{v},{v},{unit},,"
+          for i, pid in enumerate(IDS)
+          for k, (item, v, unit) in enumerate((("50983", 140 + i, "mEq/L"),
+                                               ("50971", 4.1, "mEq/L")))]
+  return _tables(ctx, labs=table("labevent_id,subject_id,hadm_id,specimen_id,itemid,"
+                                 "order_provider_id,charttime,value,valuenum,valueuom,flag,"
+                                 "comments", rows),
+                 checks=[lib.table_info("labs.csv", "analyte_codes", "itemid"),
+                         lib.table_info("labs.csv", "values_set_missing", {})])
+
+
 @case("tables", "labs: header only", ACCEPTED)
 def _(ctx):
   return _tables(ctx, labs=LABS_H + "\n")

@@ -64,10 +64,13 @@ def read_labs(path: str, analytes: Sequence[str], rename: dict[str, str],
   columns = [j for j, h in named
              if csvfile.column_key(h) not in _NOT_ANALYTES and j not in identifiers]
   for j in sorted(identifiers):
+    what = ("identifies patients rather than measuring them" if csvfile.column_key(
+        frame.columns[j]) in values_lib.IDENTIFIER_COLUMNS else "identifies records (its name "
+            "ends in 'id'), not a measurement")
     found.append(csvfile.Problem(
         source, lines.header_line, f"column {j + 1} "
-        f"({values_lib.shown(frame.columns[j], problems.known_ids)}) identifies patients rather "
-        "than measuring them; its values are ignored", "column"))
+        f"({values_lib.shown(frame.columns[j], problems.known_ids)}) {what}; its values are "
+        "ignored", "column"))
   names = [rename.get(frame.columns[j], frame.columns[j]) for j in columns]
   _check_renamed(lines.path, [frame.columns[j] for j in columns], names, problems.known_ids)
   if not analytes:
@@ -156,10 +159,13 @@ def _long_columns(header: list[str]) -> dict[str, int | None]:
   has one (MIMIC's text 'value' beside 'valuenum'); empty for a wide file."""
   find = lambda names: csvfile.column_index(header, names)
   analyte, value = find(values_lib.ANALYTE_COLUMNS), find(values_lib.VALUE_COLUMNS)
+  codes = analyte is None and find(values_lib.ANALYTE_CODE_COLUMNS) is not None
+  analyte = find(values_lib.ANALYTE_CODE_COLUMNS) if codes else analyte
   if analyte is None or value is None:
     return {}
   chosen = csvfile.column_key(header[value])
-  return {"analyte": analyte, "value": value, "unit": find(values_lib.UNIT_COLUMNS),
+  return {"analyte": analyte, "codes": codes, "value": value,
+          "unit": find(values_lib.UNIT_COLUMNS),
           "text": find([n for n in values_lib.VALUE_COLUMNS
                         if csvfile.column_key(n) != chosen])}
 
@@ -260,8 +266,12 @@ def _read_labs_long(lines, frame, cols, analytes, rename, problems, ranges, fold
   if not analytes:
     # Analytes from the cells: a name that may identify a patient (an id in the wrong column)
     # becomes no analyte, which would carry it into tables.npz; its rows are set aside below.
-    analytes = sorted(n for n in set(names[(ids != "") & (names != "")])
-                      if not values_lib.withheld(n, problems.known_ids))
+    # A code ('50912') is one unless it is a patient's id.
+    identifying = ((lambda n: n.casefold() in problems.known_ids) if cols["codes"] else
+                   (lambda n: values_lib.withheld(n, problems.known_ids)))
+    analytes = sorted(n for n in set(names[(ids != "") & (names != "")]) if not identifying(n))
+  if cols["codes"]:
+    lines.info["analyte_codes"] = frame.columns[cols["analyte"]]
   index = {a: i for i, a in enumerate(analytes)}
   empty = ids == ""
   for i in np.flatnonzero(empty):

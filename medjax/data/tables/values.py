@@ -45,6 +45,10 @@ TIME_COLUMNS = ("hour", "hours", "time", "timestamp", "charttime", "datetime")
 # ('measurement_source_value', 'value_as_number'), Epic's ('component_name', 'ord_num_value').
 ANALYTE_COLUMNS = ("analyte", "test", "test_name", "label", "lab_name", "component_name",
                    "measurement_source_value")
+# A long labs.csv's analyte column by code where it names none (raw MIMIC labevents' 'itemid',
+# before d_labitems is joined; OMOP's concept id; a LOINC code): the codes are the analytes.
+ANALYTE_CODE_COLUMNS = ("itemid", "item_id", "loinc_code", "loinc", "test_code",
+                        "measurement_concept_id")
 VALUE_COLUMNS = ("valuenum", "value_as_number", "ord_num_value", "numeric_value", "value",
                  "result", "result_value")
 # A long labs.csv's unit column (MIMIC's valueuom, OMOP's unit_source_value).
@@ -78,6 +82,7 @@ FLOAT32_MAX = float(np.finfo(np.float32).max)
 # Text read as a missing value but counted, like inf and nan, as a non-finite value.
 MISSING_MARKERS = frozenset({"nan", "-nan", "+nan", "na", "n/a", "#n/a", "null", "none", "<na>"})
 _WITHHELD = "(withheld: it may identify a patient)"
+_ID_SUFFIX = re.compile(r"(?:[\s_\-.][iI][dD]|[a-z]I[dD])$")
 _NON_FINITE_WORDS = frozenset({"inf", "infinity"} | {m.lstrip("+-") for m in MISSING_MARKERS})
 # A value reported beyond an assay's limit: '<0.01', '<= 5', '>60', '≥90' (the limit follows).
 _LIMIT = r"^(?:[<>]=?|[≤≥])\s*(\S.*)$"
@@ -198,8 +203,9 @@ def shown(text, ids: set[str]) -> str:
 
 
 def identifier_column(name: str) -> bool:
-  """Whether a column named `name` identifies patients (`IDENTIFIER_COLUMNS`)."""
-  return csvfile.column_key(name) in IDENTIFIER_COLUMNS
+  """Whether a column named `name` identifies patients (`IDENTIFIER_COLUMNS`) or records (a
+  name ending in an 'id' of its own: 'specimen_id', 'labevent_id', 'OrderID'; not 'lipid')."""
+  return csvfile.column_key(name) in IDENTIFIER_COLUMNS or bool(_ID_SUFFIX.search(name.strip()))
 
 
 def shown_value(text, ids: set[str]) -> str:
