@@ -371,3 +371,35 @@ def test_raw_mimic_labevents_are_long_labs_named_by_itemid_and_record_ids_no_ana
   assert _reasons(problems) == [
       f"column {j} ('{name}') identifies records (its name ends in 'id'), not a measurement; "
       "its values are ignored" for j, name in ((2, "specimen_id"), (3, "OrderID"))]
+
+
+def test_long_vitals_as_chartevents_are_gathered_into_a_row_per_patient_and_time(tmp_path):
+  """MIMIC-IV's icu/chartevents (one row per measurement, by itemid) and exports that name the
+  measurement ('Heart Rate') were refused: no 'hr' column. Their channels' rows are gathered
+  into one row per patient and time; other items are counted, a channel given twice at one time
+  keeps its first value (the later row set aside), and data.rename names other spellings."""
+  path = _write(tmp_path, "vitals.csv", "subject_id,stay_id,charttime,itemid,value,valuenum\n"
+                "P1,2,2180-01-01 08:00,220045,80,80\n"
+                "P1,2,2180-01-01 08:00,220277,97,97\n"
+                "P1,2,2180-01-01 08:00,226512,70,70\n"       # admission weight: no channel
+                "P1,2,2180-01-01 09:10,220045,82,82\n"
+                "P1,2,2180-01-01 09:10,220045,84,84\n"       # hr again at 09:10
+                "P2,2,2180-01-02 10:00,Heart Rate,90,\n"     # valuenum empty: its text value
+                "P2,2,2180-01-02 10:00,core temp,36.6,36.6\n"
+                "P2,2,2180-01-02 11:30,SBP,150,150\n")
+  problems = tables.Problems("quarantine")
+  vitals = tables.read_vitals(path, ["hr", "sbp", "spo2", "temp"], 3, 1.0, problems,
+                              rename={"core temp": "temp"})
+  assert vitals.ids.tolist() == ["P1", "P2"]
+  nan = np.nan
+  np.testing.assert_allclose(vitals.values, [
+      [[80, nan, 97, nan], [82, nan, nan, nan], [nan] * 4],
+      [[90, nan, nan, 36.6], [nan, 150, nan, nan], [nan] * 4]], rtol=1e-6)
+  assert [(p.line, p.reason) for p in problems.items] == [
+      (6, "duplicate value for channel 'hr' at this time for this patient; the row is set aside")]
+  info = problems.files["vitals.csv"]
+  assert info["rows_other_items"] == 1 and info["values_from_text"] == 1
+  # Neither wide nor long: the refusal says what a long file needs.
+  with pytest.raises(tables.TableError, match="names its measurements in an analyte column"):
+    tables.read_vitals(_write(tmp_path, "v2.csv", "patient_id,hour,pulse\nP1,0,80\n"), ["hr"],
+                       3, 1.0, tables.Problems("quarantine"))

@@ -151,6 +151,9 @@ def _table_lines(tables_summary: dict) -> list[str]:
                    "and split; measurements go in labs.csv)")
     if info.get("split_column"):
       notes.append(f"the split from its {info['split_column']!r} column")
+    if info.get("rows_other_items"):
+      notes.append(f"{info['rows_other_items']} rows of other measurements than the channels "
+                   "not read")
     if info.get("rows_past_last_step"):
       notes.append(f"{info['rows_past_last_step']} rows past the last step")
     if notes:

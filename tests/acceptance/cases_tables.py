@@ -367,6 +367,25 @@ def _vrow(pid, hour, hr=80, temp=37.0):
   return f"{pid},{hour},{hr},120,80,16,98,{temp}"
 
 
+def _no_missing(modality: str):
+  """A check: no patient lacks `modality` (summary.json's ingest.missing)."""
+  def check(run):
+    got = lib.ingest_summary(run).get("missing", {}).get(modality)
+    return got == 0, f"missing[{modality!r}] = {got!r}"
+  return (f"ingest summary: no patient without {modality}", check)
+
+
+@case("tables", "vitals: long, as MIMIC-IV chartevents (itemids, other items)", ACCEPTED)
+def _(ctx):
+  items = (("220045", 80), ("220179", 120), ("220180", 80), ("220210", 16), ("220277", 98),
+           ("223762", 37.0), ("226512", 70))   # the last: admission weight, no channel
+  rows = [f"{pid},{3000 + i},2180-01-01 {8 + h:02d}:00:00,{item},{v},{v}"
+          for i, pid in enumerate(IDS) for h in range(3) for item, v in items]
+  return _tables(ctx, vitals=table("subject_id,stay_id,charttime,itemid,value,valuenum", rows),
+                 checks=[lib.table_info("vitals.csv", "rows_other_items", 30),
+                         _no_missing("vitals")])
+
+
 @case("tables", "vitals: negative time", QUARANTINED)
 def _(ctx):
   return _tables(ctx, vitals=_vitals_with(1, _vrow(IDS[0], -2)),

@@ -47,7 +47,7 @@ def read_labs(path: str, analytes: Sequence[str], rename: dict[str, str],
 
   def text_columns(lines):
     cols["pid"] = csvfile.find_column(lines, values_lib.PATIENT_COLUMNS, "patient id")
-    cols.update(_long_columns(lines.header))
+    cols.update(values_lib.long_columns(lines.header))
     if "analyte" in cols:
       return [j for j in range(len(lines.header)) if j != cols["value"]]
     return [cols["pid"]] + [j for j, h in enumerate(lines.header)
@@ -154,44 +154,6 @@ def _one_row_per_patient(frame, lines, read, index, ids, rows, ranges, id_set, f
   return np.asarray(patients, dtype=object), out
 
 
-def _long_columns(header: list[str]) -> dict[str, int | None]:
-  """A long file's analyte, value and (optional) unit columns, and a second value column if it
-  has one (MIMIC's text 'value' beside 'valuenum'); empty for a wide file."""
-  find = lambda names: csvfile.column_index(header, names)
-  analyte, value = find(values_lib.ANALYTE_COLUMNS), find(values_lib.VALUE_COLUMNS)
-  codes = analyte is None and find(values_lib.ANALYTE_CODE_COLUMNS) is not None
-  analyte = find(values_lib.ANALYTE_CODE_COLUMNS) if codes else analyte
-  if analyte is None or value is None:
-    return {}
-  chosen = csvfile.column_key(header[value])
-  return {"analyte": analyte, "codes": codes, "value": value,
-          "unit": find(values_lib.UNIT_COLUMNS),
-          "text": find([n for n in values_lib.VALUE_COLUMNS
-                        if csvfile.column_key(n) != chosen])}
-
-
-def _fill_from_text(frame: csvfile.Frame, value: int, text: int, info: dict) -> None:
-  """Where the value column is empty and the second value column holds what reads as a value, it
-  is taken: MIMIC leaves 'valuenum' empty where 'value' is '<0.1' or '>1000' (an assay's limit,
-  `values.numbers`), and would lose those measured patients quietly. Text that is no value
-  ('NEG', '___') stays missing, as the export meant. Counted as info['values_from_text']."""
-  column = frame.frame[value]
-  empty = column.isna().to_numpy(bool)
-  if column.dtype == object:
-    empty |= (column.astype(str).str.strip() == "").to_numpy(bool)
-  if not empty.any():
-    return
-  cells = frame.frame[text].iloc[np.flatnonzero(empty)]
-  parsed, kinds, read = values_lib.numbers(cells, frame.delimiter != ",", limits=True)
-  usable = (kinds == values_lib.OK) & ~np.isnan(parsed)
-  if usable.any():
-    numeric = column.to_numpy(object if column.dtype == object else np.float64, copy=True)
-    numeric[np.flatnonzero(empty)[usable]] = parsed[usable]
-    frame.frame[value] = pd.Series(numeric, index=frame.frame.index)
-    info["values_from_text"] = int(usable.sum())
-    values_lib.add_counts(info, read)
-
-
 def _unit(text) -> str:
   """A unit as written, compared without case, spaces or the micro sign's spelling ('mg/dL',
   'MG/DL'; 'µmol/L', 'umol/L')."""
@@ -285,7 +247,7 @@ def _read_labs_long(lines, frame, cols, analytes, rename, problems, ranges, fold
         f"config.data.analytes ({len(analytes)} names); add it or map it with "
         "config.data.rename; the row is set aside", patient=ids[i]))
   if cols["text"] is not None:
-    _fill_from_text(frame, cols["value"], cols["text"], lines.info)
+    values_lib.fill_from_text(frame, cols["value"], cols["text"], lines.info)
   rows = np.flatnonzero(~empty & ~unknown)
   values = np.full(len(rows), np.nan)
   order = np.argsort(column[rows], kind="stable")

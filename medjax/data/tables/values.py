@@ -285,6 +285,43 @@ def add_counts(info: dict, counts: dict[str, int]) -> None:
     info[key] = info.get(key, 0) + n
 
 
+def long_columns(header: list[str]) -> dict[str, int | None]:
+  """A long file's analyte (a name, else a code: `codes`), value and (optional) unit columns,
+  and a second value column if it has one (MIMIC's text 'value' beside 'valuenum'); empty
+  when it has no analyte or no value column (a wide file)."""
+  find = lambda names: csvfile.column_index(header, names)
+  analyte, value = find(ANALYTE_COLUMNS), find(VALUE_COLUMNS)
+  codes = analyte is None and find(ANALYTE_CODE_COLUMNS) is not None
+  analyte = find(ANALYTE_CODE_COLUMNS) if codes else analyte
+  if analyte is None or value is None:
+    return {}
+  chosen = csvfile.column_key(header[value])
+  return {"analyte": analyte, "codes": codes, "value": value, "unit": find(UNIT_COLUMNS),
+          "text": find([n for n in VALUE_COLUMNS if csvfile.column_key(n) != chosen])}
+
+
+def fill_from_text(frame: csvfile.Frame, value: int, text: int, info: dict) -> None:
+  """Where the value column is empty and the second value column holds what reads as a value, it
+  is taken: MIMIC leaves 'valuenum' empty where 'value' is '<0.1' or '>1000' (an assay's limit,
+  `numbers`), and would lose those measured patients quietly. Text that is no value
+  ('NEG', '___') stays missing, as the export meant. Counted as info['values_from_text']."""
+  column = frame.frame[value]
+  empty = column.isna().to_numpy(bool)
+  if column.dtype == object:
+    empty |= (column.astype(str).str.strip() == "").to_numpy(bool)
+  if not empty.any():
+    return
+  cells = frame.frame[text].iloc[np.flatnonzero(empty)]
+  parsed, kinds, read = numbers(cells, frame.delimiter != ",", limits=True)
+  usable = (kinds == OK) & ~np.isnan(parsed)
+  if usable.any():
+    numeric = column.to_numpy(object if column.dtype == object else np.float64, copy=True)
+    numeric[np.flatnonzero(empty)[usable]] = parsed[usable]
+    frame.frame[value] = pd.Series(numeric, index=frame.frame.index)
+    info["values_from_text"] = int(usable.sum())
+    add_counts(info, read)
+
+
 def _value_problems(source: str, label: str, name: str, kinds: np.ndarray, lines: np.ndarray,
                     cells, ids: set[str],
                     bounds=None) -> tuple[list[csvfile.Problem], dict[str, int]]:

@@ -21,10 +21,31 @@ class Vitals:
   late: int
 
 
+# A long file's names (by `csvfile.column_key`) of the default channels besides their own:
+# what exports call them, and MIMIC-IV's chartevents itemids (d_items: 220045 Heart Rate,
+# 220179/220180 and 220050/220051 non-invasive and arterial blood pressure systolic/diastolic,
+# 220210 Respiratory Rate, 220277 O2 saturation pulseoxymetry, 223762 Temperature Celsius).
+CHANNEL_NAMES = {
+    "hr": ("heart rate", "heartrate", "pulse", "pulse rate", "220045"),
+    "sbp": ("systolic blood pressure", "systolic bp", "non invasive blood pressure systolic",
+            "arterial blood pressure systolic", "nbp systolic", "nbps", "sysbp", "220179",
+            "220050"),
+    "dbp": ("diastolic blood pressure", "diastolic bp", "non invasive blood pressure diastolic",
+            "arterial blood pressure diastolic", "nbp diastolic", "nbpd", "diasbp", "220180",
+            "220051"),
+    "rr": ("respiratory rate", "resp rate", "respiration rate", "breathing rate", "220210"),
+    "spo2": ("o2 saturation pulseoxymetry", "oxygen saturation", "o2 saturation", "o2 sat",
+             "pulse oximetry", "220277"),
+    "temp": ("temperature", "temperature celsius", "temperature c", "body temperature",
+             "temp c", "223762")}
+
+
 def read_vitals(path: str, channels: Sequence[str], steps: int, hours_per_step: float,
                 problems: values_lib.Problems, ranges: dict[str, tuple[float, float]] | None = None,
-                fold_case: bool = False) -> Vitals:
-  """vitals.csv, long: one row per patient and time, one column per channel.
+                fold_case: bool = False, rename: dict[str, str] | None = None) -> Vitals:
+  """vitals.csv, wide: one row per patient and time, one column per channel; or long: one row
+  per measurement (patient, time, a name or code, a value: MIMIC's chartevents), its channels'
+  rows gathered into one row per patient and time (`_gathered`).
 
   Times are hours since admission (numbers, >= 0) or ISO 8601 timestamps counted from the
   patient's first row; the kind most of the file's valid times have decides which. A row costs
@@ -43,16 +64,25 @@ def read_vitals(path: str, channels: Sequence[str], steps: int, hours_per_step: 
     cols["time"] = csvfile.find_column(lines, values_lib.TIME_COLUMNS, "time")
     cols["channels"] = [csvfile.column_index(lines.header, [c]) for c in channels]
     missing = [c for c, j in zip(channels, cols["channels"]) if j is None]
+    cols["long"] = values_lib.long_columns(lines.header) if missing else {}
+    if cols["long"]:
+      return [j for j in range(len(lines.header))
+              if j not in (cols["time"], cols["long"]["value"])]
     if missing:
       # The header is not echoed: a cell of it may hold anything, an identifier included.
       raise csvfile.refuse(lines.path, f"channel columns {missing} not found among its "
                            f"{len(lines.header)} columns (config.data.vitals_channels="
                            f"{list(channels)}, compared ignoring case, spaces, '_', '-' and "
-                           "'.'); rename the columns or set config.data.vitals_channels")
+                           "'.'); rename the columns or set config.data.vitals_channels (a "
+                           "long file, one row per measurement, names its measurements in an "
+                           f"analyte column, one of {list(values_lib.ANALYTE_COLUMNS)}, beside a "
+                           f"value column, one of {list(values_lib.VALUE_COLUMNS)})")
     return [cols["pid"]] + [j for j in range(len(lines.header))
                             if j != cols["time"] and j not in cols["channels"]]
 
   lines, frame = csvfile.load(path, text_columns)
+  if cols["long"]:
+    frame = _gathered(frame, lines, cols, channels, rename or {}, fold_case)
   ids, id_set = values_lib.read_ids(frame, lines, cols["pid"], fold_case, problems)
   found = list(frame.problems)   # now with their patients
   hours, kind = _times(frame.frame[cols["time"]], frame.delimiter != ",")
@@ -124,6 +154,51 @@ def _rows_in_time_order(frame: csvfile.Frame, cols: dict, ids: np.ndarray, id_se
   set_aside(repeated, lambda i: f"duplicate time {shown(i)} for this patient; the row is set "
             "aside")
   return np.flatnonzero(kept & ~out_of_order & ~repeated)
+
+
+def _gathered(frame: csvfile.Frame, lines: csvfile.Lines, cols: dict, channels: Sequence[str],
+              rename: dict[str, str], fold_case: bool) -> csvfile.Frame:
+  """A long file's frame as a wide one: a row per patient and time (as written; at its first
+  line), a column per channel holding its value as written, for the wide path to read. A row's
+  name is a channel by `rename`, by its own name or by `CHANNEL_NAMES`; rows of other
+  measurements (chartevents' hundreds of items) are counted (info['rows_other_items']), and a
+  channel given twice for one patient and time keeps its first value, the later row set aside
+  with its reason. `cols` then names the wide frame's columns."""
+  long = cols["long"]
+  for i, p in enumerate(frame.problems):   # malformed lines: their patient, by the file's column
+    if p.what == "row" and not p.patient:
+      pid = values_lib.normalize_ids([csvfile.field_of(lines, p.line, cols["pid"])], fold_case)
+      frame.problems[i] = dataclasses.replace(p, patient=pid[0])
+  if long["text"] is not None:
+    values_lib.fill_from_text(frame, long["value"], long["text"], lines.info)
+  keys = {csvfile.column_key(c): i for i, c in enumerate(channels)}
+  keys.update({csvfile.column_key(n): keys[c] for c, names in CHANNEL_NAMES.items()
+               if c in keys for n in names})
+  keys.update({csvfile.column_key(n): keys[csvfile.column_key(c)] for n, c in rename.items()
+               if csvfile.column_key(c) in keys})
+  channel = values_lib.map_unique(frame.frame[long["analyte"]].to_numpy(object),
+                                  lambda s: keys.get(csvfile.column_key(s), -1)).astype(np.int64)
+  pid = values_lib.normalize_ids(frame.frame[cols["pid"]].to_numpy(object), fold_case)
+  when = frame.frame[cols["time"]].astype(str).str.strip().to_numpy(object)
+  rows = np.flatnonzero(channel >= 0)
+  lines.info["rows_other_items"] = int(np.sum((channel < 0) & (pid != "")))
+  group, _ = pd.factorize(pd.Series(pid[rows] + "\x1f" + when[rows], dtype=object))
+  first = rows[np.unique(group, return_index=True)[1]]
+  dup = pd.Series(group * len(channels) + channel[rows]).duplicated().to_numpy()
+  cell = np.flatnonzero(~dup)
+  wide = np.full((len(first), len(channels)), "", object)
+  wide[group[cell], channel[rows[cell]]] = frame.frame[long["value"]].to_numpy(object)[rows[cell]]
+  for i in rows[dup]:
+    frame.problems.append(csvfile.Problem(
+        frame.source, int(frame.lines[i]), f"duplicate value for channel "
+        f"{channels[channel[i]]!r} at this time for this patient; the row is set aside",
+        patient=pid[i]))
+  out = pd.DataFrame({0: frame.frame[cols["pid"]].iloc[first].to_numpy(object),
+                      1: frame.frame[cols["time"]].iloc[first].to_numpy(),
+                      **{2 + c: wide[:, c] for c in range(len(channels))}})
+  names = [frame.columns[cols["pid"]], frame.columns[cols["time"]], *channels]
+  cols.update(pid=0, time=1, channels=list(range(2, 2 + len(channels))))
+  return dataclasses.replace(frame, columns=names, frame=out, lines=frame.lines[first])
 
 
 def _patient_order(ids: np.ndarray, rows: np.ndarray, hours: np.ndarray) -> tuple:
