@@ -386,19 +386,29 @@ def test_long_vitals_as_chartevents_are_gathered_into_a_row_per_patient_and_time
                 "P1,2,2180-01-01 09:10,220045,84,84\n"       # hr again at 09:10
                 "P2,2,2180-01-02 10:00,Heart Rate,90,\n"     # valuenum empty: its text value
                 "P2,2,2180-01-02 10:00,core temp,36.6,36.6\n"
-                "P2,2,2180-01-02 11:30,SBP,150,150\n")
+                "P2,2,2180-01-02 11:30,SBP,150,150\n"
+                "P3,2,2180-01-03 10:00,223761,98.6,98.6\n")    # Temperature Fahrenheit
   problems = tables.Problems("quarantine")
   vitals = tables.read_vitals(path, ["hr", "sbp", "spo2", "temp"], 3, 1.0, problems,
                               rename={"core temp": "temp"})
-  assert vitals.ids.tolist() == ["P1", "P2"]
+  assert vitals.ids.tolist() == ["P1", "P2", "P3"]
   nan = np.nan
   np.testing.assert_allclose(vitals.values, [
       [[80, nan, 97, nan], [82, nan, nan, nan], [nan] * 4],
-      [[90, nan, nan, 36.6], [nan, 150, nan, nan], [nan] * 4]], rtol=1e-6)
+      [[90, nan, nan, 36.6], [nan, 150, nan, nan], [nan] * 4],
+      [[nan, nan, nan, 37.0], [nan] * 4, [nan] * 4]], rtol=1e-6)
   assert [(p.line, p.reason) for p in problems.items] == [
       (6, "duplicate value for channel 'hr' at this time for this patient; the row is set aside")]
   info = problems.files["vitals.csv"]
   assert info["rows_other_items"] == 1 and info["values_from_text"] == 1
+  assert info["fahrenheit_to_celsius"] == 1
+  # By its unit too (a ';' file: decimal commas), and only for the temperature.
+  path = _write(tmp_path, "v3.csv", "patient_id;hour;test;value;unit\nP1;0;temp;99,5;°F\n"
+                "P1;0;hr;80;F\nP1;1;Temperature;37,1;°C\n")
+  problems = tables.Problems("raise")
+  vitals = tables.read_vitals(path, ["hr", "temp"], 2, 1.0, problems)
+  np.testing.assert_allclose(vitals.values, [[[80, 37.5], [nan, 37.1]]], rtol=1e-6)
+  assert problems.files["v3.csv"]["fahrenheit_to_celsius"] == 1
   # Neither wide nor long: the refusal says what a long file needs.
   with pytest.raises(tables.TableError, match="names its measurements in an analyte column"):
     tables.read_vitals(_write(tmp_path, "v2.csv", "patient_id,hour,pulse\nP1,0,80\n"), ["hr"],

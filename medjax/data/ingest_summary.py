@@ -154,6 +154,9 @@ def _table_lines(tables_summary: dict) -> list[str]:
     if info.get("rows_other_items"):
       notes.append(f"{info['rows_other_items']} rows of other measurements than the channels "
                    "not read")
+    if info.get("fahrenheit_to_celsius"):
+      notes.append(f"{info['fahrenheit_to_celsius']} temperatures in Fahrenheit converted to "
+                   "Celsius")
     if info.get("rows_past_last_step"):
       notes.append(f"{info['rows_past_last_step']} rows past the last step")
     if notes:

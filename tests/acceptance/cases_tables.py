@@ -378,11 +378,13 @@ def _no_missing(modality: str):
 @case("tables", "vitals: long, as MIMIC-IV chartevents (itemids, other items)", ACCEPTED)
 def _(ctx):
   items = (("220045", 80), ("220179", 120), ("220180", 80), ("220210", 16), ("220277", 98),
-           ("223762", 37.0), ("226512", 70))   # the last: admission weight, no channel
+           ("223761", 98.6), ("226512", 70))   # Temperature Fahrenheit; weight, no channel
   rows = [f"{pid},{3000 + i},2180-01-01 {8 + h:02d}:00:00,{item},{v},{v}"
           for i, pid in enumerate(IDS) for h in range(3) for item, v in items]
   return _tables(ctx, vitals=table("subject_id,stay_id,charttime,itemid,value,valuenum", rows),
                  checks=[lib.table_info("vitals.csv", "rows_other_items", 30),
+                         lib.table_info("vitals.csv", "fahrenheit_to_celsius", 30),
+                         lib.table_info("vitals.csv", "values_set_missing", {}),
                          _no_missing("vitals")])
 
 

@@ -38,6 +38,10 @@ CHANNEL_NAMES = {
              "pulse oximetry", "220277"),
     "temp": ("temperature", "temperature celsius", "temperature c", "body temperature",
              "temp c", "223762")}
+# Temperatures given in Fahrenheit (MIMIC-IV charts most as 223761, Temperature Fahrenheit), by
+# name or by unit: a long file's are converted to the 'temp' channel's Celsius.
+FAHRENHEIT_NAMES = ("temperature fahrenheit", "temperature f", "temp f", "223761")
+_FAHRENHEIT_UNITS = frozenset({"°f", "degf", "f", "degreesf", "fahrenheit", "℉"})
 
 
 def read_vitals(path: str, channels: Sequence[str], steps: int, hours_per_step: float,
@@ -174,10 +178,13 @@ def _gathered(frame: csvfile.Frame, lines: csvfile.Lines, cols: dict, channels: 
   keys = {csvfile.column_key(c): i for i, c in enumerate(channels)}
   keys.update({csvfile.column_key(n): keys[c] for c, names in CHANNEL_NAMES.items()
                if c in keys for n in names})
+  keys.update({csvfile.column_key(n): keys["temp"] for n in FAHRENHEIT_NAMES if "temp" in keys})
   keys.update({csvfile.column_key(n): keys[csvfile.column_key(c)] for n, c in rename.items()
                if csvfile.column_key(c) in keys})
-  channel = values_lib.map_unique(frame.frame[long["analyte"]].to_numpy(object),
-                                  lambda s: keys.get(csvfile.column_key(s), -1)).astype(np.int64)
+  names = frame.frame[long["analyte"]].to_numpy(object)
+  channel = values_lib.map_unique(
+      names, lambda s: keys.get(csvfile.column_key(s), -1)).astype(np.int64)
+  value = _in_celsius(frame, long, names, channel == keys.get("temp", -1), lines.info)
   pid = values_lib.normalize_ids(frame.frame[cols["pid"]].to_numpy(object), fold_case)
   when = frame.frame[cols["time"]].astype(str).str.strip().to_numpy(object)
   rows = np.flatnonzero(channel >= 0)
@@ -187,7 +194,7 @@ def _gathered(frame: csvfile.Frame, lines: csvfile.Lines, cols: dict, channels: 
   dup = pd.Series(group * len(channels) + channel[rows]).duplicated().to_numpy()
   cell = np.flatnonzero(~dup)
   wide = np.full((len(first), len(channels)), "", object)
-  wide[group[cell], channel[rows[cell]]] = frame.frame[long["value"]].to_numpy(object)[rows[cell]]
+  wide[group[cell], channel[rows[cell]]] = value[rows[cell]]
   for i in rows[dup]:
     frame.problems.append(csvfile.Problem(
         frame.source, int(frame.lines[i]), f"duplicate value for channel "
@@ -199,6 +206,28 @@ def _gathered(frame: csvfile.Frame, lines: csvfile.Lines, cols: dict, channels: 
   names = [frame.columns[cols["pid"]], frame.columns[cols["time"]], *channels]
   cols.update(pid=0, time=1, channels=list(range(2, 2 + len(channels))))
   return dataclasses.replace(frame, columns=names, frame=out, lines=frame.lines[first])
+
+
+def _in_celsius(frame: csvfile.Frame, long: dict, names: np.ndarray, temp: np.ndarray,
+                info: dict) -> np.ndarray:
+  """A long file's value cells, its temperatures in Fahrenheit (`FAHRENHEIT_NAMES`, or a unit
+  of °F) converted to Celsius (counted as info['fahrenheit_to_celsius']); a cell that is no
+  number stays as written, for the wide path to report."""
+  value = frame.frame[long["value"]].to_numpy(object).copy()
+  fahrenheit = {csvfile.column_key(n) for n in FAHRENHEIT_NAMES}
+  given_f = values_lib.map_unique(names, lambda s: csvfile.column_key(s) in fahrenheit)
+  if long["unit"] is not None:
+    given_f = given_f | values_lib.map_unique(
+        frame.frame[long["unit"]].to_numpy(object),
+        lambda s: csvfile.column_key(s) in _FAHRENHEIT_UNITS)
+  rows = np.flatnonzero(temp & given_f.astype(bool))
+  if len(rows):
+    v, kinds, _ = values_lib.numbers(pd.Series(value[rows], dtype=object),
+                                     frame.delimiter != ",")
+    ok = kinds == values_lib.OK
+    value[rows[ok]] = (v[ok] - 32.0) * 5.0 / 9.0
+    info["fahrenheit_to_celsius"] = int(np.sum(ok & ~np.isnan(v)))
+  return value
 
 
 def _patient_order(ids: np.ndarray, rows: np.ndarray, hours: np.ndarray) -> tuple:
