@@ -24,6 +24,14 @@ def _reasons(problems: tables.Problems) -> list[str]:
   return [p.reason for p in problems.items]
 
 
+def _ingest_table(problems: tables.Problems) -> str:
+  """The ingest table's text for a cohort of these tables alone (its lines about the tables)."""
+  return ingest_summary.format_summary({
+      "patients": 0, "splits": {"train": 0, "val": 0, "test": 0}, "dicom_files": 0, "images": 0,
+      "quarantined": 0, "groups": {}, "missing": {}, "classes": {}, "quarantine_reasons": {},
+      "tables": ingest_summary.tables_summary(problems, [], {}, {}, False)})
+
+
 def test_identifier_columns_are_no_analytes_and_their_values_are_never_quoted(tmp_path):
   """An MRN beside the PatientID was an analyte (each patient's MRN a float in tables.npz);
   a name and a birth date were too, quoted in the report as values that are not numbers."""
@@ -294,13 +302,8 @@ def test_values_beyond_an_assays_limit_are_read_at_the_limit_and_counted(tmp_pat
   info = problems.files["labs.csv"]
   assert info["values_at_limit"] == 5
   assert info["values"] == {"not_a_number": {"troponin_i": 1, "crp": 1}}
-  summary = ingest_summary.tables_summary(problems, [], {}, {}, False)
-  assert summary["labs.csv"]["values_at_limit"] == 5
-  text = ingest_summary.format_summary({
-      "patients": 3, "splits": {"train": 3, "val": 0, "test": 0}, "dicom_files": 0, "images": 0,
-      "quarantined": 0, "groups": {}, "missing": {}, "classes": {}, "quarantine_reasons": {},
-      "tables": summary})
-  assert "labs.csv: 5 values beyond an assay's limit ('<0.01', '>60') read at the limit" in text
+  assert ("labs.csv: 5 values beyond an assay's limit ('<0.01', '>60') read at the limit"
+          in _ingest_table(problems))
   long = _write(tmp_path, "long.csv", "patient_id;analyte;value\nP1;troponin_i;<0,01\n"
                 "P2;troponin_i;0,5\n")
   problems = tables.Problems("raise")
@@ -356,12 +359,8 @@ def test_raw_mimic_labevents_are_long_labs_named_by_itemid_and_record_ids_no_ana
   assert problems.files["labs.csv"]["analyte_codes"] == "itemid"
   renamed = tables.read_labs(path, (), {"50912": "creatinine"}, tables.Problems("raise"))
   assert renamed.analytes == ["50971", "creatinine"]
-  summary = ingest_summary.tables_summary(problems, [], {}, {}, False)
-  text = ingest_summary.format_summary({
-      "patients": 2, "splits": {"train": 2, "val": 0, "test": 0}, "dicom_files": 0, "images": 0,
-      "quarantined": 0, "groups": {}, "missing": {}, "classes": {}, "quarantine_reasons": {},
-      "tables": summary})
-  assert "labs.csv: analytes named by their 'itemid' codes (join the code table's names" in text
+  assert ("labs.csv: analytes named by their 'itemid' codes (join the code table's names"
+          in _ingest_table(problems))
 
   wide = _write(tmp_path, "wide.csv", "patient_id,specimen_id,OrderID,Lipid,Na\n"
                 "P1,2595786,77,1.2,140\n")
