@@ -45,8 +45,9 @@ TIME_COLUMNS = ("hour", "hours", "time", "timestamp", "charttime", "datetime")
 # ('measurement_source_value', 'value_as_number'), Epic's ('component_name', 'ord_num_value').
 ANALYTE_COLUMNS = ("analyte", "test", "test_name", "label", "lab_name", "component_name",
                    "measurement_source_value")
-# A long labs.csv's analyte column by code where it names none (raw MIMIC labevents' 'itemid',
-# before d_labitems is joined; OMOP's concept id; a LOINC code): the codes are the analytes.
+# A long file's analyte column by code where it names none (raw MIMIC labevents' and
+# chartevents' 'itemid', before d_labitems or d_items is joined; OMOP's concept id; a LOINC
+# code): the codes are the analytes (a long vitals.csv's: CHANNEL_NAMES or data.rename).
 ANALYTE_CODE_COLUMNS = ("itemid", "item_id", "loinc_code", "loinc", "test_code",
                         "measurement_concept_id")
 VALUE_COLUMNS = ("valuenum", "value_as_number", "ord_num_value", "numeric_value", "value",

@@ -79,8 +79,9 @@ def read_vitals(path: str, channels: Sequence[str], steps: int, hours_per_step: 
                            f"{list(channels)}, compared ignoring case, spaces, '_', '-' and "
                            "'.'); rename the columns or set config.data.vitals_channels (a "
                            "long file, one row per measurement, names its measurements in an "
-                           f"analyte column, one of {list(values_lib.ANALYTE_COLUMNS)}, beside a "
-                           f"value column, one of {list(values_lib.VALUE_COLUMNS)})")
+                           f"analyte column, one of {list(values_lib.ANALYTE_COLUMNS)} or by code "
+                           f"{list(values_lib.ANALYTE_CODE_COLUMNS)}, beside a value column, one "
+                           f"of {list(values_lib.VALUE_COLUMNS)})")
     return [cols["pid"]] + [j for j in range(len(lines.header))
                             if j != cols["time"] and j not in cols["channels"]]
 
