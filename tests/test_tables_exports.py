@@ -412,3 +412,25 @@ def test_long_vitals_as_chartevents_are_gathered_into_a_row_per_patient_and_time
   with pytest.raises(tables.TableError, match="names its measurements in an analyte column"):
     tables.read_vitals(_write(tmp_path, "v2.csv", "patient_id,hour,pulse\nP1,0,80\n"), ["hr"],
                        3, 1.0, tables.Problems("quarantine"))
+
+
+def test_long_labs_with_times_keep_each_analytes_earliest_draw_and_count_the_later_ones(tmp_path):
+  """A long file with a charttime holds every draw (MIMIC's labevents: hundreds per patient);
+  each later one was set aside as a duplicate, a quarantine entry per draw, and the first in
+  the file was kept even when it was not the earliest. The earliest is kept, the later draws
+  are counted; a second value at the same time is still a duplicate, set aside."""
+  path = _write(tmp_path, "labs.csv", "subject_id,charttime,label,valuenum\n"
+                "P1,2180-01-01 10:00,Sodium,140\n"
+                "P1,2180-01-01 08:00,Sodium,135\n"
+                "P1,2180-01-01 08:00,Sodium,136\n"
+                "P1,2180-01-02 08:00,Potassium,4.0\n"
+                "P2,soon,Sodium,150\n"
+                "P2,2180-01-03 09:00,Sodium,141\n")
+  problems = tables.Problems("quarantine")
+  labs = tables.read_labs(path, (), {}, problems)
+  assert labs.analytes == ["Potassium", "Sodium"] and labs.ids.tolist() == ["P1", "P2"]
+  np.testing.assert_allclose(labs.values, [[4.0, 135], [np.nan, 141]])
+  assert [(p.line, p.reason) for p in problems.items] == [
+      (4, "duplicate value for analyte 'Sodium' (line 3 has it for this patient at this time); "
+          "the row is set aside")]
+  assert problems.files["labs.csv"]["later_draws"] == 2   # P1's 10:00, P2's unreadable time

@@ -139,6 +139,9 @@ def _table_lines(tables_summary: dict) -> list[str]:
       notes.append(f"analytes named by their {info['analyte_codes']!r} codes (join the code "
                    "table's names, e.g. MIMIC's d_labitems label, or map them with "
                    "config.data.rename, for the built-in plausible ranges)")
+    if info.get("later_draws"):
+      notes.append(f"{info['later_draws']} later draws not used (each patient's earliest value "
+                   "of an analyte is)")
     if info.get("values_from_text"):
       notes.append(f"{info['values_from_text']} values read from its text value column where "
                    "the numeric one was empty")

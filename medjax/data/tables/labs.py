@@ -49,6 +49,7 @@ def read_labs(path: str, analytes: Sequence[str], rename: dict[str, str],
     cols["pid"] = csvfile.find_column(lines, values_lib.PATIENT_COLUMNS, "patient id")
     cols.update(values_lib.long_columns(lines.header))
     if "analyte" in cols:
+      cols["time"] = csvfile.column_index(lines.header, values_lib.TIME_COLUMNS)
       return [j for j in range(len(lines.header)) if j != cols["value"]]
     return [cols["pid"]] + [j for j, h in enumerate(lines.header)
                             if csvfile.column_key(h) in _NOT_ANALYTES
@@ -265,16 +266,39 @@ def _read_labs_long(lines, frame, cols, analytes, rename, problems, ranges, fold
   usable = ~np.isnan(values)
   rows, values = rows[usable], values[usable]
   codes, patients = pd.factorize(pd.Series(ids[rows], dtype=object))
-  keys = codes.astype(np.int64) * max(len(analytes), 1) + column[rows]
-  dup = pd.Series(keys).duplicated(keep="first").to_numpy()
-  first = values_lib.first_lines(keys, frame.lines[rows], np.flatnonzero(dup))
-  for i, line in zip(rows[dup], first):
-    found.append(csvfile.Problem(
-        source, int(frame.lines[i]), f"duplicate value for analyte "
-        f"{values_lib.shown(names[i], id_set)} (line {line} has it for this patient); the row is "
-        "set aside", patient=ids[i]))
   out = np.full((len(patients), len(analytes)), np.nan, np.float32)
-  out[codes[~dup], column[rows[~dup]]] = values[~dup]
+  keys = codes.astype(np.int64) * max(len(analytes), 1) + column[rows]
+  kept = _earliest_draws(frame, cols, rows, keys, names, ids, id_set, lines.info, found)
+  out[codes[kept], column[rows[kept]]] = values[kept]
   problems.files[source] = lines.info
   problems.extend(found)
   return Labs(list(analytes), np.asarray(patients, dtype=object), out)
+
+
+def _earliest_draws(frame, cols, rows, keys, names, ids, id_set, info, found) -> np.ndarray:
+  """Of a long file's usable `rows`, the one kept for each patient and analyte (`keys`), as an
+  index into `rows`: the earliest by the file's time column (a charttime), if it has one, else
+  the first in the file. A later draw is what such a file holds (MIMIC's labevents: hundreds per
+  patient), counted as info['later_draws']; a second value at the same time, or in a file
+  without times, is a duplicate, set aside with its reason."""
+  hours = np.zeros(len(rows))
+  if cols["time"] is not None:
+    hours, kind = values_lib.times(frame.frame[cols["time"]].iloc[rows], frame.delimiter != ",")
+    hours = np.where(kind > 0, hours, np.inf)   # an unreadable time: after every readable one
+  order = np.lexsort((np.arange(len(rows)), hours, keys))
+  dup = np.zeros(len(rows), bool)
+  dup[order[1:]] = keys[order[1:]] == keys[order[:-1]]
+  kept = order[~dup[order]]
+  first = np.empty(len(rows), np.int64)
+  first[order] = kept[np.cumsum(~dup[order]) - 1]   # each row's kept row
+  same_time = dup & (hours == hours[first])
+  if cols["time"] is not None and (dup & ~same_time).any():
+    info["later_draws"] = int(np.sum(dup & ~same_time))
+  for j in np.flatnonzero(same_time):
+    i = rows[j]
+    found.append(csvfile.Problem(
+        frame.source, int(frame.lines[i]), f"duplicate value for analyte "
+        f"{values_lib.shown(names[i], id_set)} (line {int(frame.lines[rows[first[j]]])} has "
+        "it for this patient" + (" at this time" if cols["time"] is not None else "")
+        + "); the row is set aside", patient=ids[i]))
+  return np.sort(kept)

@@ -90,7 +90,7 @@ def read_vitals(path: str, channels: Sequence[str], steps: int, hours_per_step: 
     frame = _gathered(frame, lines, cols, channels, rename or {}, fold_case)
   ids, id_set = values_lib.read_ids(frame, lines, cols["pid"], fold_case, problems)
   found = list(frame.problems)   # now with their patients
-  hours, kind = _times(frame.frame[cols["time"]], frame.delimiter != ",")
+  hours, kind = values_lib.times(frame.frame[cols["time"]], frame.delimiter != ",")
   # Most of the file's valid times decide whether its times are hours or timestamps: a row of
   # the other kind is a typo that costs its own row, wherever it is.
   named = ids != ""
@@ -333,22 +333,3 @@ def _bin_means(v: np.ndarray, flat: np.ndarray, cells: int) -> np.ndarray:
   count = np.bincount(flat[seen], minlength=cells)
   with np.errstate(invalid="ignore", divide="ignore"):
     return np.where(count > 0, total / np.maximum(count, 1), np.nan)
-
-
-def _times(col: pd.Series, decimal_comma: bool = False) -> tuple[np.ndarray, np.ndarray]:
-  """(hours, kind): kind 1 for a finite number of hours, 2 for an ISO timestamp (hours since the
-  epoch, naive times taken as UTC), 0 for anything else."""
-  hours, kinds, _ = values_lib.numbers(col, decimal_comma)   # '0,5' in a ';' file is 0.5
-  ok = np.where(~np.isnan(hours), 1, 0)
-  rest = np.flatnonzero((ok == 0) & (kinds == values_lib.NOT_A_NUMBER))
-  if len(rest):
-    text = col.iloc[rest].astype(str).str.strip()
-    stamps = pd.to_datetime(text, format="ISO8601", errors="coerce", utc=True)
-    valid = stamps.notna().to_numpy()
-    # In microseconds, not via nanosecond Timedeltas: a placeholder date ('9999-12-31',
-    # '1600-01-01') is a valid timestamp, outside the series like a mistyped year, and
-    # subtracting the epoch in nanoseconds overflowed for the whole file.
-    micros = stamps[valid].dt.tz_localize(None).to_numpy().astype("datetime64[us]")
-    hours[rest[valid]] = micros.astype(np.int64) / 3.6e9
-    ok[rest[valid]] = 2
-  return hours, ok
