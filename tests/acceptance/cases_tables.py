@@ -350,6 +350,15 @@ def _(ctx):
                          lib.table_info("labs.csv", "values_set_missing", {})])
 
 
+@case("tables", "labs: long with a charttime, several draws per patient", ACCEPTED)
+def _(ctx):
+  rows = [f"{pid},2180-01-0{1 + d} 08:00,{a},{v + d}" for pid in IDS for d in range(3)
+          for a, v in (("Na", 140), ("K", 4))]
+  return _tables(ctx, labs=table("subject_id,charttime,label,valuenum", rows[::-1]),
+                 checks=[lib.table_info("labs.csv", "later_draws", 40),
+                         lib.table_info("labs.csv", "rows_quarantined", 0)])
+
+
 @case("tables", "labs: header only", ACCEPTED)
 def _(ctx):
   return _tables(ctx, labs=LABS_H + "\n")
