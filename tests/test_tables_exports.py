@@ -434,3 +434,19 @@ def test_long_labs_with_times_keep_each_analytes_earliest_draw_and_count_the_lat
       (4, "duplicate value for analyte 'Sodium' (line 3 has it for this patient at this time); "
           "the row is set aside")]
   assert problems.files["labs.csv"]["later_draws"] == 2   # P1's 10:00, P2's unreadable time
+
+
+def test_omop_measurement_rows_read_by_source_name_and_earliest_datetime(tmp_path):
+  """OMOP CDM's measurement table: person_id, a concept id beside the source name, the value
+  as a number and measurement_datetime, which was no time column (the first row in the file
+  was kept, each later draw quarantined)."""
+  path = _write(tmp_path, "labs.csv", "measurement_id,person_id,measurement_concept_id,"
+                "measurement_datetime,value_as_number,unit_source_value,measurement_source_value\n"
+                "11,7,3019550,2020-05-02T08:00:00,139,mmol/L,Sodium\n"
+                "12,7,3019550,2020-05-01T08:00:00,141,mmol/L,Sodium\n"
+                "13,7,3023103,2020-05-01T08:00:00,4.2,mmol/L,Potassium\n")
+  problems = tables.Problems("raise")
+  labs = tables.read_labs(path, (), {}, problems)
+  assert labs.analytes == ["Potassium", "Sodium"] and labs.ids.tolist() == ["7"]
+  np.testing.assert_allclose(labs.values, [[4.2, 141]], rtol=1e-6)
+  assert problems.files["labs.csv"]["later_draws"] == 1

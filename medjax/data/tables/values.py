@@ -39,7 +39,11 @@ SPLIT_NAMES = {"train": "train", "training": "train", "val": "val", "valid": "va
                "validation": "val", "validate": "val", "dev": "val", "tune": "val",
                "tuning": "val", "test": "test", "testing": "test", "holdout": "test",
                "hold-out": "test", "heldout": "test"}
-TIME_COLUMNS = ("hour", "hours", "time", "timestamp", "charttime", "datetime")
+# A time column: hours, or ISO timestamps as MIMIC (charttime), OMOP (measurement_datetime) and
+# Epic (result_time, specimen_taken_time) name them.
+TIME_COLUMNS = ("hour", "hours", "time", "timestamp", "charttime", "datetime",
+                "measurement_datetime", "observation_datetime", "result_time",
+                "specimen_taken_time", "collection_time")
 # A long labs.csv's analyte and value columns: MIMIC's labevents joined to d_labitems ('label',
 # 'valuenum' beside the text 'value', so the numeric one first), OMOP's measurement
 # ('measurement_source_value', 'value_as_number'), Epic's ('component_name', 'ord_num_value').
