@@ -450,3 +450,29 @@ def test_omop_measurement_rows_read_by_source_name_and_earliest_datetime(tmp_pat
   assert labs.analytes == ["Potassium", "Sodium"] and labs.ids.tolist() == ["7"]
   np.testing.assert_allclose(labs.values, [[4.2, 141]], rtol=1e-6)
   assert problems.files["labs.csv"]["later_draws"] == 1
+
+
+def test_categorical_labs_columns_become_indicators_and_identifying_ones_do_not(tmp_path):
+  """A wide column of categories (sex, smoking status) was all 'not a number', set to missing:
+  each category is now a 0/1 column (compared without case, empty where the cell is), True/
+  False one 0/1 column. Free text, dates, a column with a few numbers, and categories that
+  could identify a patient (an id) stay as they were."""
+  rows = [f"P{i},{60 + i},{'m' if i % 2 else ('F' if i % 4 else 'f')},"
+          f"{['never', 'former', 'current'][i % 3] if i % 7 else ''},{'True' if i % 3 else 'False'},"
+          f"2020-01-{1 + i % 3:02d},{'P1' if i % 2 else 'P2'},{i if i % 5 else 'n/k'}"
+          for i in range(30)]
+  path = _write(tmp_path, "labs.csv", "patient_id,age,sex,smoking,diabetic,visit,ref,score\n"
+                + "\n".join(rows) + "\n")
+  problems = tables.Problems("quarantine")
+  labs = tables.read_labs(path, (), {}, problems)
+  assert labs.analytes == ["age", "sex=f", "sex=m", "smoking=current", "smoking=former",
+                           "smoking=never", "diabetic", "visit", "ref", "score"]
+  nan = np.nan
+  np.testing.assert_allclose(labs.values[:2, :7], [[60, 1, 0, nan, nan, nan, 0],
+                                                   [61, 0, 1, 0, 1, 0, 1]])
+  info = problems.files["labs.csv"]
+  assert info["categorical_columns"] == {"sex": ["f", "m"],
+                                         "smoking": ["current", "former", "never"]}
+  assert info["values"]["not_a_number"] == {"visit": 30, "ref": 30, "score": 6}
+  assert ("labs.csv: 2 categorical columns as 0/1 indicators (sex 2, smoking 3)"
+          in _ingest_table(problems))

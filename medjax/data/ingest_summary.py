@@ -139,6 +139,11 @@ def _table_lines(tables_summary: dict) -> list[str]:
       notes.append(f"analytes named by their {info['analyte_codes']!r} codes (join the code "
                    "table's names, e.g. MIMIC's d_labitems label, or map them with "
                    "config.data.rename, for the built-in plausible ranges)")
+    if info.get("categorical_columns"):
+      cats = info["categorical_columns"]
+      notes.append(f"{len(cats)} categorical column{'s' if len(cats) > 1 else ''} as 0/1 "
+                   "indicators (" + ", ".join(f"{c} {len(k)}" for c, k in list(cats.items())[:5])
+                   + (", ..." if len(cats) > 5 else "") + ")")
     if info.get("later_draws"):
       notes.append(f"{info['later_draws']} later draws not used (each patient's earliest value "
                    "of an analyte is)")

@@ -359,6 +359,16 @@ def _(ctx):
                          lib.table_info("labs.csv", "rows_quarantined", 0)])
 
 
+@case("tables", "labs: categorical columns (sex, smoker yes/no)", ACCEPTED)
+def _(ctx):
+  rows = [f"{r},{'M' if i % 2 else 'F'},{'yes' if i % 3 else 'no'}"
+          for i, r in enumerate(labs_rows())]
+  return _tables(ctx, labs=table("patient_id,Na,K,Cl,sex,smoker", rows),
+                 checks=[lib.table_info("labs.csv", "categorical_columns",
+                                        {"sex": ["F", "M"], "smoker": ["no", "yes"]}),
+                         lib.table_info("labs.csv", "values_set_missing", {})])
+
+
 @case("tables", "labs: header only", ACCEPTED)
 def _(ctx):
   return _tables(ctx, labs=LABS_H + "\n")

@@ -72,12 +72,15 @@ def read_labs(path: str, analytes: Sequence[str], rename: dict[str, str],
         source, lines.header_line, f"column {j + 1} "
         f"({values_lib.shown(frame.columns[j], problems.known_ids)}) {what}; its values are "
         "ignored", "column"))
+  columns, categories = _as_indicators(frame, columns, problems.known_ids, lines.info)
   names = [rename.get(frame.columns[j], frame.columns[j]) for j in columns]
   _check_renamed(lines.path, [frame.columns[j] for j in columns], names, problems.known_ids)
   if not analytes:
     # Analytes from the header: a name that may identify a patient (a shifted row, a pasted
-    # id) becomes no analyte, which would carry it into tables.npz and the summary.
-    analytes = [n for n in names if not values_lib.withheld(n, problems.known_ids)]
+    # id) becomes no analyte, which would carry it into tables.npz and the summary (an
+    # indicator's name is its column's and a category checked alike).
+    analytes = [n for j, n in zip(columns, names)
+                if j in categories or not values_lib.withheld(n, problems.known_ids)]
   index = {a: i for i, a in enumerate(analytes)}
   for j, name in zip(columns, names):
     if name not in index:
@@ -113,6 +116,48 @@ def _column_values(frame, read, index, rows, ranges, id_set) -> tuple[np.ndarray
     values_lib.count_values(info, counts, name)
     values_lib.add_counts(info, notes)
   return values, found, info
+
+
+# A wide column of text is categorical (sex, smoking status, a ward) when it holds at most this
+# many distinct values and at least 5 rows per value on average.
+MAX_CATEGORIES = 20
+
+
+def _as_indicators(frame: csvfile.Frame, columns: list[int], known_ids: set[str],
+                   info: dict) -> tuple[list[int], set[int]]:
+  """`columns` with each categorical one (nine in ten of its cells text, `MAX_CATEGORIES`
+  categories compared without case, the column's name and each category fit to show:
+  `values.shown`) replaced by a 0/1 indicator column per category, named '<column>=<category>'
+  (its first spelling) and added to `frame`, empty where the cell is: 'm' and 'f' were values
+  that are not numbers, set to missing. A column pandas read as True/False is one 0/1 column.
+  The categorical columns go to info['categorical_columns'] (name: categories); returns the
+  columns and the indicators among them."""
+  out, indicators = [], set()
+  for j in columns:
+    col = frame.frame[j]
+    if pd.api.types.is_bool_dtype(col.dtype):
+      frame.frame[j] = col.astype(np.float64)
+    if pd.api.types.is_numeric_dtype(frame.frame[j].dtype):
+      out.append(j)
+      continue
+    cells = pd.Series(values_lib.normalize_ids(col.to_numpy(object)), dtype=object)
+    keys = cells.str.casefold()
+    given = cells[cells != ""]
+    spelling = given.groupby(keys[cells != ""], sort=False).first()   # key -> first spelling
+    if (not len(given) or pd.to_numeric(given, errors="coerce").notna().mean() > 0.1
+        or len(spelling) > MAX_CATEGORIES or len(given) < 5 * len(spelling)
+        or any(values_lib.withheld(x, known_ids) for x in [frame.columns[j], *spelling])):
+      out.append(j)
+      continue
+    spelling = spelling.sort_index()
+    info.setdefault("categorical_columns", {})[frame.columns[j]] = spelling.tolist()
+    for key, shown in spelling.items():
+      new = len(frame.columns)
+      frame.frame[new] = np.where(cells == "", "", np.where(keys == key, "1", "0")).astype(object)
+      frame.columns.append(f"{frame.columns[j]}={shown}")
+      out.append(new)
+      indicators.add(new)
+  return out, indicators
 
 
 def _one_row_per_patient(frame, lines, read, index, ids, rows, ranges, id_set, found):
