@@ -459,14 +459,15 @@ def test_categorical_labs_columns_become_indicators_and_identifying_ones_do_not(
   could identify a patient (an id) stay as they were."""
   rows = [f"P{i},{60 + i},{'m' if i % 2 else ('F' if i % 4 else 'f')},"
           f"{['never', 'former', 'current'][i % 3] if i % 7 else ''},{'True' if i % 3 else 'False'},"
-          f"2020-01-{1 + i % 3:02d},{'P1' if i % 2 else 'P2'},{i if i % 5 else 'n/k'}"
-          for i in range(30)]
-  path = _write(tmp_path, "labs.csv", "patient_id,age,sex,smoking,diabetic,visit,ref,score\n"
-                + "\n".join(rows) + "\n")
+          f"2020-01-{1 + i % 3:02d},{'P1' if i % 2 else 'P2'},{i if i % 5 else 'n/k'},"
+          f"{'<0.01' if i % 10 else 0.5},{'NA' if i % 2 else 'inf'}" for i in range(30)]
+  path = _write(tmp_path, "labs.csv", "patient_id,age,sex,smoking,diabetic,visit,ref,score,"
+                "troponin_i,crp\n" + "\n".join(rows) + "\n")
   problems = tables.Problems("quarantine")
   labs = tables.read_labs(path, (), {}, problems)
   assert labs.analytes == ["age", "sex=f", "sex=m", "smoking=current", "smoking=former",
-                           "smoking=never", "diabetic", "visit", "ref", "score"]
+                           "smoking=never", "diabetic", "visit", "ref", "score", "troponin_i",
+                           "crp"]
   nan = np.nan
   np.testing.assert_allclose(labs.values[:2, :7], [[60, 1, 0, nan, nan, nan, 0],
                                                    [61, 0, 1, 0, 1, 0, 1]])
@@ -474,5 +475,5 @@ def test_categorical_labs_columns_become_indicators_and_identifying_ones_do_not(
   assert info["categorical_columns"] == {"sex": ["f", "m"],
                                          "smoking": ["current", "former", "never"]}
   assert info["values"]["not_a_number"] == {"visit": 30, "ref": 30, "score": 6}
-  assert ("labs.csv: 2 categorical columns as 0/1 indicators (sex 2, smoking 3)"
-          in _ingest_table(problems))
+  assert info["values_at_limit"] == 27 and info["values"]["non_finite"] == {"crp": 30}
+  assert "2 categorical columns as 0/1 indicators (sex 2, smoking 3)" in _ingest_table(problems)

@@ -144,7 +144,8 @@ def _as_indicators(frame: csvfile.Frame, columns: list[int], known_ids: set[str]
     keys = cells.str.casefold()
     given = cells[cells != ""]
     spelling = given.groupby(keys[cells != ""], sort=False).first()   # key -> first spelling
-    if (not len(given) or pd.to_numeric(given, errors="coerce").notna().mean() > 0.1
+    _, kinds, _ = values_lib.numbers(given, frame.delimiter != ",", limits=True)
+    if (not len(given) or np.mean(kinds != values_lib.NOT_A_NUMBER) > 0.1
         or len(spelling) > MAX_CATEGORIES or len(given) < 5 * len(spelling)
         or any(values_lib.withheld(x, known_ids) for x in [frame.columns[j], *spelling])):
       out.append(j)
