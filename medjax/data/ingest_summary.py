@@ -119,6 +119,17 @@ def tables_summary(problems, quarantine, id_counts: dict, spellings: dict[str, i
   return out
 
 
+# A table's counts of what it read besides plain values, as the ingest table names them.
+_READ_COUNTS = (
+    ("decimal_commas", "decimal commas read"),
+    ("values_at_limit", "values beyond an assay's limit ('<0.01', '>60') read at the limit"),
+    ("later_draws", "later draws not used (each patient's earliest value of an analyte is)"),
+    ("values_from_text", "values read from its text value column where the numeric one was "
+     "empty"),
+    ("rows_other_items", "rows of other measurements than the channels not read"),
+    ("fahrenheit_to_celsius", "temperatures in Fahrenheit converted to Celsius"))
+
+
 def _table_lines(tables_summary: dict) -> list[str]:
   """format_summary's lines about the tables: only what is not the default or not zero."""
   lines = []
@@ -130,11 +141,7 @@ def _table_lines(tables_summary: dict) -> list[str]:
       notes.append(f"read as {info['encoding']} (not UTF-8)")
     if info.get("delimiter", ",") != ",":
       notes.append(f"delimiter {info['delimiter']!r}")
-    if info.get("decimal_commas"):
-      notes.append(f"{info['decimal_commas']} decimal commas read")
-    if info.get("values_at_limit"):
-      notes.append(f"{info['values_at_limit']} values beyond an assay's limit ('<0.01', '>60') "
-                   "read at the limit")
+    notes += [f"{info[key]} {text}" for key, text in _READ_COUNTS if info.get(key)]
     if info.get("analyte_codes"):
       notes.append(f"analytes named by their {info['analyte_codes']!r} codes (join the code "
                    "table's names, e.g. MIMIC's d_labitems label, or map them with "
@@ -144,12 +151,6 @@ def _table_lines(tables_summary: dict) -> list[str]:
       notes.append(f"{len(cats)} categorical column{'s' if len(cats) > 1 else ''} as 0/1 "
                    "indicators (" + ", ".join(f"{c} {len(k)}" for c, k in list(cats.items())[:5])
                    + (", ..." if len(cats) > 5 else "") + ")")
-    if info.get("later_draws"):
-      notes.append(f"{info['later_draws']} later draws not used (each patient's earliest value "
-                   "of an analyte is)")
-    if info.get("values_from_text"):
-      notes.append(f"{info['values_from_text']} values read from its text value column where "
-                   "the numeric one was empty")
     if info.get("rows_quarantined"):
       notes.append(f"{info['rows_quarantined']} of {info.get('rows', 0)} rows set aside")
     if info.get("columns_not_read"):
@@ -159,12 +160,6 @@ def _table_lines(tables_summary: dict) -> list[str]:
                    "and split; measurements go in labs.csv)")
     if info.get("split_column"):
       notes.append(f"the split from its {info['split_column']!r} column")
-    if info.get("rows_other_items"):
-      notes.append(f"{info['rows_other_items']} rows of other measurements than the channels "
-                   "not read")
-    if info.get("fahrenheit_to_celsius"):
-      notes.append(f"{info['fahrenheit_to_celsius']} temperatures in Fahrenheit converted to "
-                   "Celsius")
     if info.get("rows_past_last_step"):
       notes.append(f"{info['rows_past_last_step']} rows past the last step")
     if notes:

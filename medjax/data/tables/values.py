@@ -398,16 +398,23 @@ def read_values(frame: csvfile.Frame, column: int, name: str, label: str, ranges
   return values, probs, counts, read
 
 
+def name_malformed(frame: csvfile.Frame, lines: csvfile.Lines, column: int,
+                   fold_case: bool) -> None:
+  """Gives the rows set aside as malformed (`frame.problems`) their patient where the line still
+  shows it in the file's `column`."""
+  for i, p in enumerate(frame.problems):
+    if p.what == "row" and not p.patient:
+      pid = normalize_ids([csvfile.field_of(lines, p.line, column)], fold_case)[0]
+      frame.problems[i] = dataclasses.replace(p, patient=pid)
+
+
 def read_ids(frame: csvfile.Frame, lines: csvfile.Lines, column: int, fold_case: bool,
              problems: Problems) -> tuple[np.ndarray, set[str]]:
   """Normalised ids of a column; their spellings join `problems.known_ids` (for `shown`) and
   `problems.named`. The rows set aside as malformed (`frame.problems`) are given their
   patient where the line still shows it, and it is named too."""
   ids = normalize_ids(frame.frame[column].to_numpy(object), fold_case)
-  for i, p in enumerate(frame.problems):
-    if p.what == "row" and not p.patient:
-      pid = normalize_ids([csvfile.field_of(lines, p.line, column)], fold_case)[0]
-      frame.problems[i] = dataclasses.replace(p, patient=pid)
+  name_malformed(frame, lines, column, fold_case)
   recovered = {p.patient for p in frame.problems if p.patient}
   problems.known_ids.update(str(x).casefold() for x in pd.unique(ids))
   problems.known_ids.update(p.casefold() for p in recovered)

@@ -170,10 +170,7 @@ def _gathered(frame: csvfile.Frame, lines: csvfile.Lines, cols: dict, channels: 
   channel given twice for one patient and time keeps its first value, the later row set aside
   with its reason. `cols` then names the wide frame's columns."""
   long = cols["long"]
-  for i, p in enumerate(frame.problems):   # malformed lines: their patient, by the file's column
-    if p.what == "row" and not p.patient:
-      pid = values_lib.normalize_ids([csvfile.field_of(lines, p.line, cols["pid"])], fold_case)
-      frame.problems[i] = dataclasses.replace(p, patient=pid[0])
+  values_lib.name_malformed(frame, lines, cols["pid"], fold_case)   # by the file's own column
   if long["text"] is not None:
     values_lib.fill_from_text(frame, long["value"], long["text"], lines.info)
   keys = {csvfile.column_key(c): i for i, c in enumerate(channels)}
