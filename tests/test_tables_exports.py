@@ -410,7 +410,7 @@ def test_long_vitals_as_chartevents_are_gathered_into_a_row_per_patient_and_time
   assert problems.files["v3.csv"]["fahrenheit_to_celsius"] == 1
   # Neither wide nor long: the refusal says what a long file needs.
   with pytest.raises(tables.TableError, match="names its measurements in an analyte column"):
-    tables.read_vitals(_write(tmp_path, "v2.csv", "patient_id,hour,pulse\nP1,0,80\n"), ["hr"],
+    tables.read_vitals(_write(tmp_path, "v2.csv", "patient_id,hour,beat\nP1,0,80\n"), ["hr"],
                        3, 1.0, tables.Problems("quarantine"))
 
 
@@ -477,3 +477,56 @@ def test_categorical_labs_columns_become_indicators_and_identifying_ones_do_not(
   assert info["values"]["not_a_number"] == {"visit": 30, "ref": 30, "score": 6}
   assert info["values_at_limit"] == 27 and info["values"]["non_finite"] == {"crp": 30}
   assert "2 categorical columns as 0/1 indicators (sex 2, smoking 3)" in _ingest_table(problems)
+
+
+def test_wide_vitals_columns_as_exports_name_them_are_their_channels_fahrenheit_converted(
+    tmp_path):
+  """A wide file's 'Heart Rate' or 'Temp F' column was no channel (the file was refused, naming
+  the channels not found): a channel's column is found by its own name, data.rename or the names
+  exports give it, one column a channel; a Fahrenheit column's values are converted to Celsius,
+  and the ingest table names the columns read for the channels."""
+  path = _write(tmp_path, "vitals.csv", "MRN,Hour,Heart Rate,Pulse,HR (bpm),SBP mmHg,Resp Rate,"
+                "SpO2 [%],Temp F\nP1,0,80,81,82,120,16,97,98.6\nP1,1,84,85,86,130,18,,100.4\n")
+  problems = tables.Problems("raise")
+  vitals = tables.read_vitals(path, ["hr", "pulse", "sbp", "rr", "spo2", "temp"], 2, 1.0,
+                              problems, rename={"SBP mmHg": "sbp"})
+  np.testing.assert_allclose(vitals.values[0], [[82, 81, 120, 16, 97, 37.0],
+                                                [86, 85, 130, 18, np.nan, 38.0]], rtol=1e-6)
+  info = problems.files["vitals.csv"]
+  assert info["fahrenheit_to_celsius"] == 2
+  assert info["channel_columns"] == {"hr": "HR", "sbp": "SBP mmHg", "rr": "Resp Rate",
+                                     "spo2": "SpO2", "temp": "Temp F"}
+  assert ("vitals.csv: channels from columns hr 'HR', sbp 'SBP mmHg', rr 'Resp Rate', spo2 "
+          "'SpO2', temp 'Temp F', 2 temperatures in Fahrenheit converted to Celsius") in \
+      _ingest_table(problems)
+  # A unit in brackets says Fahrenheit too; 'Heart Rate' serves hr where no column is 'hr'.
+  path = _write(tmp_path, "v2.csv", "patient_id,hour,Heart Rate,Temp (°F)\nP1,0,80,98.6\n")
+  problems = tables.Problems("raise")
+  vitals = tables.read_vitals(path, ["hr", "temp"], 1, 1.0, problems)
+  np.testing.assert_allclose(vitals.values[0], [[80, 37.0]], rtol=1e-6)
+  assert problems.files["v2.csv"]["channel_columns"] == {"hr": "Heart Rate", "temp": "Temp"}
+
+
+def test_a_temp_column_mostly_in_fahrenheit_is_read_so_one_mostly_in_celsius_is_not(tmp_path):
+  """A US export's temp column (98.6) lost every value as out of range [25, 45]. Where most of
+  the column's values lie in the range only as Fahrenheit, those are converted; a Celsius value
+  among them stays as it is. One 98.6 among Celsius values is a slip, set aside as before."""
+  rows = "".join(f"P{i},{h},{t}\n" for i, temps in enumerate(
+      ((98.6, 99.5, 37.2), (101.3, 97.7, 500)), 1) for h, t in enumerate(temps))
+  path = _write(tmp_path, "vitals.csv", "patient_id,hour,temp\n" + rows)
+  problems = tables.Problems("quarantine")
+  vitals = tables.read_vitals(path, ["temp"], 3, 1.0, problems)
+  np.testing.assert_allclose(vitals.values[..., 0], [[37, 37.5, 37.2], [38.5, 36.5, np.nan]],
+                             rtol=1e-6)
+  info = problems.files["vitals.csv"]
+  assert info["fahrenheit_by_value"] == 4 and info["values"] == {"out_of_range": {"temp": 1}}
+  assert "4 temperatures read as Fahrenheit by their values" in _ingest_table(problems)
+  path = _write(tmp_path, "v2.csv", "patient_id,hour,temp\nP1,0,37.0\nP1,1,98.6\nP1,2,36.8\n")
+  problems = tables.Problems("quarantine")
+  vitals = tables.read_vitals(path, ["temp"], 3, 1.0, problems)
+  np.testing.assert_allclose(vitals.values[0, :, 0], [37, np.nan, 36.8], rtol=1e-6)
+  assert "fahrenheit_by_value" not in problems.files["v2.csv"]
+  # A range the config widens to take both readings converts nothing.
+  problems = tables.Problems("quarantine")
+  vitals = tables.read_vitals(path, ["temp"], 3, 1.0, problems, ranges={"temp": (0.0, 120.0)})
+  assert vitals.values[0, 1, 0] == pytest.approx(98.6)

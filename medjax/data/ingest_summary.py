@@ -127,7 +127,9 @@ _READ_COUNTS = (
     ("values_from_text", "values read from its text value column where the numeric one was "
      "empty"),
     ("rows_other_items", "rows of other measurements than the channels not read"),
-    ("fahrenheit_to_celsius", "temperatures in Fahrenheit converted to Celsius"))
+    ("fahrenheit_to_celsius", "temperatures in Fahrenheit converted to Celsius"),
+    ("fahrenheit_by_value", "temperatures read as Fahrenheit by their values (most of the "
+     "column's lay in the plausible range only so) and converted to Celsius"))
 
 
 def _table_lines(tables_summary: dict) -> list[str]:
@@ -141,6 +143,9 @@ def _table_lines(tables_summary: dict) -> list[str]:
       notes.append(f"read as {info['encoding']} (not UTF-8)")
     if info.get("delimiter", ",") != ",":
       notes.append(f"delimiter {info['delimiter']!r}")
+    if info.get("channel_columns"):
+      notes.append("channels from columns " + ", ".join(
+          f"{c} {name!r}" for c, name in info["channel_columns"].items()))
     notes += [f"{info[key]} {text}" for key, text in _READ_COUNTS if info.get(key)]
     if info.get("analyte_codes"):
       notes.append(f"analytes named by their {info['analyte_codes']!r} codes (join the code "

@@ -407,6 +407,28 @@ def _(ctx):
                          _no_missing("vitals")])
 
 
+@case("tables", "vitals: a US export, columns as it names them, temperatures in Fahrenheit",
+      ACCEPTED)
+def _(ctx):
+  rows = [f"{pid},{h},{70 + h},{110 + i},{70 + h},{14 + h},{97 + (i % 3)},{97.9 + 0.2 * h:.1f}"
+          for i, pid in enumerate(IDS) for h in range(3)]
+  return _tables(ctx, vitals=table("MRN,Hour,Heart Rate (bpm),Systolic BP,Diastolic BP,"
+                                   "Resp Rate,SpO2 [%],Temp (°F)", rows),
+                 checks=[lib.table_info("vitals.csv", "fahrenheit_to_celsius", 30),
+                         lib.table_info("vitals.csv", "values_set_missing", {}),
+                         _no_missing("vitals")])
+
+
+@case("tables", "vitals: a temp column all in Fahrenheit", ACCEPTED)
+def _(ctx):
+  rows = [r.rsplit(",", 1)[0] + f",{98.2 + 0.3 * (k % 3):.1f}"
+          for k, r in enumerate(vitals_rows())]
+  return _tables(ctx, vitals=table(VH, rows),
+                 checks=[lib.table_info("vitals.csv", "fahrenheit_by_value", 30),
+                         lib.table_info("vitals.csv", "values_set_missing", {}),
+                         _no_missing("vitals")])
+
+
 @case("tables", "vitals: negative time", QUARANTINED)
 def _(ctx):
   return _tables(ctx, vitals=_vitals_with(1, _vrow(IDS[0], -2)),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import re
 from typing import Sequence
 
 import numpy as np
@@ -42,14 +43,17 @@ CHANNEL_NAMES = {
 # name or by unit: a long file's are converted to the 'temp' channel's Celsius.
 FAHRENHEIT_NAMES = ("temperature fahrenheit", "temperature f", "temp f", "223761")
 _FAHRENHEIT_UNITS = frozenset({"°f", "degf", "f", "degreesf", "fahrenheit", "℉"})
+# A wide header's unit after its name, in brackets: 'Heart Rate (bpm)', 'Temp [°F]'.
+_UNIT_SUFFIX = re.compile(r"^(.*?)\s*[(\[]([^()\[\]]*)[)\]]\s*$")
 
 
 def read_vitals(path: str, channels: Sequence[str], steps: int, hours_per_step: float,
                 problems: values_lib.Problems, ranges: dict[str, tuple[float, float]] | None = None,
                 fold_case: bool = False, rename: dict[str, str] | None = None) -> Vitals:
-  """vitals.csv, wide: one row per patient and time, one column per channel; or long: one row
-  per measurement (patient, time, a name or code, a value: MIMIC's chartevents), its channels'
-  rows gathered into one row per patient and time (`_gathered`).
+  """vitals.csv, wide: one row per patient and time, one column per channel (by its name,
+  data.rename or the names exports give it: `_channel_columns`); or long: one row per
+  measurement (patient, time, a name or code, a value: MIMIC's chartevents), its channels' rows
+  gathered into one row per patient and time (`_gathered`). Temperatures are read in Celsius.
 
   Times are hours since admission (numbers, >= 0) or ISO 8601 timestamps counted from the
   patient's first row; the kind most of the file's valid times have decides which. A row costs
@@ -66,7 +70,8 @@ def read_vitals(path: str, channels: Sequence[str], steps: int, hours_per_step: 
   def text_columns(lines):
     cols["pid"] = csvfile.find_column(lines, values_lib.PATIENT_COLUMNS, "patient id")
     cols["time"] = csvfile.find_column(lines, values_lib.TIME_COLUMNS, "time")
-    cols["channels"] = [csvfile.column_index(lines.header, [c]) for c in channels]
+    cols["channels"], cols["fahrenheit"], cols["named"] = _channel_columns(
+        lines.header, channels, rename or {})
     missing = [c for c, j in zip(channels, cols["channels"]) if j is None]
     cols["long"] = values_lib.long_columns(lines.header) if missing else {}
     if cols["long"]:
@@ -86,8 +91,7 @@ def read_vitals(path: str, channels: Sequence[str], steps: int, hours_per_step: 
                             if j != cols["time"] and j not in cols["channels"]]
 
   lines, frame = csvfile.load(path, text_columns)
-  if cols["long"]:
-    frame = _gathered(frame, lines, cols, channels, rename or {}, fold_case)
+  frame = _channels_frame(frame, lines, cols, channels, ranges, rename or {}, fold_case)
   ids, id_set = values_lib.read_ids(frame, lines, cols["pid"], fold_case, problems)
   found = list(frame.problems)   # now with their patients
   hours, kind = values_lib.times(frame.frame[cols["time"]], frame.delimiter != ",")
@@ -202,8 +206,87 @@ def _gathered(frame: csvfile.Frame, lines: csvfile.Lines, cols: dict, channels: 
                       1: frame.frame[cols["time"]].iloc[first].to_numpy(),
                       **{2 + c: wide[:, c] for c in range(len(channels))}})
   names = [frame.columns[cols["pid"]], frame.columns[cols["time"]], *channels]
-  cols.update(pid=0, time=1, channels=list(range(2, 2 + len(channels))))
+  cols.update(pid=0, time=1, channels=list(range(2, 2 + len(channels))), fahrenheit=None)
   return dataclasses.replace(frame, columns=names, frame=out, lines=frame.lines[first])
+
+
+def _channels_frame(frame: csvfile.Frame, lines: csvfile.Lines, cols: dict,
+                    channels: Sequence[str], ranges, rename: dict[str, str],
+                    fold_case: bool) -> csvfile.Frame:
+  """The file's frame with a column per channel (a long file's gathered, `_gathered`; a wide
+  file's columns named, `_channel_columns`), temperatures in Celsius."""
+  if cols["long"]:
+    frame = _gathered(frame, lines, cols, channels, rename, fold_case)
+  elif cols["named"]:
+    lines.info["channel_columns"] = cols["named"]
+  temp = [c for c, name in enumerate(channels) if csvfile.column_key(name) == "temp"]
+  if temp and cols["channels"][temp[0]] is not None:
+    _temperatures_in_celsius(frame, cols["channels"][temp[0]], cols["fahrenheit"] is not None,
+                             values_lib.range_for(ranges, channels[temp[0]]), lines.info)
+  return frame
+
+
+def _channel_columns(header: Sequence[str], channels: Sequence[str],
+                     rename: dict[str, str]) -> tuple[list, int | None, dict[str, str]]:
+  """Each channel's column in a wide file (None where it has none): by the channel's own name, a
+  name config.data.rename maps to it, or a name exports give a default channel (`CHANNEL_NAMES`:
+  'Heart Rate' for hr), each as the whole header cell or before a unit in brackets ('Heart Rate
+  (bpm)', 'SpO2 [%]'). The temp channel's may be a column in Fahrenheit (`FAHRENHEIT_NAMES`, or a
+  unit of °F), returned second: its values are converted. A column serves one channel. Third:
+  {channel: column's name} where it is not named as its channel, for the ingest table (a header
+  cell shown only where it spells a name of those lists or the config's, so without its unit)."""
+  split = [_UNIT_SUFFIX.match(str(h)) for h in header]
+  bases = [m[1] if m else str(h) for m, h in zip(split, header)]
+  units = [csvfile.column_key(m[2]) if m else "" for m in split]
+  keys = ([csvfile.column_key(h) for h in header], [csvfile.column_key(b) for b in bases])
+  aliases = {csvfile.column_key(c): names for c, names in CHANNEL_NAMES.items()}
+  taken, found, fahrenheit, named = set(), [], None, {}
+
+  def first(names):
+    return next((j for k in map(csvfile.column_key, names) for spelt in keys
+                 for j, x in enumerate(spelt) if x == k and j not in taken), None)
+
+  for channel in channels:
+    key = csvfile.column_key(channel)
+    j = first([channel, *(n for n, to in rename.items() if csvfile.column_key(to) == key),
+               *aliases.get(key, ())])
+    if j is None and key == "temp":
+      j = fahrenheit = first(FAHRENHEIT_NAMES)
+    elif j is not None and key == "temp" and units[j] in _FAHRENHEIT_UNITS:
+      fahrenheit = j
+    if j is not None:
+      taken.add(j)
+      if keys[0][j] != key:
+        named[channel] = bases[j].strip()
+    found.append(j)
+  return found, fahrenheit, named
+
+
+def _temperatures_in_celsius(frame: csvfile.Frame, j: int, fahrenheit: bool, bounds,
+                             info: dict) -> None:
+  """The temp channel's column `j` in Celsius: every value of a column named as Fahrenheit
+  (counted as info['fahrenheit_to_celsius']); and where most of a column's values lie outside
+  the plausible range `bounds` in Celsius but inside it read as Fahrenheit (98.6: a US export's
+  column), those values (info['fahrenheit_by_value']). A column mostly in Celsius keeps its odd
+  Fahrenheit value, set aside as out of range: one value says nothing of the column's unit."""
+  col = frame.frame[j]
+  v, kinds, _ = values_lib.numbers(col, frame.delimiter != ",")
+  usable = (kinds == values_lib.OK) & ~np.isnan(v)
+  celsius = (v - 32.0) * 5.0 / 9.0
+  if fahrenheit:
+    convert, key = usable, "fahrenheit_to_celsius"
+  elif bounds is None:
+    return
+  else:
+    inside = usable & (v >= bounds[0]) & (v <= bounds[1])
+    convert = usable & ~inside & (celsius >= bounds[0]) & (celsius <= bounds[1])
+    if convert.sum() <= inside.sum():
+      return
+    key = "fahrenheit_by_value"
+  cells = col.to_numpy(np.float64 if col.dtype.kind in "fiu" else object, copy=True)
+  cells[convert] = celsius[convert]
+  frame.frame[j] = cells
+  info[key] = info.get(key, 0) + int(convert.sum())
 
 
 def _in_celsius(frame: csvfile.Frame, long: dict, names: np.ndarray, temp: np.ndarray,
