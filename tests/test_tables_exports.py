@@ -173,31 +173,54 @@ def test_vitals_written_newest_first_or_in_no_order_keep_their_rows(tmp_path):
 
 
 def test_long_labs_rows_in_another_unit_are_set_aside_not_mixed_in(tmp_path):
-  """A long export's unit column was ignored: glucose in mmol/L (5.4) sat beside mg/dL (90-95)
-  as one analyte, its z-score meaning nothing. An analyte's unit is the one most of its rows
-  give, compared without case, spaces or the micro sign's spelling; a row in another unit is
-  set aside with its reason, a row without a unit kept."""
-  rows = [f"P{p},glucose,{90 + p},mg/dL" for p in range(6)]
-  rows += ["P6,glucose,5.4,mmol/L", "P7,glucose,100,MG/DL ", "P8,glucose,101,",
-           "P1,bilirubin,10,µmol/L", "P2,bilirubin,12,umol/l", "P3,bilirubin,0.8,mg/dL",
+  """A long export's unit column was ignored: CRP in mg/dL (5.4) sat beside mg/L (90-95) as
+  one analyte, its z-score meaning nothing. An analyte's unit is the one most of its rows give,
+  compared without case, spaces or the micro sign's spelling; a row in another unit (one
+  `_SI_UNITS` does not convert) is set aside with its reason, a row without a unit kept."""
+  rows = [f"P{p},crp,{90 + p},mg/L" for p in range(6)]
+  rows += ["P6,crp,5.4,mg/dL", "P7,crp,100,MG/L ", "P8,crp,101,",
+           "P1,lactate,10,µmol/L", "P2,lactate,12,umol/l", "P3,lactate,0.8,mmol/L",
            "P4,ferritin,30,P4"]   # a shifted row: the unit cell holds the patient's id
   path = _write(tmp_path, "labs.csv", "patient_id,test,valuenum,valueuom\n"
                 + "\n".join(rows) + "\n")
   problems = tables.Problems("quarantine")
   labs = tables.read_labs(path, (), {}, problems)
-  assert labs.analytes == ["bilirubin", "ferritin", "glucose"]
+  assert labs.analytes == ["crp", "ferritin", "lactate"]
   by_id = dict(zip(labs.ids.tolist(), labs.values.tolist()))
-  assert "P6" not in by_id and by_id["P7"][2] == 100 and by_id["P8"][2] == 101
-  assert by_id["P1"][0] == 10 and by_id["P2"][0] == 12 and np.isnan(by_id["P3"][0])
+  assert "P6" not in by_id and by_id["P7"][0] == 100 and by_id["P8"][0] == 101
+  assert by_id["P1"][2] == 10 and by_id["P2"][2] == 12 and np.isnan(by_id["P3"][2])
   assert _reasons(problems) == [
-      "analyte 'glucose' in 'mmol/L', where most of its rows are in 'mg/dL'; convert the values "
+      "analyte 'crp' in 'mg/dL', where most of its rows are in 'mg/L'; convert the values "
       "to that unit or give them another analyte name; the row is set aside",
-      "analyte 'bilirubin' in 'mg/dL', where most of its rows are in 'µmol/L'; convert the "
+      "analyte 'lactate' in 'mmol/L', where most of its rows are in 'µmol/L'; convert the "
       "values to that unit or give them another analyte name; the row is set aside"]
   assert [p.patient for p in problems.items] == ["P6", "P3"]
   assert problems.files["labs.csv"]["analyte_units"] == {
-      "bilirubin": "µmol/L", "ferritin": "(withheld: it may identify a patient)",
-      "glucose": "mg/dL"}
+      "crp": "mg/L", "ferritin": "(withheld: it may identify a patient)", "lactate": "µmol/L"}
+
+
+def test_long_labs_in_si_units_are_converted_to_the_conventional_ones(tmp_path):
+  """A European export's creatinine in µmol/L (88) and haemoglobin in g/L (140) lay outside
+  the plausible ranges (0-40 mg/dL, 0-30 g/dL), so every value was set to missing; beside a
+  site in mg/dL, its rows were set aside as in another unit. Known SI units are converted to
+  the conventional ones (counted; the analyte's unit is then the conventional one)."""
+  rows = ["P1,Creatinine,88.42,µmol/L", "P2,Creatinine,1.2,mg/dL", "P3,Creatinine,176,umol/l",
+          "P1,Hemoglobin,140,g/L", "P2,Hemoglobin,13.5,g/dL", "P3,Glucose,5.5,mmol/L",
+          "P1,Sodium,140,mmol/L", "P2,Sodium,141,mEq/L", "P3,Hemoglobin,<50,g/L"]
+  path = _write(tmp_path, "labs.csv", "subject_id,label,valuenum,valueuom\n"
+                + "\n".join(rows) + "\n")
+  problems = tables.Problems("raise")
+  labs = tables.read_labs(path, (), {}, problems,
+                          ranges={"creatinine": (0.0, 40.0), "hemoglobin": (0.0, 30.0)})
+  assert labs.analytes == ["Creatinine", "Glucose", "Hemoglobin", "Sodium"]
+  np.testing.assert_allclose(labs.values, [[1.0, np.nan, 14.0, 140], [1.2, np.nan, 13.5, 141],
+                                           [1.99, 99.1, 5.0, np.nan]], rtol=2e-3)
+  info = problems.files["labs.csv"]
+  assert info["si_units_converted"] == 5
+  assert info["analyte_units"] == {"Creatinine": "mg/dL", "Glucose": "mg/dL",
+                                   "Hemoglobin": "g/dL", "Sodium": "mmol/L"}
+  assert "5 values in SI units (creatinine µmol/L, haemoglobin g/L) converted" in \
+      _ingest_table(problems)
 
 
 def test_headers_spelt_as_exports_spell_them_name_the_same_columns(tmp_path):
@@ -275,18 +298,20 @@ def test_labels_columns_that_are_not_read_are_named_not_dropped_quietly(tmp_path
 
 def test_mEq_and_mmol_per_litre_are_one_unit_for_monovalent_ions_only(tmp_path):
   """Two lab systems' sodium, in mEq/L and mmol/L, are one scale (1 mEq/L of a monovalent ion is
-  1 mmol/L): half of it was set aside. Calcium's are not (1 mmol/L is 2 mEq/L): still set
-  aside."""
+  1 mmol/L): half of it was set aside. Magnesium's are not (1 mmol/L is 2 mEq/L): still set
+  aside. Calcium's both become mg/dL (`_SI_UNITS`: 2.3 mmol/L and 4.6 mEq/L are 9.2 mg/dL)."""
   path = _write(tmp_path, "labs.csv", "patient_id,test,value,unit\n"
                 "P1,Sodium,140,mEq/L\nP2,Sodium,138,mmol/L\nP3,Sodium,141,mEq/L\n"
+                "P1,Mg,0.8,mmol/L\nP2,Mg,0.9,mmol/L\nP3,Mg,1.6,mEq/L\n"
                 "P1,Ca,2.3,mmol/L\nP2,Ca,2.4,mmol/L\nP3,Ca,4.6,mEq/L\n")
   problems = tables.Problems("quarantine")
   labs = tables.read_labs(path, (), {}, problems)
-  assert labs.analytes == ["Ca", "Sodium"]
-  np.testing.assert_allclose(labs.values, [[2.3, 140], [2.4, 138], [np.nan, 141]], rtol=1e-6)
+  assert labs.analytes == ["Ca", "Mg", "Sodium"]
+  np.testing.assert_allclose(labs.values, [[9.22, 0.8, 140], [9.62, 0.9, 138],
+                                           [9.22, np.nan, 141]], rtol=1e-3)
   assert [p.line for p in problems.items] == [7]
   assert problems.items[0].reason.startswith(
-      "analyte 'Ca' in 'mEq/L', where most of its rows are in 'mmol/L'")
+      "analyte 'Mg' in 'mEq/L', where most of its rows are in 'mmol/L'")
 
 
 def test_values_beyond_an_assays_limit_are_read_at_the_limit_and_counted(tmp_path):

@@ -127,6 +127,8 @@ _READ_COUNTS = (
     ("values_from_text", "values read from its text value column where the numeric one was "
      "empty"),
     ("rows_other_items", "rows of other measurements than the channels not read"),
+    ("si_units_converted", "values in SI units (creatinine µmol/L, haemoglobin g/L) converted "
+     "to the conventional units the plausible ranges use"),
     ("fahrenheit_to_celsius", "temperatures in Fahrenheit converted to Celsius"),
     ("fahrenheit_by_value", "temperatures read as Fahrenheit by their values (most of the "
      "column's lay in the plausible range only so) and converted to Celsius"))

@@ -862,16 +862,28 @@ def _(ctx):
                                           line=5)])
 
 
-@case("tables", "labs long: glucose in mmol/L among rows in mg/dL", QUARANTINED)
+@case("tables", "labs long: CRP in mg/dL among rows in mg/L", QUARANTINED)
 def _(ctx):
-  # Line 2 + 2 x 3 + 1 = 9: patient 3's glucose, the only one in mmol/L.
+  # Line 2 + 2 x 3 + 1 = 9: patient 3's CRP, the only one in mg/dL.
   rows = [f"{pid},{a},{v},{u}" for i, pid in enumerate(IDS)
           for a, v, u in (("Na", 140, "mmol/L"),
-                          ("Glucose", 5.3 if i == 3 else 95, "mmol/L" if i == 3 else "mg/dL"))]
+                          ("CRP", 0.5 if i == 3 else 5, "mg/dL" if i == 3 else "mg/L"))]
   return _tables(ctx, labs=table("patient_id,analyte,value,unit", rows),
-                 checks=[_lab(IDS[3], "Glucose", False, others=1)],
-                 quarantined=[Quarantined("labs.csv", "where most of its rows are in 'mg/dL'",
+                 checks=[_lab(IDS[3], "CRP", False, others=1)],
+                 quarantined=[Quarantined("labs.csv", "where most of its rows are in 'mg/L'",
                                           line=9)])
+
+
+@case("tables", "labs long: a European export in SI units beside a site in US units", ACCEPTED)
+def _(ctx):
+  si = (("Creatinine", 88, "µmol/L"), ("Hemoglobin", 138, "g/L"), ("Glucose", 5.4, "mmol/L"))
+  us = (("Creatinine", 1.0, "mg/dL"), ("Hemoglobin", 13.8, "g/dL"), ("Glucose", 97, "mg/dL"))
+  rows = [f"{pid},{a},{v},{u}" for i, pid in enumerate(IDS) for a, v, u in (si if i % 3 else us)]
+  return _tables(ctx, labs=table("patient_id,test,valuenum,valueuom", rows),
+                 checks=[lib.table_info("labs.csv", "si_units_converted",
+                                        3 * sum(1 for i in range(len(IDS)) if i % 3)),
+                         lib.table_info("labs.csv", "values_set_missing", {}),
+                         _lab(IDS[1], "Creatinine", True, others=2)])
 
 
 def _splits_are(want: dict[str, str]):

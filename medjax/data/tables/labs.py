@@ -214,6 +214,53 @@ _MONOVALENT = frozenset({"na", "sodium", "k", "potassium", "cl", "chloride", "hc
                          "bicarbonate", "co2", "totalco2", "tco2", "li", "lithium"})
 
 
+# SI units of common analytes, converted to the conventional (US) unit LAB_RANGES and most
+# cohorts use: {analyte keys (`csvfile.column_key`): (conventional unit, {SI unit: factor})}.
+_SI_UNITS = {
+    ("creatinine", "creat"): ("mg/dL", {"umol/l": 1 / 88.42}),
+    ("hemoglobin", "haemoglobin", "hgb", "hb"): ("g/dL", {"g/l": 0.1, "mmol/l": 1.611}),
+    ("mchc",): ("g/dL", {"g/l": 0.1}),
+    ("albumin", "alb"): ("g/dL", {"g/l": 0.1}),
+    ("totalprotein", "proteintotal", "protein"): ("g/dL", {"g/l": 0.1}),
+    ("glucose", "glu"): ("mg/dL", {"mmol/l": 18.016}),
+    ("bun", "urea", "ureanitrogen"): ("mg/dL", {"mmol/l": 2.801}),
+    ("ca", "calcium", "calciumtotal", "totalcalcium"): ("mg/dL", {"mmol/l": 4.008, "meq/l": 2.004}),
+    ("totalbilirubin", "bilirubintotal", "bilirubin", "directbilirubin", "bilirubindirect"): (
+        "mg/dL", {"umol/l": 1 / 17.104}),
+    ("totalcholesterol", "cholesteroltotal", "cholesterol", "ldl", "hdl", "ldlcholesterol",
+     "hdlcholesterol"): ("mg/dL", {"mmol/l": 38.67}),
+    ("triglycerides", "triglyceride", "tg"): ("mg/dL", {"mmol/l": 88.57}),
+    ("hematocrit", "haematocrit", "hct"): ("%", {"l/l": 100.0}),
+    ("fibrinogen",): ("mg/dL", {"g/l": 100.0})}
+_SI_BY_KEY = {k: conversion for keys, conversion in _SI_UNITS.items() for k in keys}
+
+
+def _in_conventional_units(frame, cols, rows, sel, name, info) -> None:
+  """Analyte `name`'s values (`rows[sel]`) in an SI unit of `_SI_UNITS` (creatinine µmol/L,
+  haemoglobin g/L: a European export's) converted in the frame to the conventional unit the
+  plausible ranges use, their unit cells with them, where each such value was out of range or
+  set aside as in another unit than its other rows; counted as info['si_units_converted']."""
+  conversion = _SI_BY_KEY.get(csvfile.column_key(name))
+  if conversion is None:
+    return
+  unit, factors = conversion
+  at = rows[sel]
+  units = values_lib.map_unique(frame.frame[cols["unit"]].to_numpy(object)[at], _unit)
+  factor = np.array([factors.get(u, np.nan) for u in units])
+  column = frame.frame[cols["value"]]
+  v, kinds, _ = values_lib.numbers(column.iloc[at], frame.delimiter != ",", limits=True)
+  convert = ~np.isnan(factor) & (kinds == values_lib.OK) & ~np.isnan(v)
+  if not convert.any():
+    return
+  cells = column.to_numpy(np.float64 if column.dtype.kind in "fiu" else object, copy=True)
+  cells[at[convert]] = v[convert] * factor[convert]
+  frame.frame[cols["value"]] = cells
+  unit_cells = frame.frame[cols["unit"]].to_numpy(object, copy=True)
+  unit_cells[at[convert]] = unit
+  frame.frame[cols["unit"]] = unit_cells
+  info["si_units_converted"] = info.get("si_units_converted", 0) + int(convert.sum())
+
+
 def _in_one_unit(frame, unit_column, rows, sel, name, ids, id_set, info, found) -> np.ndarray:
   """Of analyte `name`'s rows (`rows[sel]`), those in its unit: the unit most of its rows give
   (ties: the first seen). A row in another unit is set aside, its value on another scale; a row
@@ -302,6 +349,7 @@ def _read_labs_long(lines, frame, cols, analytes, rename, problems, ranges, fold
   for sel in np.split(order, bounds) if len(rows) else []:
     name = analytes[column[rows[sel[0]]]]
     if cols["unit"] is not None:
+      _in_conventional_units(frame, cols, rows, sel, name, lines.info)
       sel = _in_one_unit(frame, cols["unit"], rows, sel, name, ids, id_set, lines.info, found)
     v, probs, counts, notes = values_lib.read_values(frame, cols["value"], name, "analyte",
                                                      ranges, id_set, rows[sel])
