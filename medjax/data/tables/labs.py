@@ -235,30 +235,33 @@ _SI_UNITS = {
 _SI_BY_KEY = {k: conversion for keys, conversion in _SI_UNITS.items() for k in keys}
 
 
-def _in_conventional_units(frame, cols, rows, sel, name, info) -> None:
-  """Analyte `name`'s values (`rows[sel]`) in an SI unit of `_SI_UNITS` (creatinine µmol/L,
-  haemoglobin g/L: a European export's) converted in the frame to the conventional unit the
-  plausible ranges use, their unit cells with them, where each such value was out of range or
-  set aside as in another unit than its other rows; counted as info['si_units_converted']."""
-  conversion = _SI_BY_KEY.get(csvfile.column_key(name))
-  if conversion is None:
+def _in_conventional_units(frame, cols, rows, analyte_of, analytes, info) -> None:
+  """The values of `rows` (of analytes `analytes[analyte_of]`) in an SI unit of `_SI_UNITS`
+  (creatinine µmol/L, haemoglobin g/L: a European export's) converted in the frame to the
+  conventional unit the plausible ranges use, their unit cells with them, where each such value
+  was out of range or set aside as in another unit than its other rows; counted as
+  info['si_units_converted']."""
+  units = values_lib.map_unique(frame.frame[cols["unit"]].to_numpy(object)[rows], _unit)
+  factor = np.full(len(rows), np.nan)
+  unit = np.empty(len(rows), object)
+  for a, name in enumerate(analytes):
+    if csvfile.column_key(name) in _SI_BY_KEY:
+      conventional, factors = _SI_BY_KEY[csvfile.column_key(name)]
+      of = analyte_of == a
+      factor[of] = values_lib.map_unique(units[of], lambda u: factors.get(u, np.nan))
+      unit[of] = conventional
+  maybe = np.flatnonzero(~np.isnan(factor))
+  if not len(maybe):
     return
-  unit, factors = conversion
-  at = rows[sel]
-  units = values_lib.map_unique(frame.frame[cols["unit"]].to_numpy(object)[at], _unit)
-  factor = np.array([factors.get(u, np.nan) for u in units])
-  column = frame.frame[cols["value"]]
-  v, kinds, _ = values_lib.numbers(column.iloc[at], frame.delimiter != ",", limits=True)
-  convert = ~np.isnan(factor) & (kinds == values_lib.OK) & ~np.isnan(v)
-  if not convert.any():
+  v, kinds, _ = values_lib.numbers(frame.frame[cols["value"]].iloc[rows[maybe]],
+                                   frame.delimiter != ",", limits=True)
+  ok = (kinds == values_lib.OK) & ~np.isnan(v)
+  if not ok.any():
     return
-  cells = column.to_numpy(np.float64 if column.dtype.kind in "fiu" else object, copy=True)
-  cells[at[convert]] = v[convert] * factor[convert]
-  frame.frame[cols["value"]] = cells
-  unit_cells = frame.frame[cols["unit"]].to_numpy(object, copy=True)
-  unit_cells[at[convert]] = unit
-  frame.frame[cols["unit"]] = unit_cells
-  info["si_units_converted"] = info.get("si_units_converted", 0) + int(convert.sum())
+  at = maybe[ok]
+  values_lib.set_cells(frame, cols["value"], rows[at], v[ok] * factor[at])
+  values_lib.set_cells(frame, cols["unit"], rows[at], unit[at])
+  info["si_units_converted"] = len(at)
 
 
 def _in_one_unit(frame, unit_column, rows, sel, name, ids, id_set, info, found) -> np.ndarray:
@@ -343,13 +346,14 @@ def _read_labs_long(lines, frame, cols, analytes, rename, problems, ranges, fold
   if cols["text"] is not None:
     values_lib.fill_from_text(frame, cols["value"], cols["text"], lines.info)
   rows = np.flatnonzero(~empty & ~unknown)
+  if cols["unit"] is not None:
+    _in_conventional_units(frame, cols, rows, column[rows], analytes, lines.info)
   values = np.full(len(rows), np.nan)
   order = np.argsort(column[rows], kind="stable")
   bounds = np.flatnonzero(np.diff(column[rows][order])) + 1
   for sel in np.split(order, bounds) if len(rows) else []:
     name = analytes[column[rows[sel[0]]]]
     if cols["unit"] is not None:
-      _in_conventional_units(frame, cols, rows, sel, name, lines.info)
       sel = _in_one_unit(frame, cols["unit"], rows, sel, name, ids, id_set, lines.info, found)
     v, probs, counts, notes = values_lib.read_values(frame, cols["value"], name, "analyte",
                                                      ranges, id_set, rows[sel])

@@ -324,6 +324,16 @@ def long_columns(header: list[str]) -> dict[str, int | None]:
           "text": find([n for n in VALUE_COLUMNS if csvfile.column_key(n) != chosen])}
 
 
+def set_cells(frame: csvfile.Frame, column: int, rows: np.ndarray, values: np.ndarray) -> None:
+  """The frame's `column` with its cells at positions `rows` replaced by `values`: numbers keep
+  a numeric column numeric; a text column, or text, makes it one of objects."""
+  col = frame.frame[column]
+  numeric = col.dtype.kind in "fiu" and np.asarray(values).dtype.kind in "fiu"
+  cells = col.to_numpy(np.float64 if numeric else object, copy=True)
+  cells[rows] = values
+  frame.frame[column] = pd.Series(cells, index=frame.frame.index)
+
+
 def fill_from_text(frame: csvfile.Frame, value: int, text: int, info: dict) -> None:
   """Where the value column is empty and the second value column holds what reads as a value, it
   is taken: MIMIC leaves 'valuenum' empty where 'value' is '<0.1' or '>1000' (an assay's limit,
@@ -339,9 +349,7 @@ def fill_from_text(frame: csvfile.Frame, value: int, text: int, info: dict) -> N
   parsed, kinds, read = numbers(cells, frame.delimiter != ",", limits=True)
   usable = (kinds == OK) & ~np.isnan(parsed)
   if usable.any():
-    numeric = column.to_numpy(object if column.dtype == object else np.float64, copy=True)
-    numeric[np.flatnonzero(empty)[usable]] = parsed[usable]
-    frame.frame[value] = pd.Series(numeric, index=frame.frame.index)
+    set_cells(frame, value, np.flatnonzero(empty)[usable], parsed[usable])
     info["values_from_text"] = int(usable.sum())
     add_counts(info, read)
 

@@ -283,9 +283,7 @@ def _temperatures_in_celsius(frame: csvfile.Frame, j: int, fahrenheit: bool, bou
     if convert.sum() <= inside.sum():
       return
     key = "fahrenheit_by_value"
-  cells = col.to_numpy(np.float64 if col.dtype.kind in "fiu" else object, copy=True)
-  cells[convert] = celsius[convert]
-  frame.frame[j] = cells
+  values_lib.set_cells(frame, j, np.flatnonzero(convert), celsius[convert])
   info[key] = info.get(key, 0) + int(convert.sum())
 
 
