@@ -45,9 +45,10 @@ def get_config(arg=None):
   data.max_images = 4
   data.split = (0.7, 0.1, 0.2)   # train, val, test; labels.csv's split column overrides it
   data.on_error = "quarantine"   # malformed table rows: 'quarantine' (report, go on) or 'raise'
-  # Plausible (low, high) per lab analyte or vitals channel name (matched ignoring case); values
-  # outside are set to missing with a quarantine row. Entries add to (or, as None, remove) the
-  # built-in ranges (medjax/data/tables/values.py): hr, sbp, dbp, rr, spo2, temp, and 43 common
+  # Plausible (low, high) per lab analyte or vitals channel name (matched ignoring case, spaces
+  # and punctuation; 'Sodium' is Na's); values outside are set to missing with a quarantine row.
+  # Entries add to (or, as None, remove) the built-in ranges
+  # (medjax/data/tables/analytes.py): hr, sbp, dbp, rr, spo2, temp, and 43 common
   # labs in US units (Na, K, Glucose, Creatinine, ...). Any value is also checked to be finite
   # and within float32's range.
   data.value_ranges = ml_collections.ConfigDict()

@@ -223,6 +223,54 @@ def test_long_labs_in_si_units_are_converted_to_the_conventional_ones(tmp_path):
       _ingest_table(problems)
 
 
+def test_wide_labs_headers_with_units_are_their_analytes_in_conventional_units(tmp_path):
+  """'Creatinine (umol/L)' was an analyte of that whole name: no range check and its µmol/L
+  kept beside another site's mg/dL. A header's bracketed unit is read: the analyte is the name
+  before it, an SI unit is converted, the unit goes to analyte_units. Bracketed text that is
+  no unit ('Calcium (ionized)'), a header config.data.analytes names whole and two headers one
+  name apart by unit stay whole."""
+  path = _write(tmp_path, "labs.csv", "patient_id,Creatinine (umol/L),Haemoglobin [g/L],"
+                "Glucose (mg/dL),Calcium (ionized),ALT (U/L),Na (mmol/L),Na (mEq/L)\n"
+                "P1,88.42,140,100,1.1,30,140,\nP2,176.84,<50,250,1.2,45,,141\n")
+  problems = tables.Problems("raise")
+  labs = tables.read_labs(path, (), {}, problems, tables.value_ranges())
+  assert labs.analytes == ["Creatinine", "Haemoglobin", "Glucose", "Calcium (ionized)", "ALT",
+                           "Na (mmol/L)", "Na (mEq/L)"]
+  np.testing.assert_allclose(labs.values[:, :5], [[1.0, 14.0, 100, 1.1, 30],
+                                                  [2.0, 5.0, 250, 1.2, 45]], rtol=1e-5)
+  info = problems.files["labs.csv"]
+  assert info["si_units_converted"] == 4
+  assert info["analyte_units"] == {"Creatinine": "mg/dL", "Haemoglobin": "g/dL",
+                                   "Glucose": "mg/dL", "ALT": "U/L"}
+  # A header the config names whole is that analyte, its values as they are.
+  labs = tables.read_labs(path, ("Creatinine (umol/L)", "Glucose"), {},
+                          tables.Problems("quarantine"), tables.value_ranges())
+  assert labs.values[:, 0].tolist() == [pytest.approx(88.42), pytest.approx(176.84)]
+  assert labs.values[:, 1].tolist() == [100, 250]
+
+
+def test_wide_labs_without_units_in_si_are_converted_by_their_values(tmp_path):
+  """A European cohort's wide file without units (SUPPORT-like names: crea 88, hgb 140, alb 40)
+  lost those analytes: every value lay outside the plausible range in US units, or, named 'crea'
+  or 'sod', got no range check at all. Names exports give an analyte get its range; a column
+  most of whose values lie in the range only in the analyte's SI unit is read in that unit,
+  every value of it (creatinine 35 µmol/L too); a column mostly in US units keeps its odd
+  value out of range, set to missing, and a value beyond an analyte's range is still caught."""
+  path = _write(tmp_path, "labs.csv", "patient_id,crea,hgb,sod,alb,alk.phos,Creatinine\n"
+                "P1,88.42,140,140,40,13862,1.0\nP2,35.37,95,999,35,200,88\n"
+                "P3,600,120,135,,,1.2\n")
+  problems = tables.Problems("quarantine")
+  labs = tables.read_labs(path, (), {}, problems, tables.value_ranges())
+  np.testing.assert_allclose(labs.values, [[1.0, 14.0, 140, 4.0, 13862, 1.0],
+                                           [0.4, 9.5, np.nan, 3.5, 200, np.nan],
+                                           [6.786, 12.0, 135, np.nan, np.nan, 1.2]], rtol=1e-3)
+  info = problems.files["labs.csv"]
+  assert info["si_units_by_value"] == 8
+  assert info["analyte_units"] == {"crea": "mg/dL", "hgb": "g/dL", "alb": "g/dL"}
+  assert info["values"]["out_of_range"] == {"sod": 1, "Creatinine": 1}
+  assert "8 values read as SI units by their values" in _ingest_table(problems)
+
+
 def test_headers_spelt_as_exports_spell_them_name_the_same_columns(tmp_path):
   """'Patient ID', 'Diagnosis', 'HR' and MIMIC's labevents (subject_id, label, a text 'value'
   beside 'valuenum', valueuom) were refused ('not a header with a patient id column') or read

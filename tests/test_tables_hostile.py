@@ -22,7 +22,7 @@ from medjax.data import ingest_summary
 from medjax.data import pipeline
 from medjax.data import synthetic
 from medjax.data import tables
-from medjax.data.tables import values as values_lib
+from medjax.data.tables import analytes
 from medjax.data.synthetic import tables as synthetic_tables
 from tests import testdata
 
@@ -233,17 +233,30 @@ def test_values_non_finite_unparseable_and_absurd_are_missing_and_counted(tmp_pa
 
 
 def test_value_ranges_config():
-  assert tables.value_ranges(None) == tables.DEFAULT_VALUE_RANGES
+  defaults = tables.value_ranges(None)
+  assert {name: analytes.range_for(defaults, name) for name in tables.DEFAULT_VALUE_RANGES} == (
+      tables.DEFAULT_VALUE_RANGES)
   config = default_config.get_config()
-  assert tables.value_ranges(config.data.value_ranges) == tables.DEFAULT_VALUE_RANGES
+  assert tables.value_ranges(config.data.value_ranges) == defaults
   config.data.value_ranges.K = (1, 10)
   config.data.value_ranges.hr = (20, 250)
   config.data.value_ranges.temp = None
+  config.data.value_ranges["Total Bilirubin"] = (0, 50)
   ranges = tables.value_ranges(config.data.value_ranges)
   # Names are matched ignoring case: the override of 'K' is the default 'k' analyte's.
   assert ranges["k"] == (1, 10) and ranges["hr"] == (20, 250) and "temp" not in ranges
-  assert values_lib.range_for(ranges, "K") == (1, 10) and values_lib.range_for(ranges, "NA") == (
+  assert analytes.range_for(ranges, "K") == (1, 10) and analytes.range_for(ranges, "NA") == (
       80.0, 220.0)
+  # ... and spacing and punctuation, and a name exports give a known analyte is the analyte's:
+  # the override of 'Total Bilirubin' is total_bilirubin's, also for a column named 'bili'.
+  assert analytes.range_for(ranges, "total_bilirubin") == analytes.range_for(ranges, "bili") == (
+      0, 50)
+  for name in ("Sodium", "SOD", "Calcium, Total", "Urea Nitrogen", "White Blood Cells", "Hgb",
+               "Alk. Phos"):
+    assert analytes.range_for(ranges, name) is not None, name
+  # A name that may mean another analyte gets no built-in range.
+  for name in ("protein", "neutrophils", "troponin", "co2", "Calcium (ionized)"):
+    assert analytes.range_for(ranges, name) is None, name
   with pytest.raises(errors.InputError, match=r"config.data.value_ranges.K=\(10, 1\)"):
     tables.value_ranges({"K": (10, 1)})
 
@@ -258,7 +271,7 @@ def test_synthetic_cohorts_fall_inside_the_default_ranges(num_patients):
     values = cohort.vitals[..., c]
     assert low <= np.nanmin(values) and np.nanmax(values) <= high, name
   for a, name in enumerate(cohort.model.lab_names):
-    bounds = values_lib.range_for(tables.DEFAULT_VALUE_RANGES, name)
+    bounds = analytes.range_for(tables.value_ranges(), name)
     values = cohort.labs[:, a]
     if bounds is not None and not np.all(np.isnan(values)):
       assert bounds[0] <= np.nanmin(values) and np.nanmax(values) <= bounds[1], name

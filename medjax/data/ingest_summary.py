@@ -129,6 +129,8 @@ _READ_COUNTS = (
     ("rows_other_items", "rows of other measurements than the channels not read"),
     ("si_units_converted", "values in SI units (creatinine µmol/L, haemoglobin g/L) converted "
      "to the conventional units the plausible ranges use"),
+    ("si_units_by_value", "values read as SI units by their values (most of the column's lay in "
+     "the plausible range only so: haemoglobin 140 g/L) and converted to the conventional units"),
     ("fahrenheit_to_celsius", "temperatures in Fahrenheit converted to Celsius"),
     ("fahrenheit_by_value", "temperatures read as Fahrenheit by their values (most of the "
      "column's lay in the plausible range only so) and converted to Celsius"))

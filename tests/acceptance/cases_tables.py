@@ -886,6 +886,57 @@ def _(ctx):
                          _lab(IDS[1], "Creatinine", True, others=2)])
 
 
+def _lab_value(pid: str, analyte: str, want: float):
+  """A check: the patient's `analyte` in tables.npz is `want` (to 0.5%)."""
+  def check(run):
+    arrays, i = _row_of(run, pid)
+    names = [str(a).casefold() for a in arrays["analytes"]]
+    if i is None or analyte.casefold() not in names:
+      return False, f"no {analyte!r} of the patient in tables.npz ({names})"
+    j = names.index(analyte.casefold())
+    got = float(arrays["labs"][i, j]) if arrays["labs_mask"][i, j] else None
+    return got is not None and abs(got - want) <= 0.005 * abs(want), f"{analyte} {got}"
+  return (f"the patient's {analyte} is {want}", check)
+
+
+@case("tables", "labs wide: headers with units, creatinine in µmol/L and haemoglobin in g/L",
+      ACCEPTED)
+def _(ctx):
+  rows = [f"{pid},{88.42 * (1 + i % 3)},{130 + i},{5.0 + i / 10:.1f}"
+          for i, pid in enumerate(IDS)]
+  return _tables(ctx, labs=table("patient_id,Creatinine (µmol/L),Hemoglobin [g/L],K (mmol/L)",
+                                 rows),
+                 checks=[lib.table_info("labs.csv", "si_units_converted", 2 * len(IDS)),
+                         lib.table_info("labs.csv", "values_set_missing", {}),
+                         _lab_value(IDS[1], "Creatinine", 2.0),
+                         _lab_value(IDS[1], "Hemoglobin", 13.1), _lab_value(IDS[1], "K", 5.1)])
+
+
+@case("tables", "labs wide: a European cohort without units, creatinine and haemoglobin in SI",
+      ACCEPTED)
+def _(ctx):
+  # Creatinine 35.37 µmol/L would be a plausible 35 mg/dL on its own: the column decides.
+  rows = [f"{pid},{35.37 if i == 2 else 88.42 * (1 + i % 3)},{130 + i},{40 - i % 4}"
+          for i, pid in enumerate(IDS)]
+  return _tables(ctx, labs=table("patient_id,Creatinine,hgb,Albumin", rows),
+                 checks=[lib.table_info("labs.csv", "si_units_by_value", 3 * len(IDS)),
+                         lib.table_info("labs.csv", "values_set_missing", {}),
+                         _lab_value(IDS[1], "Creatinine", 2.0),
+                         _lab_value(IDS[2], "Creatinine", 0.4),
+                         _lab_value(IDS[1], "hgb", 13.1), _lab_value(IDS[1], "Albumin", 3.9)])
+
+
+@case("tables", "labs wide: a sentinel 9999 in a column named as exports name sodium",
+      QUARANTINED)
+def _(ctx):
+  rows = [f"{pid},{9999 if i == 4 else 140},{4.0}" for i, pid in enumerate(IDS)]
+  return _tables(ctx, labs=table("patient_id,Serum Sodium,Potassium", rows),
+                 checks=[_lab(IDS[4], "Serum Sodium", False, others=1),
+                         _lab_value(IDS[3], "Serum Sodium", 140)],
+                 quarantined=[Quarantined("labs.csv", "outside the plausible range [80, 220]",
+                                          line=6)])
+
+
 def _splits_are(want: dict[str, str]):
   """A check: each raw id's manifest split is `want`'s."""
   def check(run):

@@ -2,7 +2,8 @@
 
   csvfile  a file as checked physical lines (encoding, line endings, delimiter, malformed lines
            set aside; one line is one record), the good ones parsed
-  values   ids, numbers, plausible ranges, `Problems` (shared by the readers)
+  analytes what is known of analytes and channels by name: aliases, plausible ranges, units
+  values   ids, numbers, range checks, `Problems` (shared by the readers)
   labels   labels.csv
   labs     labs.csv, wide or long
   vitals   vitals.csv, resampled to fixed steps
@@ -14,15 +15,15 @@ set to missing and counted per column, and `on_error='raise'` turns the first of
 line) into a `TableError` naming file and line.
 """
 
+from medjax.data.tables.analytes import DEFAULT_VALUE_RANGES
+from medjax.data.tables.analytes import value_ranges
 from medjax.data.tables.csvfile import Problem
 from medjax.data.tables.csvfile import TableError
 from medjax.data.tables.labels import Labels
 from medjax.data.tables.labels import read_labels
 from medjax.data.tables.labs import Labs
 from medjax.data.tables.labs import read_labs
-from medjax.data.tables.values import DEFAULT_VALUE_RANGES
 from medjax.data.tables.values import normalize_ids
 from medjax.data.tables.values import Problems
-from medjax.data.tables.values import value_ranges
 from medjax.data.tables.vitals import read_vitals
 from medjax.data.tables.vitals import Vitals

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from typing import Sequence
 
 import numpy as np
 import pandas as pd
 
+from medjax.data.tables import analytes as analytes_lib
 from medjax.data.tables import csvfile
 from medjax.data.tables import values as values_lib
 
@@ -35,7 +37,8 @@ def read_labs(path: str, analytes: Sequence[str], rename: dict[str, str],
     analytes: the expected analyte names, in model order; empty to take them from the file.
     rename: file column or analyte name -> analyte name.
     problems: where malformed rows and values go.
-    ranges: analyte -> plausible (low, high); values outside are set to missing.
+    ranges: `tables.value_ranges()` (analyte key -> plausible (low, high)); values outside are
+      set to missing.
     fold_case: casefold patient ids (config.data.ids_case_insensitive).
 
   Returns:
@@ -73,7 +76,7 @@ def read_labs(path: str, analytes: Sequence[str], rename: dict[str, str],
         f"({values_lib.shown(frame.columns[j], problems.known_ids)}) {what}; its values are "
         "ignored", "column"))
   columns, categories = _as_indicators(frame, columns, problems.known_ids, lines.info)
-  names = [rename.get(frame.columns[j], frame.columns[j]) for j in columns]
+  names, units = _names_and_units(frame.columns, columns, categories, rename, analytes)
   _check_renamed(lines.path, [frame.columns[j] for j in columns], names, problems.known_ids)
   if not analytes:
     # Analytes from the header: a name that may identify a patient (a shifted row, a pasted
@@ -95,11 +98,75 @@ def read_labs(path: str, analytes: Sequence[str], rename: dict[str, str],
     found.append(csvfile.Problem(source, int(frame.lines[i]),
                                  f"empty {frame.columns[cols['pid']]!r}; the row is set aside"))
   read = [(j, name) for j, name in zip(columns, names) if name in index]
+  _wide_in_conventional_units(frame, read, units, ranges, problems.known_ids, lines.info)
   patients, values = _one_row_per_patient(frame, lines, read, index, ids, np.flatnonzero(~empty),
                                           ranges, id_set, found)
   problems.files[source] = lines.info
   problems.extend(found)
   return Labs(list(analytes), patients, values)
+
+
+def _names_and_units(header, columns, categories, rename, analytes) -> tuple[list, dict]:
+  """Each wide column's analyte name, and {column: unit} where its header gives one in brackets
+  ('Creatinine (umol/L)': `analytes.name_and_unit`). A header config.data.rename maps or
+  config.data.analytes names is that whole; so are two whose names without the unit would be
+  one ('Glucose (mg/dL)' beside 'Glucose (mmol/L)')."""
+  names, units = [], {}
+  for j in columns:
+    name, unit = header[j], ""
+    if j not in categories and name not in rename and name not in analytes:
+      name, unit = analytes_lib.name_and_unit(name)
+    names.append(rename.get(name, name))
+    if unit:
+      units[j] = unit
+  seen = collections.Counter(names)
+  for i, j in enumerate(columns):
+    if j in units and (seen[names[i]] > 1 or names[i] in header):
+      names[i] = rename.get(header[j], header[j])
+      del units[j]
+  return names, units
+
+
+def _wide_in_conventional_units(frame, read, units, ranges, ids, info) -> None:
+  """A wide column's values in an SI unit (`analytes.si_conversion`) converted in the frame to
+  the conventional unit the plausible ranges use: where its header gives that unit
+  (info['si_units_converted']), or, without one, where most of its values lie in the plausible
+  range only read in it (haemoglobin 140 for 14.0 g/dL; info['si_units_by_value']). The unit
+  decided, every value of the column is converted: a creatinine column mostly in µmol/L has
+  its 35 µmol/L too. Each read column's unit goes to info['analyte_units'] (summary.json)."""
+  rows = np.arange(len(frame.frame))
+  for j, name in read:
+    conversion = analytes_lib.si_conversion(name)
+    if not conversion:
+      factor = None
+    elif j in units:
+      factor = conversion[1].get(analytes_lib.unit(units[j]))
+    else:
+      factor = _si_by_value(frame, j, conversion[1], analytes_lib.range_for(ranges, name))
+    if factor is not None:
+      key = "si_units_converted" if j in units else "si_units_by_value"
+      at = _convert(frame, j, rows, np.full(len(rows), factor))
+      info[key] = info.get(key, 0) + len(at)
+    unit = conversion[0] if factor is not None else units.get(j, "")
+    if unit and not values_lib.withheld(unit, ids):
+      info.setdefault("analyte_units", {})[name] = unit
+
+
+def _si_by_value(frame, j, factors: dict[str, float], bounds) -> float | None:
+  """The factor of the SI unit (of `factors`) column `j` is in, judged by its values: more of
+  them lie in the plausible range `bounds` only read in it than in the conventional unit;
+  None where none is, or without a range."""
+  if bounds is None:
+    return None
+  v, kinds, _ = values_lib.numbers(frame.frame[j], frame.delimiter != ",", limits=True)
+  v = v[(kinds == values_lib.OK) & ~np.isnan(v)]
+  inside = (v >= bounds[0]) & (v <= bounds[1])
+  best, most = None, int(inside.sum())
+  for factor in factors.values():
+    only = int(np.sum(~inside & (v * factor >= bounds[0]) & (v * factor <= bounds[1])))
+    if only > most:
+      best, most = factor, only
+  return best
 
 
 def _column_values(frame, read, index, rows, ranges, id_set) -> tuple[np.ndarray, list, dict]:
@@ -201,67 +268,42 @@ def _one_row_per_patient(frame, lines, read, index, ids, rows, ranges, id_set, f
   return np.asarray(patients, dtype=object), out
 
 
-def _unit(text) -> str:
-  """A unit as written, compared without case, spaces or the micro sign's spelling ('mg/dL',
-  'MG/DL'; 'µmol/L', 'umol/L')."""
-  text = "" if text is None or text != text else str(text)
-  return "".join(text.split()).casefold().replace("\u00b5", "u").replace("\u03bc", "u")
-
-
-# Analytes (by `csvfile.column_key`) of one charge, for which mEq/L and mmol/L are one unit
-# (sodium 140 mEq/L is 140 mmol/L); calcium's and magnesium's are not (1 mmol/L = 2 mEq/L).
-_MONOVALENT = frozenset({"na", "sodium", "k", "potassium", "cl", "chloride", "hco3",
-                         "bicarbonate", "co2", "totalco2", "tco2", "li", "lithium"})
-
-
-# SI units of common analytes, converted to the conventional (US) unit LAB_RANGES and most
-# cohorts use: {analyte keys (`csvfile.column_key`): (conventional unit, {SI unit: factor})}.
-_SI_UNITS = {
-    ("creatinine", "creat"): ("mg/dL", {"umol/l": 1 / 88.42}),
-    ("hemoglobin", "haemoglobin", "hgb", "hb"): ("g/dL", {"g/l": 0.1, "mmol/l": 1.611}),
-    ("mchc",): ("g/dL", {"g/l": 0.1}),
-    ("albumin", "alb"): ("g/dL", {"g/l": 0.1}),
-    ("totalprotein", "proteintotal", "protein"): ("g/dL", {"g/l": 0.1}),
-    ("glucose", "glu"): ("mg/dL", {"mmol/l": 18.016}),
-    ("bun", "urea", "ureanitrogen"): ("mg/dL", {"mmol/l": 2.801}),
-    ("ca", "calcium", "calciumtotal", "totalcalcium"): ("mg/dL", {"mmol/l": 4.008, "meq/l": 2.004}),
-    ("totalbilirubin", "bilirubintotal", "bilirubin", "directbilirubin", "bilirubindirect"): (
-        "mg/dL", {"umol/l": 1 / 17.104}),
-    ("totalcholesterol", "cholesteroltotal", "cholesterol", "ldl", "hdl", "ldlcholesterol",
-     "hdlcholesterol"): ("mg/dL", {"mmol/l": 38.67}),
-    ("triglycerides", "triglyceride", "tg"): ("mg/dL", {"mmol/l": 88.57}),
-    ("hematocrit", "haematocrit", "hct"): ("%", {"l/l": 100.0}),
-    ("fibrinogen",): ("mg/dL", {"g/l": 100.0})}
-_SI_BY_KEY = {k: conversion for keys, conversion in _SI_UNITS.items() for k in keys}
-
-
-def _in_conventional_units(frame, cols, rows, analyte_of, analytes, info) -> None:
-  """The values of `rows` (of analytes `analytes[analyte_of]`) in an SI unit of `_SI_UNITS`
-  (creatinine µmol/L, haemoglobin g/L: a European export's) converted in the frame to the
-  conventional unit the plausible ranges use, their unit cells with them, where each such value
-  was out of range or set aside as in another unit than its other rows; counted as
-  info['si_units_converted']."""
-  units = values_lib.map_unique(frame.frame[cols["unit"]].to_numpy(object)[rows], _unit)
+def _in_conventional_units(frame, cols, rows, analyte_of, names, info) -> None:
+  """The values of `rows` (of analytes `names[analyte_of]`) in an SI unit of their analyte's
+  (`analytes.si_conversion`: creatinine µmol/L, haemoglobin g/L, a European export's) converted
+  in the frame to the conventional unit the plausible ranges use, their unit cells with them,
+  where each such value was out of range or set aside as in another unit than its other rows;
+  counted as info['si_units_converted']."""
+  units = values_lib.map_unique(frame.frame[cols["unit"]].to_numpy(object)[rows],
+                                analytes_lib.unit)
   factor = np.full(len(rows), np.nan)
   unit = np.empty(len(rows), object)
-  for a, name in enumerate(analytes):
-    if csvfile.column_key(name) in _SI_BY_KEY:
-      conventional, factors = _SI_BY_KEY[csvfile.column_key(name)]
+  for a, name in enumerate(names):
+    conversion = analytes_lib.si_conversion(name)
+    if conversion:
       of = analyte_of == a
-      factor[of] = values_lib.map_unique(units[of], lambda u: factors.get(u, np.nan))
-      unit[of] = conventional
+      factor[of] = values_lib.map_unique(units[of], lambda u, f=conversion[1]: f.get(u, np.nan))
+      unit[of] = conversion[0]
+  at = _convert(frame, cols["value"], rows, factor)
+  if len(at):
+    values_lib.set_cells(frame, cols["unit"], rows[at], unit[at])
+    info["si_units_converted"] = len(at)
+
+
+def _convert(frame: csvfile.Frame, column: int, rows: np.ndarray, factor: np.ndarray) -> np.ndarray:
+  """The numbers of `column` in `rows` multiplied in the frame by `factor` (NaN: left as they
+  are; a value at an assay's limit is converted at it); returns the positions in `rows` of the
+  values converted."""
   maybe = np.flatnonzero(~np.isnan(factor))
   if not len(maybe):
-    return
-  v, kinds, _ = values_lib.numbers(frame.frame[cols["value"]].iloc[rows[maybe]],
-                                   frame.delimiter != ",", limits=True)
+    return maybe
+  v, kinds, _ = values_lib.numbers(frame.frame[column].iloc[rows[maybe]], frame.delimiter != ",",
+                                   limits=True)
   ok = (kinds == values_lib.OK) & ~np.isnan(v)
-  if not ok.any():
-    return
   at = maybe[ok]
-  values_lib.set_cells(frame, cols["value"], rows[at], v[ok] * factor[at])
-  values_lib.set_cells(frame, cols["unit"], rows[at], unit[at])
-  info["si_units_converted"] = len(at)
+  if len(at):
+    values_lib.set_cells(frame, column, rows[at], v[ok] * factor[at])
+  return at
 
 
 def _in_one_unit(frame, unit_column, rows, sel, name, ids, id_set, info, found) -> np.ndarray:
@@ -270,8 +312,8 @@ def _in_one_unit(frame, unit_column, rows, sel, name, ids, id_set, info, found) 
   without a unit is kept (pH, INR and many exports have none). The units go to
   info['analyte_units'] (summary.json's tables.labs.csv)."""
   written = frame.frame[unit_column].to_numpy(object)[rows[sel]]
-  units = values_lib.map_unique(written, _unit)
-  if csvfile.column_key(name) in _MONOVALENT:   # 1 mEq/L of a monovalent ion is 1 mmol/L
+  units = values_lib.map_unique(written, analytes_lib.unit)
+  if analytes_lib.key(name) in analytes_lib.MONOVALENT:   # 1 mEq/L of a monovalent ion is 1 mmol/L
     units[units == "meq/l"] = "mmol/l"
   given = units != ""
   if not given.any():

@@ -1,4 +1,4 @@
-"""Cells and values shared by the table readers: ids, numbers, plausible ranges, problems.
+"""Cells and values shared by the table readers: ids, numbers, range checks, problems.
 
 Reasons never carry patient ids, and cell values only when they cannot be identifying (see
 `shown`). Ids are stripped of surrounding whitespace and NFC-normalised (casefolded too when
@@ -15,7 +15,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from medjax import errors
+from medjax.data.tables import analytes as analytes_lib
 from medjax.data.tables import csvfile
 
 # The names a role's column may have, in order of preference, compared by `csvfile.column_key`
@@ -59,29 +59,6 @@ VALUE_COLUMNS = ("valuenum", "value_as_number", "ord_num_value", "numeric_value"
 # A long labs.csv's unit column (MIMIC's valueuom, OMOP's unit_source_value).
 UNIT_COLUMNS = ("unit", "units", "uom", "valueuom", "unit_of_measure", "result_unit",
                 "unit_source_value", "reference_unit")
-# Built-in plausible ranges (inclusive) of the known vitals channels: wide enough for any real
-# patient and for the synthetic generator (which writes SpO2 up to ~103 and heart rates down to
-# ~7), narrow enough to catch unit slips (temperature in Fahrenheit, SpO2 as a fraction).
-VITALS_RANGES = {"hr": (0.0, 350.0), "sbp": (0.0, 400.0), "dbp": (0.0, 300.0),
-                 "rr": (0.0, 150.0), "spo2": (20.0, 105.0), "temp": (25.0, 45.0)}
-# And of common lab analytes, in conventional US units (the synthetic cohort's 43): what a
-# living patient's sample can hold, extremes included; a value outside is a unit slip, a typo
-# or another analyte. Names are matched ignoring case; config.data.value_ranges overrides any.
-LAB_RANGES = {
-    "na": (80.0, 220.0), "k": (0.5, 15.0), "cl": (40.0, 180.0), "hco3": (0.0, 70.0),
-    "bun": (0.0, 400.0), "creatinine": (0.0, 40.0), "glucose": (0.0, 3000.0), "ca": (1.0, 25.0),
-    "wbc": (0.0, 1500.0), "rbc": (0.0, 15.0), "hemoglobin": (0.0, 30.0),
-    "hematocrit": (0.0, 100.0), "mcv": (30.0, 200.0), "mch": (5.0, 80.0), "mchc": (10.0, 60.0),
-    "rdw": (5.0, 60.0), "platelets": (0.0, 5000.0), "neutrophils_pct": (0.0, 100.0),
-    "alt": (0.0, 30000.0), "ast": (0.0, 50000.0), "alp": (0.0, 10000.0),
-    "total_bilirubin": (0.0, 100.0), "direct_bilirubin": (0.0, 80.0), "albumin": (0.0, 10.0),
-    "total_protein": (0.0, 20.0), "ggt": (0.0, 10000.0), "total_cholesterol": (0.0, 3000.0),
-    "ldl": (0.0, 2000.0), "hdl": (0.0, 500.0), "triglycerides": (0.0, 20000.0),
-    "pt": (0.0, 300.0), "inr": (0.0, 30.0), "aptt": (0.0, 500.0), "fibrinogen": (0.0, 3000.0),
-    "d_dimer": (0.0, 100000.0), "tsh": (0.0, 1000.0), "free_t4": (0.0, 20.0),
-    "free_t3": (0.0, 50.0), "troponin_i": (0.0, 1000.0), "bnp": (0.0, 100000.0),
-    "ck_mb": (0.0, 3000.0), "crp": (0.0, 1000.0), "esr": (0.0, 200.0)}
-DEFAULT_VALUE_RANGES = {**VITALS_RANGES, **LAB_RANGES}
 # Every value is stored as float32: a finite float64 beyond this is not a number the tables hold.
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 # Text read as a missing value but counted, like inf and nan, as a non-finite value.
@@ -133,31 +110,6 @@ class Problems:
                                "config.data.on_error='quarantine' to set such rows and values "
                                "aside and go on)")
     self.items.extend(found)
-
-
-def value_ranges(config_ranges=None) -> dict[str, tuple[float, float]]:
-  """`DEFAULT_VALUE_RANGES` updated by config.data.value_ranges (name -> (low, high) or None);
-  keys casefolded (`range_for` looks names up ignoring case)."""
-  ranges = dict(DEFAULT_VALUE_RANGES)
-  for name, bounds in dict(config_ranges or {}).items():
-    if bounds is None:
-      ranges.pop(name.casefold(), None)
-      continue
-    try:
-      low, high = (float(b) for b in bounds)
-      valid = low <= high
-    except (TypeError, ValueError):
-      valid = False
-    if not valid:
-      raise errors.InputError(f"config.data.value_ranges.{name}={bounds!r}: give (low, high) with "
-                              "low <= high, or None for no check")
-    ranges[name.casefold()] = (low, high)
-  return ranges
-
-
-def range_for(ranges: dict[str, tuple[float, float]], name: str):
-  """The plausible (low, high) of analyte or channel `name` (its case ignored), or None."""
-  return ranges.get(name.casefold())
 
 
 def normalize_ids(ids, fold_case: bool = False) -> np.ndarray:
@@ -394,7 +346,7 @@ def read_values(frame: csvfile.Frame, column: int, name: str, label: str, ranges
   col = frame.frame[column] if rows is None else frame.frame[column].iloc[rows]
   lines = frame.lines if rows is None else frame.lines[rows]
   values, kinds, read = numbers(col, frame.delimiter != ",", limits=True)
-  bounds = range_for(ranges, name)
+  bounds = analytes_lib.range_for(ranges, name)
   if bounds is not None:
     outside = ~np.isnan(values) & ((values < bounds[0]) | (values > bounds[1]))
     kinds[outside] = OUT_OF_RANGE

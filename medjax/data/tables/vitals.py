@@ -10,6 +10,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
+from medjax.data.tables import analytes as analytes_lib
 from medjax.data.tables import csvfile
 from medjax.data.tables import values as values_lib
 
@@ -44,7 +45,6 @@ CHANNEL_NAMES = {
 FAHRENHEIT_NAMES = ("temperature fahrenheit", "temperature f", "temp f", "223761")
 _FAHRENHEIT_UNITS = frozenset({"°f", "degf", "f", "degreesf", "fahrenheit", "℉"})
 # A wide header's unit after its name, in brackets: 'Heart Rate (bpm)', 'Temp [°F]'.
-_UNIT_SUFFIX = re.compile(r"^(.*?)\s*[(\[]([^()\[\]]*)[)\]]\s*$")
 
 
 def read_vitals(path: str, channels: Sequence[str], steps: int, hours_per_step: float,
@@ -64,7 +64,7 @@ def read_vitals(path: str, channels: Sequence[str], steps: int, hours_per_step: 
   that order or repeating a kept row's time is set aside. Rows are resampled into `steps` bins of
   `hours_per_step` hours (mean of the rows in a bin); rows past the last bin are counted.
   """
-  ranges = values_lib.DEFAULT_VALUE_RANGES if ranges is None else ranges
+  ranges = analytes_lib.value_ranges() if ranges is None else ranges
   cols = {}
 
   def text_columns(lines):
@@ -222,7 +222,7 @@ def _channels_frame(frame: csvfile.Frame, lines: csvfile.Lines, cols: dict,
   temp = [c for c, name in enumerate(channels) if csvfile.column_key(name) == "temp"]
   if temp and cols["channels"][temp[0]] is not None:
     _temperatures_in_celsius(frame, cols["channels"][temp[0]], cols["fahrenheit"] is not None,
-                             values_lib.range_for(ranges, channels[temp[0]]), lines.info)
+                             analytes_lib.range_for(ranges, channels[temp[0]]), lines.info)
   return frame
 
 
@@ -235,7 +235,7 @@ def _channel_columns(header: Sequence[str], channels: Sequence[str],
   unit of °F), returned second: its values are converted. A column serves one channel. Third:
   {channel: column's name} where it is not named as its channel, for the ingest table (a header
   cell shown only where it spells a name of those lists or the config's, so without its unit)."""
-  split = [_UNIT_SUFFIX.match(str(h)) for h in header]
+  split = [analytes_lib.UNIT_SUFFIX.match(str(h)) for h in header]
   bases = [m[1] if m else str(h) for m, h in zip(split, header)]
   units = [csvfile.column_key(m[2]) if m else "" for m in split]
   keys = ([csvfile.column_key(h) for h in header], [csvfile.column_key(b) for b in bases])
