@@ -35,7 +35,8 @@ def get_config(arg=None):
   # ceiling whatever the architecture, in the tuning runs behind configs/quickstart.py).
   data.synthetic.num_patients = 24000
   data.analytes = ()          # expected lab columns in model order; empty: take them from labs.csv
-  # labs.csv column, or a long file's analyte name or code -> analyte (or vitals channel) name
+  # labs.csv column, or a long file's analyte name or code -> analyte (or vitals channel) name;
+  # any table's column -> a role's name ({'status': 'diagnosis'}, {'record_id': 'patient_id'})
   data.rename = ml_collections.ConfigDict()
   data.classes = ()           # class names in model order; empty: sorted names from labels.csv
   data.vitals_channels = ("hr", "sbp", "dbp", "rr", "spo2", "temp")

@@ -299,13 +299,82 @@ def test_headers_spelt_as_exports_spell_them_name_the_same_columns(tmp_path):
 def test_a_header_without_a_role_s_column_names_the_spellings_allowed(tmp_path):
   """The refusal names the file, the role and its spellings, never a header cell (it may be a
   row of patient ids), and says what to do."""
-  path = _write(tmp_path, "labels.csv", "record,diagnosis\nP1,copd\n")
+  path = _write(tmp_path, "labels.csv", "pt_no,diagnosis\nP1,copd\n")
   with pytest.raises(tables.TableError) as refused:
     tables.read_labels(path, tables.Problems("quarantine"))
   message = str(refused.value)
   assert "labels.csv: line 1 is not a header with a patient id column" in message
   assert "subject_id" in message and "name the file's patient id column one of these" in message
-  assert "record" not in message
+  assert "config.data.rename (e.g. {'record_id': 'patient_id'})" in message
+  assert "pt_no" not in message
+
+
+def test_a_cohort_s_own_column_names_are_read_by_id_or_config_data_rename(tmp_path):
+  """R's datasets name the patient 'id' and the PBC trial its outcome 'status': labels.csv was
+  refused ('not a header with a patient id column'), and beside a patient_id, an 'id' column
+  became a lab analyte (record numbers as a feature). 'id' is now a patient column, the last
+  spelling tried, so one beside another is an identifier, never an analyte;
+  config.data.rename maps any other name to a role's ({'status': 'diagnosis'}, 'draw_time' to
+  'time'), in labels, labs and vitals."""
+  labels_path = _write(tmp_path, "labels.csv", "id,status,age\n1,dead,50\n2,alive,61\n")
+  with pytest.raises(tables.TableError, match="not a header with a label column"):
+    tables.read_labels(labels_path, tables.Problems("raise"))
+  labels = tables.read_labels(labels_path, tables.Problems("raise"),
+                              rename={"status": "diagnosis"})
+  assert labels.ids.tolist() == ["1", "2"] and labels.classes.tolist() == ["dead", "alive"]
+  labs = tables.read_labs(_write(tmp_path, "labs.csv", "id,bili,albumin\n1,1.2,3.5\n"), (), {},
+                          tables.Problems("raise"), tables.value_ranges())
+  assert labs.analytes == ["bili", "albumin"] and labs.ids.tolist() == ["1"]
+  problems = tables.Problems("quarantine")
+  labs = tables.read_labs(_write(tmp_path, "labs.csv", "patient_id,id,draw_time,Na\n"
+                                 "P1,7,2150-01-01 08:00,140\n"), (), {"draw_time": "time"},
+                          problems, tables.value_ranges())
+  assert labs.analytes == ["Na"] and labs.ids.tolist() == ["P1"]
+  assert any("column 2 ('id') identifies patients" in r for r in _reasons(problems))
+  vitals = tables.read_vitals(_write(tmp_path, "vitals.csv", "record_id,draw_time,hr\nP1,0,80\n"
+                                     "P1,1,90\n"), ["hr"], 2, 1.0, tables.Problems("raise"),
+                              rename={"record_id": "patient_id", "draw_time": "hour"})
+  assert vitals.ids.tolist() == ["P1"] and vitals.values[0, :, 0].tolist() == [80, 90]
+
+
+def test_sas_and_stata_missing_values_are_empty_cells_not_bad_values(tmp_path):
+  """A SAS or Stata export writes a missing value as '.' ('.A' for a special one): every such
+  cell was a value 'not a number', reported and counted as set to missing (the OPT trial's 27
+  per column). They are empty cells now, only counted (missing_dots); other text still is not a
+  number."""
+  problems = tables.Problems("quarantine")
+  labs = tables.read_labs(_write(tmp_path, "labs.csv", "patient_id,Na,K\nP1,.,4.0\n"
+                                 "P2,140,.A\nP3,141,x\n"), (), {}, problems,
+                          tables.value_ranges())
+  np.testing.assert_allclose(labs.values, [[np.nan, 4.0], [140, np.nan], [141, np.nan]])
+  assert problems.files["labs.csv"]["missing_dots"] == 2
+  assert problems.files["labs.csv"]["values"] == {"not_a_number": {"K": 1}}
+  problems = tables.Problems("raise")
+  vitals = tables.read_vitals(_write(tmp_path, "vitals.csv", "patient_id,hour,hr\nP1,0,.\n"
+                                     "P1,1,80\n"), ["hr"], 2, 1.0, problems)
+  assert np.isnan(vitals.values[0, 0, 0]) and vitals.values[0, 1, 0] == 80
+  assert "1 cells of '.' (SAS's and Stata's missing value) read as missing" in \
+      _ingest_table(problems)
+
+
+def test_a_column_of_bands_is_categorical_one_of_values_at_a_limit_numbers(tmp_path):
+  """The Rotterdam tumour bank's size ('<=20', '20-50', '>50') was read as numbers: '<=20' at
+  its limit (20), '>50' as 50, and each '20-50' (43% of the rows) set to missing as not a
+  number. A column of bands is categorical now; a troponin column of values at the assay's
+  limit ('<0.01'), a few plain values and one word ('hemolysed') is still numbers."""
+  bands = ["<=20", "20-50", ">50"]
+  rows = [f"P{i},{bands[i % 3]},{'hemolysed' if i == 4 else '<0.01' if i % 4 else 0.05}"
+          for i in range(30)]
+  problems = tables.Problems("quarantine")
+  labs = tables.read_labs(_write(tmp_path, "labs.csv", "patient_id,size,trop\n"
+                                 + "\n".join(rows) + "\n"), (), {}, problems,
+                          tables.value_ranges())
+  assert labs.analytes == ["size=20-50", "size=<=20", "size=>50", "trop"]
+  np.testing.assert_allclose(labs.values[:5], [[0, 1, 0, 0.05], [1, 0, 0, 0.01], [0, 0, 1, 0.01],
+                                               [0, 1, 0, 0.01], [1, 0, 0, np.nan]], rtol=1e-6)
+  info = problems.files["labs.csv"]
+  assert info["categorical_columns"] == {"size": bands[1:2] + bands[:1] + bands[2:]}
+  assert info["values"] == {"not_a_number": {"trop": 1}}
 
 
 def test_wide_labs_with_a_row_per_draw_keep_each_analytes_first_value(tmp_path):
@@ -482,7 +551,7 @@ def test_long_vitals_as_chartevents_are_gathered_into_a_row_per_patient_and_time
   np.testing.assert_allclose(vitals.values, [[[80, 37.5], [nan, 37.1]]], rtol=1e-6)
   assert problems.files["v3.csv"]["fahrenheit_to_celsius"] == 1
   # Neither wide nor long: the refusal says what a long file needs.
-  with pytest.raises(tables.TableError, match="names its measurements in an analyte column"):
+  with pytest.raises(tables.TableError, match="names them in an analyte column"):
     tables.read_vitals(_write(tmp_path, "v2.csv", "patient_id,hour,beat\nP1,0,80\n"), ["hr"],
                        3, 1.0, tables.Problems("quarantine"))
 

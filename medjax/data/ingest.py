@@ -276,7 +276,8 @@ def _read_tables(root: str, data, budgets: dicom.Budgets, problems: tables.Probl
                               "remove it (every table is optional)") from None
 
   ranges = tables.value_ranges(data.value_ranges)
-  labels = read("labels.csv", tables.read_labels, problems, tuple(data.classes), fold)
+  labels = read("labels.csv", tables.read_labels, problems, tuple(data.classes), fold,
+                dict(data.rename))
   analytes = list(data.analytes)
   labs = read("labs.csv", tables.read_labs, analytes, dict(data.rename), problems, ranges,
               fold) or tables.Labs(analytes, np.array([], object),

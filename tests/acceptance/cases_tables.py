@@ -75,6 +75,17 @@ def _(ctx):
                                          str(lib.class_names(r))))])
 
 
+@case("tables", "labels: a cohort's own columns (id, status), status mapped by data.rename",
+      ACCEPTED)
+def _(ctx):
+  config = ("from configs import quickstart\n\ndef get_config(arg=None):\n"
+            "  config = quickstart.get_config('tiny')\n"
+            "  config.data.rename = {'status': 'diagnosis'}\n  return config\n")
+  return _tables(ctx, labels=table("id,status", labels_rows()), config=config, checks=[
+      ("class names read", lambda r: (sorted(lib.class_names(r)) == sorted(lib.CLASSES_2),
+                                      str(lib.class_names(r))))])
+
+
 @case("tables", "labels: UTF-16 with BOM", ACCEPTED)
 def _(ctx):
   return _tables(ctx, labels=table(LH, labels_rows()).encode("utf-16"),
@@ -897,6 +908,27 @@ def _lab_value(pid: str, analyte: str, want: float):
     got = float(arrays["labs"][i, j]) if arrays["labs_mask"][i, j] else None
     return got is not None and abs(got - want) <= 0.005 * abs(want), f"{analyte} {got}"
   return (f"the patient's {analyte} is {want}", check)
+
+
+@case("tables", "labs wide: a column of bands ('<=20', '20-50', '>50')", ACCEPTED)
+def _(ctx):
+  # 15 patients: a categorical column has 5 rows per category on average.
+  bands, ids = ("<=20", "20-50", ">50"), IDS + [f"PTX{8001 + i}K" for i in range(5)]
+  rows = [f"{pid},140,{bands[i % 3]}" for i, pid in enumerate(ids)]
+  return _tables(ctx, labs=table("patient_id,Na,size", rows), ids=ids, patients=len(ids),
+                 checks=[lib.table_info("labs.csv", "values_set_missing", {}),
+                         _lab_value(IDS[1], "size=20-50", 1.0),
+                         _lab_value(IDS[1], "size=>50", 0.0)])
+
+
+@case("tables", "labs wide: a SAS export, '.' for each missing value", ACCEPTED)
+def _(ctx):
+  rows = [f"{pid},{'.' if i % 3 == 0 else 140},{'.A' if i == 1 else 4.1},{90 + i}"
+          for i, pid in enumerate(IDS)]
+  return _tables(ctx, labs=table("patient_id,Na,K,Glucose", rows),
+                 checks=[lib.table_info("labs.csv", "missing_dots", 5),
+                         lib.table_info("labs.csv", "values_set_missing", {}),
+                         _lab(IDS[3], "Na", False, others=2), _lab_value(IDS[1], "Na", 140)])
 
 
 @case("tables", "labs wide: headers with units, creatinine in µmol/L and haemoglobin in g/L",

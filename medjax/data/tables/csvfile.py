@@ -240,9 +240,11 @@ def column_index(header: Sequence[str], names: Sequence[str]) -> int | None:
   return next((keys.index(k) for k in map(column_key, names) if k in keys), None)
 
 
-def find_column(lines: Lines, names: Sequence[str], what: str) -> int:
-  """`column_index` of a column the file must have, or a refusal naming the spellings allowed."""
-  j = column_index(lines.header, names)
+def find_column(lines: Lines, names: Sequence[str], what: str,
+                header: Sequence[str] | None = None) -> int:
+  """`column_index` of a column the file must have, or a refusal naming the spellings allowed;
+  in `header` where given (the file's, each name as config.data.rename maps it)."""
+  j = column_index(lines.header if header is None else header, names)
   if j is not None:
     return j
   # The header is not echoed: a file without one would show its first row (patient ids).
@@ -251,8 +253,16 @@ def find_column(lines: Lines, names: Sequence[str], what: str) -> int:
                f"(one of {list(names)}, compared ignoring case, spaces, '_', '-' and '.'; "
                f"{len(lines.header)} columns found); "
                + ("remove the comment lines ('#') above the header" if comment else
-                  f"name the file's {what} column one of these, or add a header line naming "
-                  "the columns if the file has none"))
+                  f"name the file's {what} column one of these or map its name to one with "
+                  f"config.data.rename (e.g. {{'{_EXAMPLE.get(what, 'name')}': "
+                  f"'{names[0]}'}}), or add a header line naming the columns if the file has "
+                  "none"))
+
+
+# A column name of each role that cohorts use and no built-in spelling covers, for the
+# refusal's example (REDCap names the participant 'record_id', the PBC trial its outcome
+# 'status').
+_EXAMPLE = {"patient id": "record_id", "label": "status", "time": "draw_time"}
 
 
 def _check_header(lines: Lines) -> None:

@@ -27,9 +27,10 @@ class Labels:
 
 
 def read_labels(path: str, problems: values_lib.Problems, classes: Sequence[str] = (),
-                fold_case: bool = False) -> Labels:
-  """labels.csv (columns `patient_id`, `diagnosis`, optionally `split`): one accepted row per
-  patient.
+                fold_case: bool = False, rename: dict[str, str] | None = None) -> Labels:
+  """labels.csv (columns `patient_id`, `diagnosis`, optionally `split`, as named or as
+  `rename` (config.data.rename) maps a column's name: {'status': 'diagnosis'}): one accepted
+  row per patient.
 
   Rows with an empty id or class, a class not in `classes` (when given), a split that is not
   train, val or test (where the file has a split column) or a patient an earlier line already
@@ -38,9 +39,10 @@ def read_labels(path: str, problems: values_lib.Problems, classes: Sequence[str]
   cols = {}
 
   def text_columns(lines):
-    cols["pid"] = csvfile.find_column(lines, values_lib.PATIENT_COLUMNS, "patient id")
-    cols["label"] = csvfile.find_column(lines, values_lib.LABEL_COLUMNS, "label")
-    cols["split"] = csvfile.column_index(lines.header, values_lib.SPLIT_COLUMNS)
+    header = values_lib.renamed(lines.header, rename)
+    cols["pid"] = csvfile.find_column(lines, values_lib.PATIENT_COLUMNS, "patient id", header)
+    cols["label"] = csvfile.find_column(lines, values_lib.LABEL_COLUMNS, "label", header)
+    cols["split"] = csvfile.column_index(header, values_lib.SPLIT_COLUMNS)
     return [j for j in (cols["pid"], cols["label"], cols["split"]) if j is not None]
 
   lines, frame = csvfile.load(path, text_columns)

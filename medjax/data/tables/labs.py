@@ -49,12 +49,13 @@ def read_labs(path: str, analytes: Sequence[str], rename: dict[str, str],
   cols = {}
 
   def text_columns(lines):
-    cols["pid"] = csvfile.find_column(lines, values_lib.PATIENT_COLUMNS, "patient id")
-    cols.update(values_lib.long_columns(lines.header))
+    header = values_lib.renamed(lines.header, rename)
+    cols["pid"] = csvfile.find_column(lines, values_lib.PATIENT_COLUMNS, "patient id", header)
+    cols.update(values_lib.long_columns(header))
     if "analyte" in cols:
-      cols["time"] = csvfile.column_index(lines.header, values_lib.TIME_COLUMNS)
-      return [j for j in range(len(lines.header)) if j != cols["value"]]
-    return [cols["pid"]] + [j for j, h in enumerate(lines.header)
+      cols["time"] = csvfile.column_index(header, values_lib.TIME_COLUMNS)
+      return [j for j in range(len(header)) if j != cols["value"]]
+    return [cols["pid"]] + [j for j, h in enumerate(header)
                             if csvfile.column_key(h) in _NOT_ANALYTES
                             or values_lib.identifier_column(h)]
 
@@ -63,13 +64,14 @@ def read_labs(path: str, analytes: Sequence[str], rename: dict[str, str],
     return _read_labs_long(lines, frame, cols, analytes, rename, problems, ranges, fold_case)
   ids, id_set = values_lib.read_ids(frame, lines, cols["pid"], fold_case, problems)
   source, found = frame.source, list(frame.problems)   # now with their patients
-  named = [(j, h) for j, h in enumerate(frame.columns) if j != cols["pid"] and h]
+  named = [(j, h) for j, h in enumerate(values_lib.renamed(frame.columns, rename))
+           if j != cols["pid"] and h]
   identifiers = {j for j, h in named if values_lib.identifier_column(h)}
   columns = [j for j, h in named
              if csvfile.column_key(h) not in _NOT_ANALYTES and j not in identifiers]
   for j in sorted(identifiers):
     what = ("identifies patients rather than measuring them" if csvfile.column_key(
-        frame.columns[j]) in values_lib.IDENTIFIER_COLUMNS else "identifies records (its name "
+        dict(named)[j]) in values_lib.IDENTIFIER_COLUMNS else "identifies records (its name "
             "ends in 'id'), not a measurement")
     found.append(csvfile.Problem(
         source, lines.header_line, f"column {j + 1} "
@@ -211,8 +213,12 @@ def _as_indicators(frame: csvfile.Frame, columns: list[int], known_ids: set[str]
     keys = cells.str.casefold()
     given = cells[cells != ""]
     spelling = given.groupby(keys[cells != ""], sort=False).first()   # key -> first spelling
-    _, kinds, _ = values_lib.numbers(given, frame.delimiter != ",", limits=True)
-    if (not len(given) or np.mean(kinds != values_lib.NOT_A_NUMBER) > 0.1
+    text = values_lib.numbers(given, frame.delimiter != ",", limits=True)[1] == (
+        values_lib.NOT_A_NUMBER)
+    plain = values_lib.numbers(given, frame.delimiter != ",")[1] != values_lib.NOT_A_NUMBER
+    # Bands ('<=20', '20-50', '>50': a tumour's size, an age group) are categories, where
+    # values at an assay's limit ('<0.01') among a few words ('hemolysed') are numbers.
+    if (not len(given) or np.mean(~text) > 0.1 and (np.mean(plain) > 0.1 or np.mean(text) <= 0.1)
         or len(spelling) > MAX_CATEGORIES or len(given) < 5 * len(spelling)
         or any(values_lib.withheld(x, known_ids) for x in [frame.columns[j], *spelling])):
       out.append(j)

@@ -19,8 +19,10 @@ from medjax.data.tables import analytes as analytes_lib
 from medjax.data.tables import csvfile
 
 # The names a role's column may have, in order of preference, compared by `csvfile.column_key`
-# (case, spaces, '_', '-' and '.' ignored): MIMIC's subject_id, OMOP's person_id, R's pid.
-PATIENT_COLUMNS = ("patient_id", "patient", "mrn", "subject_id", "person_id", "pid")
+# (case, spaces, '_', '-' and '.' ignored): MIMIC's subject_id, OMOP's person_id, R's pid and
+# the bare 'id' of R's datasets (the PBC trial's, SUPPORT's), last: any other is preferred.
+# config.data.rename maps any other name to one of these ({'record_id': 'patient_id'}).
+PATIENT_COLUMNS = ("patient_id", "patient", "mrn", "subject_id", "person_id", "pid", "id")
 # Columns that identify a patient rather than measure one (compared by `csvfile.column_key`):
 # an export's MRN beside its PatientID, names, birth dates, addresses. Left out of
 # the analytes (and out of tables.npz), whatever config.data.analytes says.
@@ -185,9 +187,10 @@ def withheld(text, ids: set[str]) -> bool:
 def numbers(col: pd.Series, decimal_comma: bool,
             limits: bool = False) -> tuple[np.ndarray, np.ndarray, dict[str, int]]:
   """(float64 values with NaN for missing or bad, kind per cell, what was read besides plain
-  numbers: {'decimal_commas': n, 'values_at_limit': n}, the nonzero ones). A value is checked as
-  float64 before anything narrows it: finite, and within what float32 holds. `limits`: a value
-  reported as beyond a limit of the assay ('<0.01', '>60', '≥ 90') is read at the limit."""
+  numbers: {'decimal_commas': n, 'values_at_limit': n, 'missing_dots': n}, the nonzero ones). A
+  value is checked as float64 before anything narrows it: finite, and within what float32
+  holds. `limits`: a value reported as beyond a limit of the assay ('<0.01', '>60', '≥ 90') is
+  read at the limit. SAS's and Stata's '.' is a missing value, as an empty cell is."""
   if col.dtype.kind in "fiu":
     values = col.to_numpy(np.float64, copy=True)
     kinds = np.where(np.isinf(values), NON_FINITE, OK)
@@ -217,7 +220,9 @@ def numbers(col: pd.Series, decimal_comma: bool,
   kinds[np.isinf(values)] = NON_FINITE
   marker = text.str.lower().isin(MISSING_MARKERS).to_numpy(bool)
   kinds[failed[marker]] = NON_FINITE
-  rest = ~marker & (text != "").to_numpy(bool)
+  # SAS's and Stata's missing values ('.', '.A'-'.Z', '._'): an empty cell as those write it.
+  dots = text.str.fullmatch(r"\.[A-Za-z_]?").to_numpy(bool)
+  rest = ~marker & ~dots & (text != "").to_numpy(bool)
   commas = 0
   if decimal_comma and rest.any():
     comma = rest & text.str.fullmatch(r"[+-]?\d+,\d+").to_numpy(bool)
@@ -232,7 +237,8 @@ def numbers(col: pd.Series, decimal_comma: bool,
   kinds[failed[rest]] = NOT_A_NUMBER
   kinds[(kinds == OK) & np.isfinite(values) & (np.abs(values) > FLOAT32_MAX)] = BEYOND_FLOAT32
   values[kinds != OK] = np.nan
-  read = {"decimal_commas": commas, "values_at_limit": int((kinds[limited] == OK).sum())}
+  read = {"decimal_commas": commas, "values_at_limit": int((kinds[limited] == OK).sum()),
+          "missing_dots": int(dots.sum())}
   return values, kinds, {k: n for k, n in read.items() if n}
 
 
@@ -259,6 +265,11 @@ def add_counts(info: dict, counts: dict[str, int]) -> None:
   """Adds `counts` (what `numbers` read besides plain numbers) to a file's info."""
   for key, n in counts.items():
     info[key] = info.get(key, 0) + n
+
+
+def renamed(header: Sequence[str], rename: dict[str, str] | None) -> list[str]:
+  """A header's names as config.data.rename maps them, for finding the columns' roles."""
+  return [rename.get(h, h) for h in header] if rename else list(header)
 
 
 def long_columns(header: list[str]) -> dict[str, int | None]:

@@ -68,25 +68,25 @@ def read_vitals(path: str, channels: Sequence[str], steps: int, hours_per_step: 
   cols = {}
 
   def text_columns(lines):
-    cols["pid"] = csvfile.find_column(lines, values_lib.PATIENT_COLUMNS, "patient id")
-    cols["time"] = csvfile.find_column(lines, values_lib.TIME_COLUMNS, "time")
+    header = values_lib.renamed(lines.header, rename)
+    cols["pid"] = csvfile.find_column(lines, values_lib.PATIENT_COLUMNS, "patient id", header)
+    cols["time"] = csvfile.find_column(lines, values_lib.TIME_COLUMNS, "time", header)
     cols["channels"], cols["fahrenheit"], cols["named"] = _channel_columns(
         lines.header, channels, rename or {})
     missing = [c for c, j in zip(channels, cols["channels"]) if j is None]
-    cols["long"] = values_lib.long_columns(lines.header) if missing else {}
+    cols["long"] = values_lib.long_columns(header) if missing else {}
     if cols["long"]:
       return [j for j in range(len(lines.header))
               if j not in (cols["time"], cols["long"]["value"])]
     if missing:
       # The header is not echoed: a cell of it may hold anything, an identifier included.
-      raise csvfile.refuse(lines.path, f"channel columns {missing} not found among its "
-                           f"{len(lines.header)} columns (config.data.vitals_channels="
-                           f"{list(channels)}, compared ignoring case, spaces, '_', '-' and "
-                           "'.'); rename the columns or set config.data.vitals_channels (a "
-                           "long file, one row per measurement, names its measurements in an "
-                           f"analyte column, one of {list(values_lib.ANALYTE_COLUMNS)} or by code "
-                           f"{list(values_lib.ANALYTE_CODE_COLUMNS)}, beside a value column, one "
-                           f"of {list(values_lib.VALUE_COLUMNS)})")
+      raise csvfile.refuse(
+          lines.path, f"channel columns {missing} not found among its {len(lines.header)} "
+          f"columns (config.data.vitals_channels={list(channels)}, compared ignoring case, "
+          "spaces, '_', '-' and '.'); rename the columns or set config.data.vitals_channels (a "
+          "long file, one row per measurement, names them in an analyte column, one of "
+          f"{list(values_lib.ANALYTE_COLUMNS)} or by code {list(values_lib.ANALYTE_CODE_COLUMNS)}, "
+          f"beside a value column, one of {list(values_lib.VALUE_COLUMNS)})")
     return [cols["pid"]] + [j for j in range(len(lines.header))
                             if j != cols["time"] and j not in cols["channels"]]
 
