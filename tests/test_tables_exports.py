@@ -377,6 +377,39 @@ def test_a_column_of_bands_is_categorical_one_of_values_at_a_limit_numbers(tmp_p
   assert info["values"] == {"not_a_number": {"trop": 1}}
 
 
+def test_a_blood_pressure_written_as_systolic_over_diastolic_is_split(tmp_path):
+  """Epic's flowsheets and many exports chart blood pressure as one value, 'BP' 120/80: a wide
+  file without sbp and dbp columns was refused ('channel columns ['sbp', 'dbp'] not found'),
+  and a long file's BP rows were other measurements, not read. The value is split into sbp and
+  dbp; a cell not written so is reported, both set to missing; in a long file the first of a
+  channel's rows at one time wins, as ever."""
+  channels = ["hr", "sbp", "dbp"]
+  problems = tables.Problems("quarantine")
+  vitals = tables.read_vitals(_write(tmp_path, "vitals.csv", "patient_id,hour,HR,BP (mmHg)\n"
+                                     "P1,0,80,120/80\nP1,1,82,118 / 76\nP2,0,90,see note\n"
+                                     "P2,1,91,\n"), channels, 2, 1.0, problems)
+  np.testing.assert_allclose(vitals.values, [[[80, 120, 80], [82, 118, 76]],
+                                             [[90, np.nan, np.nan], [91, np.nan, np.nan]]])
+  info = problems.files["vitals.csv"]
+  assert info["pressures_split"] == 2 and info["values"] == {"not_a_number": {"BP (mmHg)": 1}}
+  assert [(p.line, p.count) for p in problems.items] == [(4, 1)]
+  assert "2 blood pressures written as systolic/diastolic ('120/80') split" in \
+      _ingest_table(problems)
+  problems = tables.Problems("quarantine")
+  vitals = tables.read_vitals(_write(tmp_path, "vitals.csv", "patient_id,charttime,label,value\n"
+                                     "P1,2150-01-01 08:00,Blood Pressure,120/80\n"
+                                     "P1,2150-01-01 09:00,BP,118/76\n"
+                                     "P1,2150-01-01 09:00,Systolic BP,119\n"
+                                     "P2,2150-01-01 08:00,BP,130\n"
+                                     "P2,2150-01-01 08:00,Heart Rate,90\n"), channels, 2, 1.0,
+                              problems)
+  np.testing.assert_allclose(vitals.values, [[[np.nan, 120, 80], [np.nan, 118, 76]],
+                                             [[90, np.nan, np.nan], [np.nan] * 3]])
+  assert [(p.line, p.reason.split(";")[0]) for p in problems.items] == [
+      (4, "duplicate value for channel 'sbp' at this time for this patient"),
+      (5, "'BP': a blood pressure not written as systolic/diastolic ('120/80')")]
+
+
 def test_wide_labs_with_a_row_per_draw_keep_each_analytes_first_value(tmp_path):
   """An export with one row per draw lost every later draw's analytes (the first row won, the
   rest were set aside), where the same data in a long file kept them: each analyte's first

@@ -132,6 +132,8 @@ _READ_COUNTS = (
      "to the conventional units the plausible ranges use"),
     ("si_units_by_value", "values read as SI units by their values (most of the column's lay in "
      "the plausible range only so: haemoglobin 140 g/L) and converted to the conventional units"),
+    ("pressures_split", "blood pressures written as systolic/diastolic ('120/80') split into "
+     "sbp and dbp"),
     ("fahrenheit_to_celsius", "temperatures in Fahrenheit converted to Celsius"),
     ("fahrenheit_by_value", "temperatures read as Fahrenheit by their values (most of the "
      "column's lay in the plausible range only so) and converted to Celsius"))

@@ -430,6 +430,16 @@ def _(ctx):
                          _no_missing("vitals")])
 
 
+@case("tables", "vitals: a flowsheet export, blood pressure charted as 120/80", ACCEPTED)
+def _(ctx):
+  rows = [f"{pid},{h},{70 + h},{110 + i}/{70 + h},{14 + h},{97 + (i % 3)},{36.8 + 0.1 * h:.1f}"
+          for i, pid in enumerate(IDS) for h in range(3)]
+  return _tables(ctx, vitals=table("patient_id,hour,Pulse,BP,Resp Rate,SpO2,Temp", rows),
+                 checks=[lib.table_info("vitals.csv", "pressures_split", 30),
+                         lib.table_info("vitals.csv", "values_set_missing", {}),
+                         _no_missing("vitals")])
+
+
 @case("tables", "vitals: a temp column all in Fahrenheit", ACCEPTED)
 def _(ctx):
   rows = [r.rsplit(",", 1)[0] + f",{98.2 + 0.3 * (k % 3):.1f}"

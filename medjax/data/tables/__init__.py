@@ -7,6 +7,7 @@
   labels   labels.csv
   labs     labs.csv, wide or long
   vitals   vitals.csv, resampled to fixed steps
+  pressure blood pressure charted as one value ('BP': 120/80), split into sbp and dbp
 
 What cannot be read at all (an empty or binary file, no header naming the needed columns, a column
 named twice) is refused with a `TableError` (an `errors.InputError`). Everything else is accounted

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-import re
 from typing import Sequence
 
 import numpy as np
@@ -12,6 +11,7 @@ import pandas as pd
 
 from medjax.data.tables import analytes as analytes_lib
 from medjax.data.tables import csvfile
+from medjax.data.tables import pressure
 from medjax.data.tables import values as values_lib
 
 
@@ -73,7 +73,7 @@ def read_vitals(path: str, channels: Sequence[str], steps: int, hours_per_step: 
     cols["time"] = csvfile.find_column(lines, values_lib.TIME_COLUMNS, "time", header)
     cols["channels"], cols["fahrenheit"], cols["named"] = _channel_columns(
         lines.header, channels, rename or {})
-    missing = [c for c, j in zip(channels, cols["channels"]) if j is None]
+    missing = _missing_channels(lines.header, channels, cols)
     cols["long"] = values_lib.long_columns(header) if missing else {}
     if cols["long"]:
       return [j for j in range(len(lines.header))
@@ -183,6 +183,7 @@ def _gathered(frame: csvfile.Frame, lines: csvfile.Lines, cols: dict, channels: 
   keys.update({csvfile.column_key(n): keys["temp"] for n in FAHRENHEIT_NAMES if "temp" in keys})
   keys.update({csvfile.column_key(n): keys[csvfile.column_key(c)] for n, c in rename.items()
                if csvfile.column_key(c) in keys})
+  frame = _pressure_rows(frame, lines, long, channels, keys)
   names = frame.frame[long["analyte"]].to_numpy(object)
   channel = values_lib.map_unique(
       names, lambda s: keys.get(csvfile.column_key(s), -1)).astype(np.int64)
@@ -210,6 +211,68 @@ def _gathered(frame: csvfile.Frame, lines: csvfile.Lines, cols: dict, channels: 
   return dataclasses.replace(frame, columns=names, frame=out, lines=frame.lines[first])
 
 
+def _missing_channels(header: Sequence[str], channels: Sequence[str], cols: dict) -> list[str]:
+  """The channels without a column in a wide header; sbp and dbp not among them where a
+  combined pressure column ('BP': 120/80) gives them (cols['pressure'])."""
+  split = ("sbp", "dbp")
+  cols["pressure"] = None
+  if any(j is None and csvfile.column_key(c) in split
+         for c, j in zip(channels, cols["channels"])):
+    cols["pressure"] = pressure.column(header, cols["channels"])
+  return [c for c, j in zip(channels, cols["channels"]) if j is None
+          and not (cols["pressure"] is not None and csvfile.column_key(c) in split)]
+
+
+def _split_pressure_column(frame: csvfile.Frame, lines: csvfile.Lines, cols: dict,
+                           channels: Sequence[str]) -> None:
+  """A wide file's combined pressure column ('BP': 120/80) as the sbp and dbp channels' columns
+  where they have none of their own (added to the frame; info['pressures_split']); a cell not
+  written so is reported, both set to missing."""
+  j = cols["pressure"]
+  systolic, diastolic, bad = pressure.split(frame.frame[j].to_numpy(object))
+  for name, cells in (("sbp", systolic), ("dbp", diastolic)):
+    c = next((c for c, ch in enumerate(channels) if csvfile.column_key(ch) == name), None)
+    if c is not None and cols["channels"][c] is None:
+      cols["channels"][c] = len(frame.columns)
+      frame.frame[len(frame.columns)] = cells
+      frame.columns.append(channels[c])
+  lines.info["pressures_split"] = int(np.sum(systolic != ""))
+  if bad.any():
+    frame.problems.append(pressure.problem(frame.source, frame.columns[j], frame.lines[bad],
+                                           set()))
+    values_lib.count_values(lines.info, {"not_a_number": int(bad.sum())}, frame.columns[j])
+
+
+def _pressure_rows(frame: csvfile.Frame, lines: csvfile.Lines, long: dict,
+                   channels: Sequence[str], keys: dict[str, int]) -> csvfile.Frame:
+  """A long file's rows of a combined pressure ('BP', 120/80) as an sbp and a dbp row each, at
+  its line (the first of a channel's rows at one time wins, as ever), where the channels have
+  sbp and dbp and no name maps the row to a channel (info['pressures_split']); a value not
+  written so is reported, both set to missing."""
+  if "sbp" not in keys or "dbp" not in keys:
+    return frame
+  names = frame.frame[long["analyte"]].to_numpy(object)
+  rows = np.flatnonzero(values_lib.map_unique(
+      names, lambda s: csvfile.column_key(s) not in keys and pressure.named(s)).astype(bool))
+  if not len(rows):
+    return frame
+  systolic, diastolic, bad = pressure.split(frame.frame[long["value"]].to_numpy(object)[rows])
+  lines.info["pressures_split"] = int(np.sum(systolic != ""))
+  if bad.any():
+    frame.problems.append(pressure.problem(frame.source, names[rows[bad][0]],
+                                           frame.lines[rows[bad]], set()))
+    values_lib.count_values(lines.info, {"not_a_number": int(bad.sum())}, "bp")
+  parts = [frame.frame.drop(index=frame.frame.index[rows])]
+  for key, cells in (("sbp", systolic), ("dbp", diastolic)):
+    part = frame.frame.iloc[rows].copy()
+    part[long["analyte"]], part[long["value"]] = channels[keys[key]], cells
+    parts.append(part)
+  row_lines = np.concatenate([np.delete(frame.lines, rows), frame.lines[rows], frame.lines[rows]])
+  order = np.argsort(row_lines, kind="stable")   # a frame's lines ascend
+  out = pd.concat(parts, ignore_index=True).iloc[order].reset_index(drop=True)
+  return dataclasses.replace(frame, frame=out, lines=row_lines[order])
+
+
 def _channels_frame(frame: csvfile.Frame, lines: csvfile.Lines, cols: dict,
                     channels: Sequence[str], ranges, rename: dict[str, str],
                     fold_case: bool) -> csvfile.Frame:
@@ -217,8 +280,11 @@ def _channels_frame(frame: csvfile.Frame, lines: csvfile.Lines, cols: dict,
   file's columns named, `_channel_columns`), temperatures in Celsius."""
   if cols["long"]:
     frame = _gathered(frame, lines, cols, channels, rename, fold_case)
-  elif cols["named"]:
-    lines.info["channel_columns"] = cols["named"]
+  else:
+    if cols["named"]:
+      lines.info["channel_columns"] = cols["named"]
+    if cols["pressure"] is not None:
+      _split_pressure_column(frame, lines, cols, channels)
   temp = [c for c, name in enumerate(channels) if csvfile.column_key(name) == "temp"]
   if temp and cols["channels"][temp[0]] is not None:
     _temperatures_in_celsius(frame, cols["channels"][temp[0]], cols["fahrenheit"] is not None,
