@@ -410,6 +410,38 @@ def test_a_blood_pressure_written_as_systolic_over_diastolic_is_split(tmp_path):
       (5, "'BP': a blood pressure not written as systolic/diastolic ('120/80')")]
 
 
+def test_a_long_file_s_results_in_words_are_categories(tmp_path):
+  """MIMIC's labevents give a dipstick's result as text ('NEG', 'TR', 'POS') with an empty
+  valuenum: every such result was missing, the analyte lost. An analyte whose results are
+  words (as a wide file's categorical column) becomes a 0/1 indicator per category, from each
+  patient's earliest draw; an analyte of numbers with one word among them is numbers still.
+  Where config.data.analytes is given, only an analyte it names an indicator of is read so."""
+  results = ["NEG"] * 14 + ["TR", "POS", "pos", "MOD", "NEG"]
+  rows = [f"P{i},2150-01-01 08:00,Urine Blood,{r}," for i, r in enumerate(results)]
+  rows += ["P0,2150-01-02 08:00,Urine Blood,POS,", "P1,2150-01-01 08:00,Sodium,140,140",
+           "P2,2150-01-01 08:00,Sodium,see note,", "P3,2150-01-01 08:00,Urine Blood,,"]
+  path = _write(tmp_path, "labs.csv", "subject_id,charttime,label,value,valuenum\n"
+                + "\n".join(rows) + "\n")
+  problems = tables.Problems("quarantine")
+  labs = tables.read_labs(path, (), {}, problems, tables.value_ranges())
+  assert labs.analytes == ["Sodium", "Urine Blood=MOD", "Urine Blood=NEG", "Urine Blood=POS",
+                           "Urine Blood=TR"]
+  by_id = dict(zip(labs.ids.tolist(), labs.values.tolist()))
+  np.testing.assert_equal(by_id["P0"], [np.nan, 0, 1, 0, 0])   # the earliest draw's NEG
+  np.testing.assert_equal(by_id["P1"], [140, 0, 1, 0, 0])
+  np.testing.assert_equal(by_id["P16"], [np.nan, 0, 0, 1, 0])  # 'pos' is 'POS'
+  np.testing.assert_equal(by_id["P3"], [np.nan, 0, 1, 0, 0])   # its later empty row adds none
+  info = problems.files["labs.csv"]
+  assert info["categorical_analytes"] == {"Urine Blood": ["MOD", "NEG", "POS", "TR"]}
+  assert "1 categorical analyte as 0/1 indicators (Urine Blood 4)" in _ingest_table(problems)
+  labs = tables.read_labs(path, ("Sodium", "Urine Blood"), {}, tables.Problems("quarantine"),
+                          tables.value_ranges())
+  assert np.isnan(labs.values[:, 1]).all()
+  labs = tables.read_labs(path, ("Sodium", "Urine Blood=POS"), {},
+                          tables.Problems("quarantine"), tables.value_ranges())
+  assert np.nansum(labs.values[:, 1]) == 2
+
+
 def test_wide_labs_with_a_row_per_draw_keep_each_analytes_first_value(tmp_path):
   """An export with one row per draw lost every later draw's analytes (the first row won, the
   rest were set aside), where the same data in a long file kept them: each analyte's first

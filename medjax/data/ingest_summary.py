@@ -158,11 +158,13 @@ def _table_lines(tables_summary: dict) -> list[str]:
       notes.append(f"analytes named by their {info['analyte_codes']!r} codes (join the code "
                    "table's names, e.g. MIMIC's d_labitems label, or map them with "
                    "config.data.rename, for the built-in plausible ranges)")
-    if info.get("categorical_columns"):
-      cats = info["categorical_columns"]
-      notes.append(f"{len(cats)} categorical column{'s' if len(cats) > 1 else ''} as 0/1 "
-                   "indicators (" + ", ".join(f"{c} {len(k)}" for c, k in list(cats.items())[:5])
-                   + (", ..." if len(cats) > 5 else "") + ")")
+    for key, what in (("categorical_columns", "column"), ("categorical_analytes", "analyte")):
+      cats = info.get(key) or {}
+      if cats:
+        notes.append(f"{len(cats)} categorical {what}{'s' if len(cats) > 1 else ''} as 0/1 "
+                     "indicators (" + ", ".join(f"{c} {len(k)}"
+                                                for c, k in list(cats.items())[:5])
+                     + (", ..." if len(cats) > 5 else "") + ")")
     if info.get("rows_quarantined"):
       notes.append(f"{info['rows_quarantined']} of {info.get('rows', 0)} rows set aside")
     if info.get("columns_not_read"):

@@ -883,6 +883,18 @@ def _(ctx):
                                           line=5)])
 
 
+@case("tables", "labs long: a dipstick's results as words (NEG, POS), valuenum empty", ACCEPTED)
+def _(ctx):
+  rows = [f"{pid},2180-01-01 08:00,{a},{v},{n}" for i, pid in enumerate(IDS)
+          for a, v, n in (("Sodium", 140, 140), ("Urine Blood", "POS" if i % 2 else "NEG", ""))]
+  return _tables(ctx, labs=table("subject_id,charttime,label,value,valuenum", rows),
+                 checks=[lib.table_info("labs.csv", "categorical_analytes",
+                                        {"Urine Blood": ["NEG", "POS"]}),
+                         _lab_value(IDS[1], "Urine Blood=POS", 1.0),
+                         _lab_value(IDS[2], "Urine Blood=POS", 0.0),
+                         _lab_value(IDS[2], "Sodium", 140)])
+
+
 @case("tables", "labs long: CRP in mg/dL among rows in mg/L", QUARANTINED)
 def _(ctx):
   # Line 2 + 2 x 3 + 1 = 9: patient 3's CRP, the only one in mg/dL.

@@ -27,7 +27,10 @@ def raw_id_leaks(run: Run) -> list[str]:
   # As UTF-8, and as the UTF-16 and UTF-32 that numpy's string arrays (an .npz) and some
   # writers store text in: an id in tables.npz is b"p\0\0\0t\0\0\0...".
   # (One pattern per encoding: the ids' common prefix keeps each search fast.)
-  patterns = [re.compile(b"|".join(re.escape(i.encode(encoding)) for i in ids))
+  # As UTF-8 not inside a longer run of letters and digits: a hash's hex ('...c97001a4...') or
+  # a file size does not hold the id '7001'; a cell, a JSON string or a file name does.
+  patterns = [re.compile((b"(?<![0-9a-z])(?:%s)(?![0-9a-z])" if encoding == "utf-8" else b"%s")
+                         % b"|".join(re.escape(i.encode(encoding)) for i in ids))
               for encoding in ("utf-8", "utf-16-le", "utf-32-le")]
 
   def search(data: bytes) -> str | None:

@@ -1,6 +1,7 @@
 """The bad-input battery (tests/acceptance/bad_inputs.py) stays runnable: its --quick subset, a few
 cases of each class run through the real command line, every one with its expected outcome."""
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -54,6 +55,18 @@ def test_raw_id_scan_finds_ids_in_any_case_and_skips_cohort_and_secrets(tmp_path
   (work / "cache" / "chunk").write_bytes(b"\x00\x01doe^john\x00")
   run = lib.Run(plan, 0, 1.0, b"patient ptx7001k done\n", b"")
   assert judge.raw_id_leaks(run) == ["stdout: 'ptx7001k'", "cache/chunk: 'doe^john'"]
+
+
+def test_raw_id_scan_does_not_take_a_hash_holding_a_short_id_for_it(tmp_path):
+  """A 4-digit id ('7001', a spreadsheet's without its leading zeros) turned up by chance in a
+  pseudonym's hex in the cache index, failing a case now and then; as a cell it is found."""
+  plan = dataclasses.replace(_plan(tmp_path), raw_ids=["0007001", "7001"])
+  (tmp_path / "work" / "cache").mkdir(parents=True)
+  index = tmp_path / "work" / "cache" / "index.json"
+  index.write_bytes(b'{"r-de33e7001c7c": [-1, "2495a7001e", 170019]}')
+  assert judge.raw_id_leaks(lib.Run(plan, 0, 1.0, b"", b"")) == []
+  index.write_bytes(b'{"r-de33e74c": "7001"}\n')
+  assert judge.raw_id_leaks(lib.Run(plan, 0, 1.0, b"", b"")) == ["cache/index.json: '7001'"]
 
 
 def test_judge_calls_a_dropped_row_a_silent_loss_and_a_traceback_a_failure(tmp_path):

@@ -4,6 +4,7 @@
            set aside; one line is one record), the good ones parsed
   analytes what is known of analytes and channels by name: aliases, plausible ranges, units
   values   ids, numbers, range checks, `Problems` (shared by the readers)
+  categories results written as words (a wide column, a long file's analyte) as 0/1 indicators
   labels   labels.csv
   labs     labs.csv, wide or long
   vitals   vitals.csv, resampled to fixed steps

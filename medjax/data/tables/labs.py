@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from medjax.data.tables import analytes as analytes_lib
+from medjax.data.tables import categories as categories_lib
 from medjax.data.tables import csvfile
 from medjax.data.tables import values as values_lib
 
@@ -77,7 +78,8 @@ def read_labs(path: str, analytes: Sequence[str], rename: dict[str, str],
         source, lines.header_line, f"column {j + 1} "
         f"({values_lib.shown(frame.columns[j], problems.known_ids)}) {what}; its values are "
         "ignored", "column"))
-  columns, categories = _as_indicators(frame, columns, problems.known_ids, lines.info)
+  columns, categories = categories_lib.as_indicators(frame, columns, problems.known_ids,
+                                                     lines.info)
   names, units = _names_and_units(frame.columns, columns, categories, rename, analytes)
   _check_renamed(lines.path, [frame.columns[j] for j in columns], names, problems.known_ids)
   if not analytes:
@@ -185,53 +187,6 @@ def _column_values(frame, read, index, rows, ranges, id_set) -> tuple[np.ndarray
     values_lib.count_values(info, counts, name)
     values_lib.add_counts(info, notes)
   return values, found, info
-
-
-# A wide column of text is categorical (sex, smoking status, a ward) when it holds at most this
-# many distinct values and at least 5 rows per value on average.
-MAX_CATEGORIES = 20
-
-
-def _as_indicators(frame: csvfile.Frame, columns: list[int], known_ids: set[str],
-                   info: dict) -> tuple[list[int], set[int]]:
-  """`columns` with each categorical one (nine in ten of its cells text, `MAX_CATEGORIES`
-  categories compared without case, the column's name and each category fit to show:
-  `values.shown`) replaced by a 0/1 indicator column per category, named '<column>=<category>'
-  (its first spelling) and added to `frame`, empty where the cell is: 'm' and 'f' were values
-  that are not numbers, set to missing. A column pandas read as True/False is one 0/1 column.
-  The categorical columns go to info['categorical_columns'] (name: categories); returns the
-  columns and the indicators among them."""
-  out, indicators = [], set()
-  for j in columns:
-    col = frame.frame[j]
-    if pd.api.types.is_bool_dtype(col.dtype):
-      frame.frame[j] = col.astype(np.float64)
-    if pd.api.types.is_numeric_dtype(frame.frame[j].dtype):
-      out.append(j)
-      continue
-    cells = pd.Series(values_lib.normalize_ids(col.to_numpy(object)), dtype=object)
-    keys = cells.str.casefold()
-    given = cells[cells != ""]
-    spelling = given.groupby(keys[cells != ""], sort=False).first()   # key -> first spelling
-    text = values_lib.numbers(given, frame.delimiter != ",", limits=True)[1] == (
-        values_lib.NOT_A_NUMBER)
-    plain = values_lib.numbers(given, frame.delimiter != ",")[1] != values_lib.NOT_A_NUMBER
-    # Bands ('<=20', '20-50', '>50': a tumour's size, an age group) are categories, where
-    # values at an assay's limit ('<0.01') among a few words ('hemolysed') are numbers.
-    if (not len(given) or np.mean(~text) > 0.1 and (np.mean(plain) > 0.1 or np.mean(text) <= 0.1)
-        or len(spelling) > MAX_CATEGORIES or len(given) < 5 * len(spelling)
-        or any(values_lib.withheld(x, known_ids) for x in [frame.columns[j], *spelling])):
-      out.append(j)
-      continue
-    spelling = spelling.sort_index()
-    info.setdefault("categorical_columns", {})[frame.columns[j]] = spelling.tolist()
-    for key, shown in spelling.items():
-      new = len(frame.columns)
-      frame.frame[new] = np.where(cells == "", "", np.where(keys == key, "1", "0")).astype(object)
-      frame.columns.append(f"{frame.columns[j]}={shown}")
-      out.append(new)
-      indicators.add(new)
-  return out, indicators
 
 
 def _one_row_per_patient(frame, lines, read, index, ids, rows, ranges, id_set, found):
@@ -370,6 +325,8 @@ def _read_labs_long(lines, frame, cols, analytes, rename, problems, ranges, fold
       values_lib.map_unique(frame.frame[cols["analyte"]].to_numpy(object),
                             lambda s: rename.get(s.strip(), s.strip())),
       analytes, lines.info, "analytes_merged_by_case")
+  frame, names, ids = categories_lib.long_rows(frame, cols, names, ids, analytes or None,
+                                               problems.known_ids, lines.info)
   if not analytes:
     # Analytes from the cells: a name that may identify a patient (an id in the wrong column)
     # becomes no analyte, which would carry it into tables.npz; its rows are set aside below.

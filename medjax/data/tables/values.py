@@ -301,11 +301,12 @@ def fill_from_text(frame: csvfile.Frame, value: int, text: int, info: dict) -> N
   """Where the value column is empty and the second value column holds what reads as a value, it
   is taken: MIMIC leaves 'valuenum' empty where 'value' is '<0.1' or '>1000' (an assay's limit,
   `numbers`), and would lose those measured patients quietly. Text that is no value
-  ('NEG', '___') stays missing, as the export meant. Counted as info['values_from_text']."""
+  ('___') stays missing, as the export meant (an analyte whose results are words, 'NEG' and
+  'POS', is categorical: `categories.long_rows`). Counted as info['values_from_text']."""
   column = frame.frame[value]
   empty = column.isna().to_numpy(bool)
   if column.dtype == object:
-    empty |= (column.astype(str).str.strip() == "").to_numpy(bool)
+    empty = empty | (column.astype(str).str.strip() == "").to_numpy(bool)
   if not empty.any():
     return
   cells = frame.frame[text].iloc[np.flatnonzero(empty)]

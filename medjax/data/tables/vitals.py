@@ -44,7 +44,6 @@ CHANNEL_NAMES = {
 # name or by unit: a long file's are converted to the 'temp' channel's Celsius.
 FAHRENHEIT_NAMES = ("temperature fahrenheit", "temperature f", "temp f", "223761")
 _FAHRENHEIT_UNITS = frozenset({"°f", "degf", "f", "degreesf", "fahrenheit", "℉"})
-# A wide header's unit after its name, in brackets: 'Heart Rate (bpm)', 'Temp [°F]'.
 
 
 def read_vitals(path: str, channels: Sequence[str], steps: int, hours_per_step: float,
