@@ -50,7 +50,7 @@ def read_labs(path: str, analytes: Sequence[str], rename: dict[str, str],
   cols = {}
 
   def text_columns(lines):
-    header = values_lib.renamed(lines.header, rename)
+    cols["header"] = header = values_lib.renamed(lines.header, rename)
     cols["pid"] = csvfile.find_column(lines, values_lib.PATIENT_COLUMNS, "patient id", header)
     cols.update(values_lib.long_columns(header))
     if "analyte" in cols:
@@ -65,14 +65,14 @@ def read_labs(path: str, analytes: Sequence[str], rename: dict[str, str],
     return _read_labs_long(lines, frame, cols, analytes, rename, problems, ranges, fold_case)
   ids, id_set = values_lib.read_ids(frame, lines, cols["pid"], fold_case, problems)
   source, found = frame.source, list(frame.problems)   # now with their patients
-  named = [(j, h) for j, h in enumerate(values_lib.renamed(frame.columns, rename))
-           if j != cols["pid"] and h]
+  header = cols["header"]   # as config.data.rename maps it
+  named = [(j, h) for j, h in enumerate(header) if j != cols["pid"] and h]
   identifiers = {j for j, h in named if values_lib.identifier_column(h)}
   columns = [j for j, h in named
              if csvfile.column_key(h) not in _NOT_ANALYTES and j not in identifiers]
   for j in sorted(identifiers):
     what = ("identifies patients rather than measuring them" if csvfile.column_key(
-        dict(named)[j]) in values_lib.IDENTIFIER_COLUMNS else "identifies records (its name "
+        header[j]) in values_lib.IDENTIFIER_COLUMNS else "identifies records (its name "
             "ends in 'id'), not a measurement")
     found.append(csvfile.Problem(
         source, lines.header_line, f"column {j + 1} "

@@ -7,6 +7,7 @@ import re
 from typing import Sequence
 
 import numpy as np
+import pandas as pd
 
 from medjax.data.tables import analytes as analytes_lib
 from medjax.data.tables import csvfile
@@ -36,21 +37,25 @@ def split(cells: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
   """(systolic, diastolic, bad) of cells as written: '120/80' is '120' and '80', an empty cell
   (or a missing-value marker) two empty ones; any other (a lone '120', 'see note') is bad, two
   empty ones too."""
-  text = np.array(["" if c is None or c != c else str(c).strip() for c in cells], object)
-  systolic, diastolic = np.full(len(text), "", object), np.full(len(text), "", object)
-  empty = values_lib.normalize_ids(text) == ""
-  bad = ~empty
-  for i in np.flatnonzero(~empty):
-    m = _SLASHED.match(text[i])
-    if m:
-      systolic[i], diastolic[i], bad[i] = m[1], m[2], False
-  return systolic, diastolic, bad
+  text = pd.Series(values_lib.normalize_ids(cells), dtype=object)
+  parts = text.str.extract(_SLASHED)
+  slashed = parts[0].notna().to_numpy(bool)
+  systolic = np.where(slashed, parts[0].to_numpy(object), "").astype(object)
+  diastolic = np.where(slashed, parts[1].to_numpy(object), "").astype(object)
+  return systolic, diastolic, ~slashed & (text != "").to_numpy(bool)
 
 
-def problem(source: str, name: str, lines: np.ndarray, ids: set[str]) -> csvfile.Problem:
-  """The values problem of a pressure column's or analyte's bad cells (at `lines`)."""
-  more = f" ({len(lines)} such values)" if len(lines) > 1 else ""
-  return csvfile.Problem(
-      source, int(lines[0]), f"{values_lib.shown(name, ids)}: a blood pressure not written as "
-      f"systolic/diastolic ('120/80'); sbp and dbp set to missing{more}", "values", len(lines),
-      tuple(int(x) for x in lines[:values_lib.SHOWN_LINES]))
+def report(frame: csvfile.Frame, info: dict, name: str, systolic: np.ndarray, bad: np.ndarray,
+           lines: np.ndarray) -> None:
+  """Counts the pressures split (info['pressures_split']) and reports the bad cells of column or
+  analyte `name` (at `lines`) as one values problem of the frame's, counted under `name`."""
+  info["pressures_split"] = int(np.sum(systolic != ""))
+  if not bad.any():
+    return
+  at = lines[bad]
+  more = f" ({len(at)} such values)" if len(at) > 1 else ""
+  frame.problems.append(csvfile.Problem(
+      frame.source, int(at[0]), f"{values_lib.shown(name, set())}: a blood pressure not written "
+      f"as systolic/diastolic ('120/80'); sbp and dbp set to missing{more}", "values", len(at),
+      tuple(int(x) for x in at[:values_lib.SHOWN_LINES])))
+  values_lib.count_values(info, {"not_a_number": len(at)}, name)

@@ -235,11 +235,7 @@ def _split_pressure_column(frame: csvfile.Frame, lines: csvfile.Lines, cols: dic
       cols["channels"][c] = len(frame.columns)
       frame.frame[len(frame.columns)] = cells
       frame.columns.append(channels[c])
-  lines.info["pressures_split"] = int(np.sum(systolic != ""))
-  if bad.any():
-    frame.problems.append(pressure.problem(frame.source, frame.columns[j], frame.lines[bad],
-                                           set()))
-    values_lib.count_values(lines.info, {"not_a_number": int(bad.sum())}, frame.columns[j])
+  pressure.report(frame, lines.info, frame.columns[j], systolic, bad, frame.lines)
 
 
 def _pressure_rows(frame: csvfile.Frame, lines: csvfile.Lines, long: dict,
@@ -256,11 +252,8 @@ def _pressure_rows(frame: csvfile.Frame, lines: csvfile.Lines, long: dict,
   if not len(rows):
     return frame
   systolic, diastolic, bad = pressure.split(frame.frame[long["value"]].to_numpy(object)[rows])
-  lines.info["pressures_split"] = int(np.sum(systolic != ""))
-  if bad.any():
-    frame.problems.append(pressure.problem(frame.source, names[rows[bad][0]],
-                                           frame.lines[rows[bad]], set()))
-    values_lib.count_values(lines.info, {"not_a_number": int(bad.sum())}, "bp")
+  first_bad = names[rows[bad]][0] if bad.any() else ""
+  pressure.report(frame, lines.info, first_bad, systolic, bad, frame.lines[rows])
   parts = [frame.frame.drop(index=frame.frame.index[rows])]
   for key, cells in (("sbp", systolic), ("dbp", diastolic)):
     part = frame.frame.iloc[rows].copy()
