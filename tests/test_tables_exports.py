@@ -249,6 +249,33 @@ def test_wide_labs_headers_with_units_are_their_analytes_in_conventional_units(t
   assert labs.values[:, 1].tolist() == [100, 250]
 
 
+def test_a_wide_header_unit_medjax_does_not_convert_sets_the_column_aside(tmp_path):
+  """'Creatinine (mmol/L)' was read as mg/dL: 0.09 mmol/L is a plausible 0.09 mg/dL, 11 times
+  too small. A header unit that is neither the analyte's conventional unit nor an SI unit of it
+  medjax converts sets the column aside, one 'column' entry that says what to do; mg% and
+  'mcmol/L' are spellings of mg/dL and µmol/L; data.rename of the whole header reads it as it
+  is."""
+  path = _write(tmp_path, "labs.csv", "patient_id,Creatinine (mmol/L),BUN (mg%),"
+                "Bilirubin (mcmol/L),Hemoglobin (mg/dL),Na (mmol/L)\n"
+                "P1,0.09,14,17.104,13.5,140\nP2,0.18,20,34.208,12.0,141\n")
+  problems = tables.Problems("quarantine")
+  labs = tables.read_labs(path, (), {}, problems, tables.value_ranges())
+  assert labs.analytes == ["BUN", "Bilirubin", "Na"]
+  np.testing.assert_allclose(labs.values, [[14, 1.0, 140], [20, 2.0, 141]], rtol=1e-5)
+  assert _reasons(problems) == [
+      "column 2 ('Creatinine (mmol/L)') is in 'mmol/L'; medjax reads 'Creatinine' in mg/dL and "
+      "converts only umol/l to it, so its values are ignored (convert them, or map the whole "
+      "header to 'Creatinine' with config.data.rename to read them as mg/dL)",
+      "column 5 ('Hemoglobin (mg/dL)') is in 'mg/dL'; medjax reads 'Hemoglobin' in g/dL and "
+      "converts only g/l or mmol/l to it, so its values are ignored (convert them, or map the "
+      "whole header to 'Hemoglobin' with config.data.rename to read them as g/dL)"]
+  assert problems.files["labs.csv"]["units_not_converted"] == 2
+  assert "2 columns in a unit medjax does not convert" in _ingest_table(problems)
+  labs = tables.read_labs(path, (), {"Creatinine (mmol/L)": "Creatinine"},
+                          tables.Problems("quarantine"), tables.value_ranges())
+  assert labs.analytes[0] == "Creatinine" and labs.values[0, 0] == pytest.approx(0.09)
+
+
 def test_wide_labs_without_units_in_si_are_converted_by_their_values(tmp_path):
   """A European cohort's wide file without units (SUPPORT-like names: crea 88, hgb 140, alb 40)
   lost those analytes: every value lay outside the plausible range in US units, or, named 'crea'
@@ -662,8 +689,8 @@ def test_omop_measurement_rows_read_by_source_name_and_earliest_datetime(tmp_pat
 def test_categorical_labs_columns_become_indicators_and_identifying_ones_do_not(tmp_path):
   """A wide column of categories (sex, smoking status) was all 'not a number', set to missing:
   each category is now a 0/1 column (compared without case, empty where the cell is), True/
-  False one 0/1 column. Free text, dates, a column with a few numbers, and categories that
-  could identify a patient (an id) stay as they were."""
+  False one 0/1 column. A column with a few numbers stays as it was; dates, and words that
+  could identify a patient (an id), are no analytes (see the next test)."""
   rows = [f"P{i},{60 + i},{'m' if i % 2 else ('F' if i % 4 else 'f')},"
           f"{['never', 'former', 'current'][i % 3] if i % 7 else ''},{'True' if i % 3 else 'False'},"
           f"2020-01-{1 + i % 3:02d},{'P1' if i % 2 else 'P2'},{i if i % 5 else 'n/k'},"
@@ -673,17 +700,52 @@ def test_categorical_labs_columns_become_indicators_and_identifying_ones_do_not(
   problems = tables.Problems("quarantine")
   labs = tables.read_labs(path, (), {}, problems)
   assert labs.analytes == ["age", "sex=f", "sex=m", "smoking=current", "smoking=former",
-                           "smoking=never", "diabetic", "visit", "ref", "score", "troponin_i",
-                           "crp"]
+                           "smoking=never", "diabetic", "score", "troponin_i", "crp"]
   nan = np.nan
   np.testing.assert_allclose(labs.values[:2, :7], [[60, 1, 0, nan, nan, nan, 0],
                                                    [61, 0, 1, 0, 1, 0, 1]])
   info = problems.files["labs.csv"]
   assert info["categorical_columns"] == {"sex": ["f", "m"],
                                          "smoking": ["current", "former", "never"]}
-  assert info["values"]["not_a_number"] == {"visit": 30, "ref": 30, "score": 6}
+  assert info["values"]["not_a_number"] == {"score": 6}
+  assert info["date_columns"] == 1 and info["text_columns"] == 1
   assert info["values_at_limit"] == 27 and info["values"]["non_finite"] == {"crp": 30}
   assert "2 categorical columns as 0/1 indicators (sex 2, smoking 3)" in _ingest_table(problems)
+
+
+@pytest.mark.parametrize("cells", [
+    lambda i: f"19{50 + i}-0{1 + i % 9}-1{i % 10}",          # ISO, R's Date (JASA's birth.dt)
+    lambda i: f"0{1 + i % 9}/1{i % 10}/19{50 + i} 10:3{i % 10} PM",
+    lambda i: f"1{i % 10}-Mar-19{50 + i}",
+    lambda i: f"1{i % 10}MAR19{50 + i}:08:00:00",             # SAS's datetime20.
+    lambda i: f'"Mar {1 + i % 28}, 19{50 + i}"',
+    lambda i: f"{19500101 + 10000 * i}",                      # YYYYMMDD, read as a number
+    lambda i: f"0{i % 10}:{15 + i}"])                         # a time of day
+def test_a_wide_column_of_dates_is_no_analyte_nor_is_one_of_free_text(tmp_path, cells):
+  """A wide labs column of dates (a birth date as an export writes it) became an analyte of
+  'not a number' values, or, written YYYYMMDD, of numbers that are birth dates, carried into
+  tables.npz; free text (a comment) became an analyte no patient has. Each is now no analyte,
+  one 'column' entry; a titre ('1:40') and an assay's limit ('<0.5') are no dates."""
+  rows = [f"P{i},{cells(i)},{135 + i},note {i} on the draw,{'1:40' if i % 2 else '1:80'},"
+          f"{'<0.5' if i % 3 else 0.7},2020-02-0{1 + i % 9}" for i in range(20)]
+  path = _write(tmp_path, "labs.csv", "patient_id,born,Na,comment,ana_titre,crp,admit_date\n"
+                + "\n".join(rows) + "\n")
+  problems = tables.Problems("quarantine")
+  labs = tables.read_labs(path, (), {}, problems)
+  assert labs.analytes == ["Na", "ana_titre=1:40", "ana_titre=1:80", "crp"]
+  np.testing.assert_allclose(labs.values[:2], [[135, 0, 1, 0.7], [136, 1, 0, 0.5]])
+  reasons = _reasons(problems)
+  assert reasons == [
+      "column 2 ('born') holds dates or times, not measurements; its values are ignored",
+      "column 7 ('admit_date') holds dates or times, not measurements; its values are ignored",
+      "column 4 ('comment') holds text and no number, and not categories (at most 20 distinct "
+      "values, 5 rows each on average, none that may identify a patient); its values are "
+      "ignored"]
+  info = problems.files["labs.csv"]
+  assert info["date_columns"] == 2 and info["text_columns"] == 1 and "values" not in info
+  text = _ingest_table(problems)
+  assert "2 columns of dates or times not read as analytes" in text
+  assert "1 columns of text and no number" in text
 
 
 def test_wide_vitals_columns_as_exports_name_them_are_their_channels_fahrenheit_converted(

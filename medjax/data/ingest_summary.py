@@ -134,6 +134,10 @@ _READ_COUNTS = (
      "the plausible range only so: haemoglobin 140 g/L) and converted to the conventional units"),
     ("pressures_split", "blood pressures written as systolic/diastolic ('120/80') split into "
      "sbp and dbp"),
+    ("units_not_converted", "columns in a unit medjax does not convert to the analyte's "
+     "(set aside)"),
+    ("date_columns", "columns of dates or times not read as analytes"),
+    ("text_columns", "columns of text and no number (nor categories) not read as analytes"),
     ("fahrenheit_to_celsius", "temperatures in Fahrenheit converted to Celsius"),
     ("fahrenheit_by_value", "temperatures read as Fahrenheit by their values (most of the "
      "column's lay in the plausible range only so) and converted to Celsius"))

@@ -1452,6 +1452,40 @@ def _(ctx):
                              names)
 
 
+@case("phi", "labs: a birth date column under its own name, written YYYYMMDD", QUARANTINED)
+def _(ctx):
+  # 'born' is no identifier's name, and 19670110 reads as a number: it became an analyte whose
+  # values, birth dates, went into tables.npz.
+  rows = [f"{pid},{19500101 + 10000 * i + i},{135 + i},4.{i},{98 + i}"
+          for i, pid in enumerate(IDS)]
+  return _tables(ctx, labs=table("patient_id,born,Na,K,Cl", rows),
+                 checks=[_analytes(["Na", "K", "Cl"]),
+                         lib.table_info("labs.csv", "date_columns", 1)],
+                 quarantined=[Quarantined("labs.csv", "holds dates or times", line=1)])
+
+
+@case("tables", "labs: an admission date and a free-text comment column", QUARANTINED)
+def _(ctx):
+  # Each became an analyte no patient has (every value 'not a number').
+  rows = [f"{pid},{135 + i},2021-0{1 + i % 9}-1{i} 08:30,seen by the night team {i},4.{i}"
+          for i, pid in enumerate(IDS)]
+  return _tables(ctx, labs=table("patient_id,Na,admitted,comment,K", rows),
+                 checks=[_analytes(["Na", "K"]), lib.table_info("labs.csv", "text_columns", 1)],
+                 quarantined=[Quarantined("labs.csv", "holds dates or times", line=1),
+                              Quarantined("labs.csv", "holds text and no number", line=1)])
+
+
+@case("tables", "labs wide: creatinine in mmol/L by its header, a unit not converted",
+      QUARANTINED)
+def _(ctx):
+  # 0.09 mmol/L was read as a plausible 0.09 mg/dL, eleven times too small.
+  rows = [f"{pid},{135 + i},4.{i},0.{5 + i % 4:02d}" for i, pid in enumerate(IDS)]
+  return _tables(ctx, labs=table("patient_id,Na,K,Creatinine (mmol/L)", rows),
+                 checks=[_analytes(["Na", "K"]),
+                         lib.table_info("labs.csv", "units_not_converted", 1)],
+                 quarantined=[Quarantined("labs.csv", "converts only umol/l", line=1)])
+
+
 @case("tables", "labs: '1,050' in a tab file (a thousands separator?)", QUARANTINED)
 def _(ctx):
   rows = [f"{pid}\t{135 + i}\t4.{i}\t{'1,050' if i == 3 else 98 + i}"

@@ -103,11 +103,18 @@ def range_for(ranges: dict[str, tuple[float, float]], name: str):
   return ranges.get(key(name))
 
 
+# Spellings of one unit (after `unit`'s folding): mg% and mg/100 mL are mg/dL.
+_UNIT_SPELLINGS = {"mg%": "mg/dl", "mg/100ml": "mg/dl", "g%": "g/dl", "g/100ml": "g/dl",
+                   "mcmol/l": "umol/l", "micromol/l": "umol/l", "mmol/litre": "mmol/l",
+                   "umol/litre": "umol/l", "g/litre": "g/l"}
+
+
 def unit(text) -> str:
   """A unit as written, compared without case, spaces or the micro sign's spelling ('mg/dL',
-  'MG/DL'; 'µmol/L', 'umol/L')."""
+  'MG/DL'; 'µmol/L', 'umol/L', 'mcmol/L'; 'mg%' and 'mg/100 mL' are mg/dL)."""
   text = "" if text is None or text != text else str(text)
-  return "".join(text.split()).casefold().replace("\u00b5", "u").replace("\u03bc", "u")
+  text = "".join(text.split()).casefold().replace("\u00b5", "u").replace("\u03bc", "u")
+  return _UNIT_SPELLINGS.get(text, text)
 
 
 # A header's trailing unit in brackets ('Heart Rate (bpm)', 'Creatinine [umol/L]'): base, unit.

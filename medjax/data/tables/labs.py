@@ -66,22 +66,16 @@ def read_labs(path: str, analytes: Sequence[str], rename: dict[str, str],
   ids, id_set = values_lib.read_ids(frame, lines, cols["pid"], fold_case, problems)
   source, found = frame.source, list(frame.problems)   # now with their patients
   header = cols["header"]   # as config.data.rename maps it
-  named = [(j, h) for j, h in enumerate(header) if j != cols["pid"] and h]
-  identifiers = {j for j, h in named if values_lib.identifier_column(h)}
-  columns = [j for j, h in named
-             if csvfile.column_key(h) not in _NOT_ANALYTES and j not in identifiers]
-  for j in sorted(identifiers):
-    what = ("identifies patients rather than measuring them" if csvfile.column_key(
-        header[j]) in values_lib.IDENTIFIER_COLUMNS else "identifies records (its name "
-            "ends in 'id'), not a measurement")
-    found.append(csvfile.Problem(
-        source, lines.header_line, f"column {j + 1} "
-        f"({values_lib.shown(frame.columns[j], problems.known_ids)}) {what}; its values are "
-        "ignored", "column"))
+  named = [(j, h) for j, h in enumerate(header)
+            if j != cols["pid"] and h and csvfile.column_key(h) not in _NOT_ANALYTES]
+  columns = _measurements(frame, lines, named, problems.known_ids, found)
   columns, categories = categories_lib.as_indicators(frame, columns, problems.known_ids,
                                                      lines.info)
+  columns = _with_numbers(frame, lines, columns, categories, problems.known_ids, found)
   names, units = _names_and_units(frame.columns, columns, categories, rename, analytes)
   _check_renamed(lines.path, [frame.columns[j] for j in columns], names, problems.known_ids)
+  columns, names = _in_known_units(frame, lines, columns, names, units, problems.known_ids,
+                                   found)
   if not analytes:
     # Analytes from the header: a name that may identify a patient (a shifted row, a pasted
     # id) becomes no analyte, which would carry it into tables.npz and the summary (an
@@ -110,6 +104,47 @@ def read_labs(path: str, analytes: Sequence[str], rename: dict[str, str],
   return Labs(list(analytes), patients, values)
 
 
+def _measurements(frame, lines, named, ids, found) -> list[int]:
+  """The columns of `named` ((column, header name) pairs) that may be measurements: not one that
+  identifies patients or records (`values.identifier_column`), nor one of dates or times
+  (`values.dates`: a birth date must not become an analyte); each of those is a 'column'
+  problem, and the dates' count goes to info['date_columns']."""
+  columns = []
+  for j, h in named:
+    if values_lib.identifier_column(h):
+      what = ("identifies patients rather than measuring them" if csvfile.column_key(h)
+              in values_lib.IDENTIFIER_COLUMNS else "identifies records (its name ends in "
+              "'id'), not a measurement")
+    elif values_lib.dates(frame.frame[j], h):
+      what = "holds dates or times, not measurements"
+      lines.info["date_columns"] = lines.info.get("date_columns", 0) + 1
+    else:
+      columns.append(j)
+      continue
+    found.append(csvfile.Problem(
+        frame.source, lines.header_line, f"column {j + 1} "
+        f"({values_lib.shown(frame.columns[j], ids)}) {what}; its values are ignored", "column"))
+  return columns
+
+
+def _with_numbers(frame, lines, columns, categories, ids, found) -> list[int]:
+  """`columns` without those of text and no number (`values.only_text`: free text, or words
+  that are not categories), which would be analytes no patient has;
+  each is a 'column' problem, counted as info['text_columns']."""
+  kept = []
+  for j in columns:
+    if j in categories or not values_lib.only_text(frame.frame[j], frame.delimiter != ","):
+      kept.append(j)
+      continue
+    lines.info["text_columns"] = lines.info.get("text_columns", 0) + 1
+    found.append(csvfile.Problem(
+        frame.source, lines.header_line, f"column {j + 1} "
+        f"({values_lib.shown(frame.columns[j], ids)}) holds text and no number, and not "
+        f"categories (at most {categories_lib.MAX_CATEGORIES} distinct values, 5 rows each on "
+        "average, none that may identify a patient); its values are ignored", "column"))
+  return kept
+
+
 def _names_and_units(header, columns, categories, rename, analytes) -> tuple[list, dict]:
   """Each wide column's analyte name, and {column: unit} where its header gives one in brackets
   ('Creatinine (umol/L)': `analytes.name_and_unit`). A header config.data.rename maps or
@@ -129,6 +164,31 @@ def _names_and_units(header, columns, categories, rename, analytes) -> tuple[lis
       names[i] = rename.get(header[j], header[j])
       del units[j]
   return names, units
+
+
+def _in_known_units(frame, lines, columns, names, units, ids, found) -> tuple[list, list]:
+  """`columns` and their `names` without those whose header gives a unit that is neither their
+  analyte's conventional unit nor an SI unit of it medjax converts (`analytes.si_conversion`):
+  'Creatinine (mmol/L)' read as mg/dL would be 11 times too small, plausible and wrong. Each
+  is a 'column' problem, counted as info['units_not_converted']; a config.data.rename of the
+  whole header reads its values as they are."""
+  kept = []
+  for j, name in zip(columns, names):
+    conversion = analytes_lib.si_conversion(name)
+    given = analytes_lib.unit(units.get(j, ""))
+    if (not conversion or not given or given == analytes_lib.unit(conversion[0])
+        or given in conversion[1]):
+      kept.append((j, name))
+      continue
+    lines.info["units_not_converted"] = lines.info.get("units_not_converted", 0) + 1
+    shown = lambda text: values_lib.shown(text, ids)
+    found.append(csvfile.Problem(
+        frame.source, lines.header_line, f"column {j + 1} ({shown(frame.columns[j])}) is in "
+        f"{shown(units[j])}; medjax reads {shown(name)} in {conversion[0]} and converts only "
+        f"{' or '.join(conversion[1])} to it, so its values are ignored (convert them, or map "
+        f"the whole header to {shown(name)} with config.data.rename to read them as "
+        f"{conversion[0]})", "column"))
+  return [j for j, _ in kept], [n for _, n in kept]
 
 
 def _wide_in_conventional_units(frame, read, units, ranges, ids, info) -> None:
