@@ -469,6 +469,31 @@ def test_a_long_file_s_results_in_words_are_categories(tmp_path):
   assert np.nansum(labs.values[:, 1]) == 2
 
 
+def test_a_categorical_analyte_s_row_is_one_row_in_counts_and_reasons(tmp_path):
+  """A long file's categorical analyte is read as one row per indicator: a repeated row was one
+  'duplicate value' entry per category (three rows set aside for one), its later draws were
+  counted once per category, and with config.data.analytes naming one indicator every row
+  was also an 'analyte not in config.data.analytes; the row is set aside' per other category,
+  rows that were read. Each row is one row again: one entry, one later draw."""
+  rows = []
+  for i in range(10):
+    rows += [f"P{i},2150-01-01 10:00,Protein,{['NEG', 'TR', 'POS'][i % 3]}",
+             f"P{i},2150-01-02 10:00,Protein,{['NEG', 'TR', 'POS'][(i + 1) % 3]}"]
+  rows.append("P1,2150-01-01 10:00,Protein,POS")   # line 22: a second value at line 4's time
+  path = _write(tmp_path, "labs.csv", "subject_id,charttime,label,value\n"
+                + "\n".join(rows) + "\n")
+  for wanted, analytes in [((), ["Protein=NEG", "Protein=POS", "Protein=TR"]),
+                           (("Protein=POS",), ["Protein=POS"])]:
+    problems = tables.Problems("quarantine")
+    labs = tables.read_labs(path, wanted, {}, problems, tables.value_ranges())
+    assert labs.analytes == analytes
+    assert labs.values[:3, analytes.index("Protein=POS")].tolist() == [0, 0, 1]
+    assert [(p.line, p.reason) for p in problems.items] == [
+        (22, "duplicate value for analyte 'Protein' (line 4 has it for this patient at this "
+             "time); the row is set aside")]
+    assert problems.files["labs.csv"]["later_draws"] == 10
+
+
 def test_wide_labs_with_a_row_per_draw_keep_each_analytes_first_value(tmp_path):
   """An export with one row per draw lost every later draw's analytes (the first row won, the
   rest were set aside), where the same data in a long file kept them: each analyte's first

@@ -883,6 +883,23 @@ def _(ctx):
                                           line=5)])
 
 
+@case("tables", "labs long: a dipstick's result in words given twice at one time", QUARANTINED)
+def _(ctx):
+  # Its row was read as one row per category: one repeated row was three set aside, and each
+  # later draw counted three times.
+  rows = [f"{pid},2180-01-0{d} 08:00,Urine Blood,{['NEG', 'TR', 'POS'][(i + d) % 3]},"
+          for i, pid in enumerate(IDS) for d in (1, 2)]
+  rows.insert(4, f"{IDS[0]},2180-01-01 08:00,Urine Blood,POS,")
+  exactly_one = ("one quarantine entry for labs.csv", lambda run: (
+      len([e for e in run.quarantine() if e.get("path") == "labs.csv"]) == 1,
+      f"{[e.get('reason') for e in run.quarantine() if e.get('path') == 'labs.csv']}"))
+  return _tables(ctx, labs=table("subject_id,charttime,label,value,valuenum", rows),
+                 checks=[exactly_one, lib.table_info("labs.csv", "rows_quarantined", 1),
+                         lib.table_info("labs.csv", "later_draws", 10)],
+                 quarantined=[Quarantined("labs.csv", "duplicate value for analyte 'Urine "
+                                          "Blood'", line=6)])
+
+
 @case("tables", "labs long: a dipstick's results as words (NEG, POS), valuenum empty", ACCEPTED)
 def _(ctx):
   rows = [f"{pid},2180-01-01 08:00,{a},{v},{n}" for i, pid in enumerate(IDS)

@@ -106,9 +106,13 @@ def long_rows(frame: csvfile.Frame, cols: dict, names: np.ndarray, ids: np.ndarr
   source = np.repeat(np.arange(len(names)), copies)
   position = np.arange(len(source)) - np.repeat(np.cumsum(copies) - copies, copies)
   expanded = member[source]
-  out = frame.frame.iloc[source].reset_index(drop=True)
   new_names = names[source].copy()
   new_names[expanded] = np.asarray(indicators, object)[first[source] + position][expanded]
+  if wanted is not None:   # only the indicators config.data.analytes names (the rest: no rows)
+    keep = ~expanded | pd.Series(new_names, dtype=object).isin(set(wanted)).to_numpy(bool)
+    source, position, expanded, new_names = (source[keep], position[keep], expanded[keep],
+                                             new_names[keep])
+  out = frame.frame.iloc[source].reset_index(drop=True)
   value = out[cols["value"]].to_numpy(object).copy()
   value[expanded] = np.where(category[source] < 0, "", np.where(
       position == category[source], "1", "0"))[expanded]

@@ -455,13 +455,21 @@ def _earliest_draws(frame, cols, rows, keys, names, ids, id_set, info, found) ->
   first = np.empty(len(rows), np.int64)
   first[order] = kept[np.cumsum(~dup[order]) - 1]   # each row's kept row
   same_time = dup & (hours == hours[first])
+  # A categorical analyte's row is one row per indicator (`categories.long_rows`), all at its
+  # line: counted and reported once, under the analyte's name.
   if cols["time"] is not None and (dup & ~same_time).any():
-    info["later_draws"] = int(np.sum(dup & ~same_time))
+    info["later_draws"] = len(pd.unique(frame.lines[rows[dup & ~same_time]]))
+  parents = info.get("categorical_analytes", {})
+  reported = set()
   for j in np.flatnonzero(same_time):
     i = rows[j]
+    if int(frame.lines[i]) in reported:
+      continue
+    reported.add(int(frame.lines[i]))
+    name = names[i].rsplit("=", 1)[0] if names[i].rsplit("=", 1)[0] in parents else names[i]
     found.append(csvfile.Problem(
         frame.source, int(frame.lines[i]), f"duplicate value for analyte "
-        f"{values_lib.shown(names[i], id_set)} (line {int(frame.lines[rows[first[j]]])} has "
+        f"{values_lib.shown(name, id_set)} (line {int(frame.lines[rows[first[j]]])} has "
         "it for this patient" + (" at this time" if cols["time"] is not None else "")
         + "); the row is set aside", patient=ids[i]))
   return np.sort(kept)
