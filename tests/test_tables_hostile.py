@@ -86,6 +86,35 @@ def test_latin1_file_is_reported_in_the_ingest_summary(tmp_path):
   assert "labels.csv: read as cp1252 (not UTF-8)" in text and "delimiter ';'" in text
 
 
+def test_files_joined_end_to_end_set_their_repeated_headers_aside(tmp_path):
+  """Two exports joined with `cat` repeat the header mid-file (with the second's byte order
+  mark, or quoted): the line was a row, a patient 'patient_id' of class 'diagnosis' (a class
+  the model then learnt) or of all-missing labs. It is now set aside, one 'header' entry that
+  names no patient, and counted; the rows after it are read."""
+  root = tmp_path / "cohort"
+  root.mkdir()
+  (root / "labels.csv").write_text(
+      "patient_id,diagnosis\n" + "".join(f"P{i},{'copd' if i % 2 else 'normal'}\n"
+                                          for i in range(6))
+      + '\ufeff"Patient_ID","Diagnosis"\n' + "".join(f"P{i},copd\n" for i in range(6, 9)))
+  (root / "labs.csv").write_text("patient_id,Na\nP0,140\npatient_id,Na\n"
+                                 + "".join(f"P{i},14{i}\n" for i in range(1, 9)))
+  result = ingest.run(_config(), str(tmp_path / "w"), str(root))
+  assert result.manifest.class_names == ["copd", "normal"]
+  assert len(result.manifest.record_ids) == 9
+  entries = [q for q in result.quarantine if q.get("stage") == "tables"]
+  assert [(q["path"], q["line"], q["set_aside"]) for q in entries] == [
+      ("labels.csv", 8, "header"), ("labs.csv", 3, "header")]
+  assert entries[0]["reason"] == ("repeats the header line (files joined end to end?); the "
+                                  "line is set aside")
+  info = result.summary["tables"]["labels.csv"]
+  assert info["repeated_headers"] == 1 and info["rows"] == 9 and info["rows_quarantined"] == 0
+  assert result.summary["tables"]["labs.csv"]["rows"] == 9
+  assert "1 lines repeating the header" in ingest_summary.format_summary(result.summary)
+  with pytest.raises(tables.TableError, match="labs.csv:3: repeats the header line"):
+    tables.read_labs(str(root / "labs.csv"), (), {}, tables.Problems("raise"))
+
+
 @pytest.mark.parametrize("delimiter", [",", ";", "\t", "|"])
 @pytest.mark.parametrize("eol", ["\n", "\r\n", "\r"])
 def test_delimiters_and_line_endings(tmp_path, delimiter, eol):

@@ -507,6 +507,21 @@ def _(ctx):
   return _tables(ctx, vitals=table(VH.rsplit(",", 1)[0], rows), error="temp")
 
 
+@case("tables", "labels and labs: two exports joined end to end (the header repeated)",
+      QUARANTINED)
+def _(ctx):
+  # `cat a.csv b.csv`: the second header was a row, a patient 'patient_id' whose class was
+  # 'diagnosis' (a class of one, learnt by the model) and whose labs were all missing.
+  labels = labels_rows()
+  labs = labs_rows()
+  classes = ("the classes are those of the rows", lambda run: (
+      "diagnosis" not in lib.class_names(run), f"{lib.class_names(run)}"))
+  return _tables(ctx, labels=table(LH, labels[:5] + [LH] + labels[5:]),
+                 labs=table(LABS_H, labs[:3] + [LABS_H] + labs[3:]), checks=[classes],
+                 quarantined=[Quarantined("labels.csv", "repeats the header line", line=7),
+                              Quarantined("labs.csv", "repeats the header line", line=5)])
+
+
 # -- tables: ids --------------------------------------------------------------------------------
 
 @case("tables", "ids: surrounding whitespace", ACCEPTED)

@@ -69,6 +69,7 @@ class Lines:
   bad: dict[int, str]        # body index -> reason the line is set aside
   quoted: np.ndarray         # (len(body),) bool: holds a quote (parsed with the csv module)
   info: dict
+  headers: tuple[int, ...] = ()   # body indices of lines that repeat the header (`_repeats`)
 
 
 def refuse(path: str, what: str) -> TableError:
@@ -184,11 +185,38 @@ def _split_lines(path: str, raw: bytes) -> Lines:
   for i in np.flatnonzero(plain & (delims + 1 != len(header))):
     bad.setdefault(int(i), f"{int(delims[i]) + 1} fields, the header has {len(header)}; the row "
                    "is set aside")
+  headers = _repeats(body, header, delimiter)
+  for i in headers:
+    bad.pop(i, None)
+  if headers:
+    info["repeated_headers"] = len(headers)
   quoted = (quotes > 0) & ~blank
   quoted[list(bad)] = False
-  info["rows"] = int(n - blank.sum())
+  info["rows"] = int(n - blank.sum() - len(headers))
   info["blank_lines"] = int(blank.sum() + h)
-  return Lines(path, source, header, h + 1, delimiter, body, h + 2, blank, bad, quoted, info)
+  return Lines(path, source, header, h + 1, delimiter, body, h + 2, blank, bad, quoted, info,
+               headers)
+
+
+def _repeats(body: list[str], header: list[str], delimiter: str) -> tuple[int, ...]:
+  """Body lines that repeat the header (files joined end to end, `cat a.csv b.csv`: each part's
+  header, a byte order mark or quotes around its names too), compared ignoring case."""
+  first = header[0].casefold() if header else ""
+  if not first:
+    return ()
+  want = [h.casefold() for h in header]
+  out = []
+  for i, line in enumerate(body):
+    if first not in line[:256].casefold():
+      continue
+    try:
+      fields = next(csv.reader([line.lstrip("\ufeff")], delimiter=delimiter,
+                               skipinitialspace=True))
+    except (csv.Error, StopIteration):
+      continue
+    if [unicodedata.normalize("NFC", f.strip()).casefold() for f in fields] == want:
+      out.append(i)
+  return tuple(out)
 
 
 def _is_control(ch: str) -> bool:
@@ -283,7 +311,7 @@ def _parse(lines: Lines, text_columns: Sequence[int]) -> Frame:
   k = len(lines.header)
   bad = dict(lines.bad)
   good = ~lines.blank
-  good[list(bad)] = False
+  good[list(bad) + list(lines.headers)] = False
   plain_idx = np.flatnonzero(good & ~lines.quoted)
   numeric = [j for j in range(k) if j not in set(text_columns)]
   if len(plain_idx):
@@ -320,6 +348,9 @@ def _parse(lines: Lines, text_columns: Sequence[int]) -> Frame:
   for j in text_columns:
     frame[j] = frame[j].fillna("").astype(object)
   problems = [Problem(lines.source, i + lines.first_line, reason) for i, reason in bad.items()]
+  problems += [Problem(lines.source, i + lines.first_line, "repeats the header line (files "
+                       "joined end to end?); the line is set aside", "header")
+               for i in lines.headers]
   lines.info["malformed_lines"] = len(bad)
   return Frame(lines.source, lines.delimiter, list(lines.header), frame,
                idx.astype(np.int64) + lines.first_line, problems)
