@@ -89,7 +89,7 @@ def test_latin1_file_is_reported_in_the_ingest_summary(tmp_path):
 def test_files_joined_end_to_end_set_their_repeated_headers_aside(tmp_path):
   """Two exports joined with `cat` repeat the header mid-file (with the second's byte order
   mark, or quoted): the line was a row, a patient 'patient_id' of class 'diagnosis' (a class
-  the model then learnt) or of all-missing labs. It is now set aside, one 'header' entry that
+  the model then learnt) or of all-missing labs. It is now set aside, one 'line' entry that
   names no patient, and counted; the rows after it are read."""
   root = tmp_path / "cohort"
   root.mkdir()
@@ -104,7 +104,7 @@ def test_files_joined_end_to_end_set_their_repeated_headers_aside(tmp_path):
   assert len(result.manifest.record_ids) == 9
   entries = [q for q in result.quarantine if q.get("stage") == "tables"]
   assert [(q["path"], q["line"], q["set_aside"]) for q in entries] == [
-      ("labels.csv", 8, "header"), ("labs.csv", 3, "header")]
+      ("labels.csv", 8, "line"), ("labs.csv", 3, "line")]
   assert entries[0]["reason"] == ("repeats the header line (files joined end to end?); the "
                                   "line is set aside")
   info = result.summary["tables"]["labels.csv"]
@@ -113,6 +113,29 @@ def test_files_joined_end_to_end_set_their_repeated_headers_aside(tmp_path):
   assert "1 lines repeating the header" in ingest_summary.format_summary(result.summary)
   with pytest.raises(tables.TableError, match="labs.csv:3: repeats the header line"):
     tables.read_labs(str(root / "labs.csv"), (), {}, tables.Problems("raise"))
+
+
+@pytest.mark.parametrize("above, below", [
+    (["----------,---------"], ["", "(6 rows affected)", "",             # sqlcmd -s","
+                                "Completion time: 2026-12-01T10:00:00.1234567+01:00"]),
+    (["-----------+-----------"], ["(6 rows)"]),                         # psql, '|' to ','
+    (["+------------+-----------+"], ["6 rows in set (0.00 sec)"]),      # mysql
+    ([], ["", "6 rows selected."])])                                    # SQL*Plus
+def test_a_sql_tool_s_text_output_is_read_without_its_rule_and_row_count(tmp_path, above, below):
+  """A query's result saved from a SQL tool's text output has a rule of dashes under the header
+  and a row count after the rows: the rule was a patient '----------' of class '---------', the
+  count a patient named '(6 rows affected)' set aside. Each is now a 'line' entry naming no
+  patient, counted as sql_tool_lines."""
+  rows = [f"P{i} ,{'copd' if i % 2 else 'normal'}   " for i in range(6)]
+  text = "\n".join(["patient_id,diagnosis", *above, *rows, *below]) + "\n"
+  labels, _, problems = _labels(_write(tmp_path, "labels.csv", text))
+  assert labels == {f"P{i}": "copd" if i % 2 else "normal" for i in range(6)}
+  assert sorted(problems.named) == [f"P{i}" for i in range(6)]
+  tool = [p for p in problems.items if p.what == "line"]
+  assert len(tool) == len([x for x in above + below if x]) == len(problems.items)
+  assert tool[0].reason.startswith("a rule or row count of a SQL tool's text output, not a row")
+  info = problems.files["labels.csv"]
+  assert info["sql_tool_lines"] == len(tool) and info["rows"] == 6
 
 
 @pytest.mark.parametrize("delimiter", [",", ";", "\t", "|"])

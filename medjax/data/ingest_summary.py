@@ -122,6 +122,8 @@ def tables_summary(problems, quarantine, id_counts: dict, spellings: dict[str, i
 # A table's counts of what it read besides plain values, as the ingest table names them.
 _READ_COUNTS = (
     ("repeated_headers", "lines repeating the header (files joined end to end) set aside"),
+    ("sql_tool_lines", "lines of a SQL tool's text output (a rule of dashes, '(42 rows "
+     "affected)') set aside"),
     ("decimal_commas", "decimal commas read"),
     ("missing_dots", "cells of '.' (SAS's and Stata's missing value) read as missing"),
     ("values_at_limit", "values beyond an assay's limit ('<0.01', '>60') read at the limit"),

@@ -522,6 +522,21 @@ def _(ctx):
                               Quarantined("labs.csv", "repeats the header line", line=5)])
 
 
+@case("tables", "labels and labs: saved from sqlcmd's text output (a rule, a row count)",
+      QUARANTINED)
+def _(ctx):
+  # The rule of dashes was a patient '----------' of class '---------'; '(10 rows affected)'
+  # a patient set aside.
+  labels = table(LH, ["----------,---------", *labels_rows(), "", "(10 rows affected)"])
+  labs = table(LABS_H, ["----------,---,---,---", *labs_rows(), "", "(10 rows affected)"])
+  classes = ("no class of dashes", lambda run: (
+      not any(c.startswith("---") for c in lib.class_names(run)), f"{lib.class_names(run)}"))
+  return _tables(ctx, labels=labels, labs=labs, checks=[classes],
+                 quarantined=[Quarantined("labels.csv", "SQL tool's text output", line=2),
+                              Quarantined("labels.csv", "SQL tool's text output", line=14),
+                              Quarantined("labs.csv", "SQL tool's text output", line=2)])
+
+
 # -- tables: ids --------------------------------------------------------------------------------
 
 @case("tables", "ids: surrounding whitespace", ACCEPTED)

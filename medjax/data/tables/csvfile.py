@@ -69,7 +69,8 @@ class Lines:
   bad: dict[int, str]        # body index -> reason the line is set aside
   quoted: np.ndarray         # (len(body),) bool: holds a quote (parsed with the csv module)
   info: dict
-  headers: tuple[int, ...] = ()   # body indices of lines that repeat the header (`_repeats`)
+  # body index -> why the line is no row (`_not_rows`: a repeated header, a SQL tool's rule)
+  not_rows: dict[int, str] = dataclasses.field(default_factory=dict)
 
 
 def refuse(path: str, what: str) -> TableError:
@@ -185,17 +186,45 @@ def _split_lines(path: str, raw: bytes) -> Lines:
   for i in np.flatnonzero(plain & (delims + 1 != len(header))):
     bad.setdefault(int(i), f"{int(delims[i]) + 1} fields, the header has {len(header)}; the row "
                    "is set aside")
-  headers = _repeats(body, header, delimiter)
-  for i in headers:
+  not_rows = _not_rows(body, header, delimiter, info)
+  for i in not_rows:
     bad.pop(i, None)
-  if headers:
-    info["repeated_headers"] = len(headers)
   quoted = (quotes > 0) & ~blank
   quoted[list(bad)] = False
-  info["rows"] = int(n - blank.sum() - len(headers))
+  info["rows"] = int(n - blank.sum() - len(not_rows))
   info["blank_lines"] = int(blank.sum() + h)
   return Lines(path, source, header, h + 1, delimiter, body, h + 2, blank, bad, quoted, info,
-               headers)
+               not_rows)
+
+
+# What a SQL tool's text output puts around the rows: a rule under the header (sqlcmd's and
+# psql's '-----', '+----+') and a row count after them ('(42 rows affected)', psql's
+# '(42 rows)', SQL*Plus's '42 rows selected.', MySQL's '42 rows in set (0.01 sec)', SSMS's
+# 'Completion time: ...').
+_RULE = re.compile(r"[\s|+:=\-]*(?:-{3,}|={3,})[\s|+:=\-]*")
+_ROW_COUNT = re.compile(r"\(\s*\d[\d,]*\s+rows?(?:\s+affected)?\s*\)|\d[\d,]*\s+rows?\s+"
+                        r"(?:affected|selected|in set\b.*)\.?|completion time: .*", re.IGNORECASE)
+
+
+def _not_rows(body: list[str], header: list[str], delimiter: str, info: dict) -> dict[int, str]:
+  """Body lines that are no rows, each with its reason: those repeating the header (`_repeats`)
+  and a SQL tool's rule and row count (`_RULE`, `_ROW_COUNT`); counted as
+  info['repeated_headers'] and info['sql_tool_lines']."""
+  out = {i: "repeats the header line (files joined end to end?); the line is set aside"
+         for i in _repeats(body, header, delimiter)}
+  info.update({"repeated_headers": len(out)} if out else {})
+  tool = 0
+  for i, line in enumerate(body):
+    if i in out or not (line[:1] in "-=+|(" or "row" in line or "ROW" in line
+                        or line.startswith("Completion time")):
+      continue
+    text = line.replace(delimiter, " ").strip()
+    if _RULE.fullmatch(text) or _ROW_COUNT.fullmatch(text):
+      out[i] = ("a rule or row count of a SQL tool's text output, not a row (export the query "
+                "as CSV to leave it out); the line is set aside")
+      tool += 1
+  info.update({"sql_tool_lines": tool} if tool else {})
+  return out
 
 
 def _repeats(body: list[str], header: list[str], delimiter: str) -> tuple[int, ...]:
@@ -311,7 +340,7 @@ def _parse(lines: Lines, text_columns: Sequence[int]) -> Frame:
   k = len(lines.header)
   bad = dict(lines.bad)
   good = ~lines.blank
-  good[list(bad) + list(lines.headers)] = False
+  good[list(bad) + list(lines.not_rows)] = False
   plain_idx = np.flatnonzero(good & ~lines.quoted)
   numeric = [j for j in range(k) if j not in set(text_columns)]
   if len(plain_idx):
@@ -348,9 +377,8 @@ def _parse(lines: Lines, text_columns: Sequence[int]) -> Frame:
   for j in text_columns:
     frame[j] = frame[j].fillna("").astype(object)
   problems = [Problem(lines.source, i + lines.first_line, reason) for i, reason in bad.items()]
-  problems += [Problem(lines.source, i + lines.first_line, "repeats the header line (files "
-                       "joined end to end?); the line is set aside", "header")
-               for i in lines.headers]
+  problems += [Problem(lines.source, i + lines.first_line, reason, "line")
+               for i, reason in lines.not_rows.items()]
   lines.info["malformed_lines"] = len(bad)
   return Frame(lines.source, lines.delimiter, list(lines.header), frame,
                idx.astype(np.int64) + lines.first_line, problems)
