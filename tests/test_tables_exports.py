@@ -249,6 +249,29 @@ def test_wide_labs_headers_with_units_are_their_analytes_in_conventional_units(t
   assert labs.values[:, 1].tolist() == [100, 250]
 
 
+def test_numbers_with_thousands_separators_are_read(tmp_path):
+  """A spreadsheet's number format writes a platelet count as "250,000" (quoted in a comma
+  file): it was 'not a number', set to missing. Groups of three after the first digits are
+  read as thousands (counted as thousands_separators), in a comma file and, where no comma can
+  be a decimal one ('1,234,567', '1,234.5'), in any; a comma file's column that also holds a
+  decimal comma ('36,6') keeps both unread, and a tab file's '1,050' is still ambiguous."""
+  path = _write(tmp_path, "labs.csv", 'patient_id,Platelets,WBC,odd\n'
+                'P1,"250,000","12,500.5","1,050"\nP2,"1,234,567",7.5,"36,6"\nP3,180,,\n')
+  problems = tables.Problems("quarantine")
+  labs = tables.read_labs(path, (), {}, problems, {})
+  np.testing.assert_allclose(labs.values, [[250000, 12500.5, np.nan], [1234567, 7.5, np.nan],
+                                           [180, np.nan, np.nan]])
+  info = problems.files["labs.csv"]
+  assert info["thousands_separators"] == 3
+  assert info["values"]["not_a_number"] == {"odd": 2}
+  assert "3 numbers with thousands separators read" in _ingest_table(problems)
+  path = _write(tmp_path, "labs.csv", "patient_id\tNa\tPlatelets\nP1\t1,050\t1,234.5\n")
+  problems = tables.Problems("quarantine")
+  labs = tables.read_labs(path, (), {}, problems, {})
+  assert np.isnan(labs.values[0, 0]) and labs.values[0, 1] == 1234.5
+  assert problems.files["labs.csv"]["values"]["ambiguous_comma"] == {"Na": 1}
+
+
 def test_a_wide_header_unit_medjax_does_not_convert_sets_the_column_aside(tmp_path):
   """'Creatinine (mmol/L)' was read as mg/dL: 0.09 mmol/L is a plausible 0.09 mg/dL, 11 times
   too small. A header unit that is neither the analyte's conventional unit nor an SI unit of it

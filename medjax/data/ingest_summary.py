@@ -125,6 +125,7 @@ _READ_COUNTS = (
     ("sql_tool_lines", "lines of a SQL tool's text output (a rule of dashes, '(42 rows "
      "affected)') set aside"),
     ("decimal_commas", "decimal commas read"),
+    ("thousands_separators", "numbers with thousands separators read ('250,000')"),
     ("missing_dots", "cells of '.' (SAS's and Stata's missing value) read as missing"),
     ("values_at_limit", "values beyond an assay's limit ('<0.01', '>60') read at the limit"),
     ("later_draws", "later draws not used (each patient's earliest value of an analyte is)"),

@@ -1533,6 +1533,15 @@ def _(ctx):
                  quarantined=[Quarantined("labs.csv", "converts only umol/l", line=1)])
 
 
+@case("tables", 'labs: an ALP written "1,250" (a spreadsheet\'s number format)', ACCEPTED)
+def _(ctx):
+  # Every such value was 'not a number', set to missing.
+  rows = [f'{pid},{135 + i},"1,{250 + 10 * i}"' for i, pid in enumerate(IDS)]
+  return _tables(ctx, labs=table("patient_id,Na,ALP", rows),
+                 checks=[_lab(IDS[i], "ALP", True, others=1) for i in (0, 9)]
+                 + [lib.table_info("labs.csv", "thousands_separators", 10)])
+
+
 @case("tables", "labs: '1,050' in a tab file (a thousands separator?)", QUARANTINED)
 def _(ctx):
   rows = [f"{pid}\t{135 + i}\t4.{i}\t{'1,050' if i == 3 else 98 + i}"

@@ -199,12 +199,16 @@ def dates(col: pd.Series, name: str) -> bool:
 
 
 def only_text(col: pd.Series, decimal_comma: bool) -> bool:
-  """Whether a column holds text and not one number: a non-empty cell that is no missing value
-  ('NA', SAS's '.'), and no cell that reads as a number (or a value at an assay's limit)."""
+  """Whether a column holds text and not one number: no cell that reads as a number (or a value
+  at an assay's limit), and cells that do not, most of them words (with a letter: '1,050'
+  beside '36,6' is numbers unread, each reported)."""
   if col.dtype.kind in "fiub":
     return False
   values, kinds, _ = numbers(col, decimal_comma, limits=True)
-  return bool((kinds == NOT_A_NUMBER).any()) and not ((kinds == OK) & ~np.isnan(values)).any()
+  if ((kinds == OK) & ~np.isnan(values)).any() or not (kinds == NOT_A_NUMBER).any():
+    return False
+  words = col[kinds == NOT_A_NUMBER].astype(str).str.contains(r"[^\W\d_]").to_numpy(bool)
+  return float(np.mean(words)) >= 0.5
 
 
 def shown_value(text, ids: set[str]) -> str:
@@ -263,6 +267,9 @@ def numbers(col: pd.Series, decimal_comma: bool,
   # SAS's and Stata's missing values ('.', '.A'-'.Z', '._'): an empty cell as those write it.
   dots = text.str.fullmatch(r"\.[A-Za-z_]?").to_numpy(bool)
   rest = ~marker & ~dots & (text != "").to_numpy(bool)
+  thousands = _thousands(text, rest, decimal_comma)
+  values[failed[thousands]] = text[thousands].str.replace(",", "").astype(float).to_numpy()
+  rest = rest & ~thousands
   commas = 0
   if decimal_comma and rest.any():
     comma = rest & text.str.fullmatch(r"[+-]?\d+,\d+").to_numpy(bool)
@@ -278,8 +285,24 @@ def numbers(col: pd.Series, decimal_comma: bool,
   kinds[(kinds == OK) & np.isfinite(values) & (np.abs(values) > FLOAT32_MAX)] = BEYOND_FLOAT32
   values[kinds != OK] = np.nan
   read = {"decimal_commas": commas, "values_at_limit": int((kinds[limited] == OK).sum()),
-          "missing_dots": int(dots.sum())}
+          "missing_dots": int(dots.sum()), "thousands_separators": int(thousands.sum())}
   return values, kinds, {k: n for k, n in read.items() if n}
+
+
+def _thousands(text: pd.Series, rest: np.ndarray, decimal_comma: bool) -> np.ndarray:
+  """Which of the `rest` cells of `text` are numbers with thousands separators: where no comma
+  can be a decimal one ('1,234,567', '1,234.5'), and in a comma file (a spreadsheet's number
+  format, quoted: '250,000') those in groups of three ('1,050') unless another cell of the
+  column has a comma that is not ('36,6': decimal commas, so which is which is unknown)."""
+  if not rest.any():
+    return rest
+  sure = text.str.fullmatch(r"[+-]?\d{1,3}(?:,\d{3}){2,}(?:\.\d+)?|[+-]?\d{1,3}(?:,\d{3})+"
+                            r"\.\d+").to_numpy(bool)
+  if decimal_comma:
+    return rest & sure
+  grouped = text.str.fullmatch(r"[+-]?\d{1,3}(?:,\d{3})+").to_numpy(bool)
+  other = rest & text.str.contains(r"\d,\d").to_numpy(bool) & ~sure & ~grouped
+  return rest & (sure | (grouped & ~other.any()))
 
 
 def times(col: pd.Series, decimal_comma: bool = False) -> tuple[np.ndarray, np.ndarray]:
