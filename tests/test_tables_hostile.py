@@ -86,6 +86,24 @@ def test_latin1_file_is_reported_in_the_ingest_summary(tmp_path):
   assert "labels.csv: read as cp1252 (not UTF-8)" in text and "delimiter ';'" in text
 
 
+def test_ids_written_as_floats_join_the_same_patients(tmp_path):
+  """pandas writes an integer id column with a missing cell as floats: labs.csv's '7.0' was
+  another patient than labels.csv's '7', the labs lost and the patient without them. An
+  all-digit id written as a float is its digits (counted per file); '7.5' and 'A7.0' are
+  ids as they are."""
+  root = tmp_path / "cohort"
+  root.mkdir()
+  (root / "labels.csv").write_text("patient_id,diagnosis\n" + "".join(
+      f"{i},{'copd' if i % 2 else 'normal'}\n" for i in range(1, 7)) + "7.5,copd\nA7.0,copd\n")
+  (root / "labs.csv").write_text("patient_id,Na\n" + "".join(f"{i}.0,14{i}\n" for i in range(1, 7))
+                                 + ",150\n7.5,139\nA7.0,138\n")
+  result = ingest.run(_config(), str(tmp_path / "w"), str(root))
+  assert len(result.manifest.record_ids) == 8
+  assert result.summary["tables"]["labs.csv"]["ids_written_as_floats"] == 6
+  assert not [q for q in result.quarantine if q.get("stage") == "link"]
+  assert "labs.csv: 6 ids written as floats" in ingest_summary.format_summary(result.summary)
+
+
 def test_files_joined_end_to_end_set_their_repeated_headers_aside(tmp_path):
   """Two exports joined with `cat` repeat the header mid-file (with the second's byte order
   mark, or quoted): the line was a row, a patient 'patient_id' of class 'diagnosis' (a class

@@ -121,6 +121,8 @@ def tables_summary(problems, quarantine, id_counts: dict, spellings: dict[str, i
 
 # A table's counts of what it read besides plain values, as the ingest table names them.
 _READ_COUNTS = (
+    ("ids_written_as_floats", "ids written as floats ('123.0', as pandas writes an integer "
+     "column with a gap) read as their digits"),
     ("repeated_headers", "lines repeating the header (files joined end to end) set aside"),
     ("sql_tool_lines", "lines of a SQL tool's text output (a rule of dashes, '(42 rows "
      "affected)') set aside"),

@@ -570,6 +570,19 @@ def _(ctx):
 _DIGIT_IDS = [f"00{7001 + i}" for i in range(10)]
 
 
+@case("tables", "ids: labs.csv written by pandas, its integer ids as floats (a .0 added)",
+      ACCEPTED)
+def _(ctx):
+  # An integer id column with a gap is written '7001.0': another patient than labels.csv's
+  # '7001', its labs lost to the patient and the row left out.
+  ids = [str(7001 + i) for i in range(10)]
+  labs = table(LABS_H, labs_rows([f"{i}.0" for i in ids]))
+  return _tables(ctx, ids=ids, labels=table(LH, labels_rows(ids)), labs=labs,
+                 vitals=table(VH, vitals_rows(ids)),
+                 checks=[_lab(ids[i], "Na", True, others=2) for i in (0, 9)]
+                 + [lib.table_info("labs.csv", "ids_written_as_floats", 10)])
+
+
 @case("tables", "ids: a spreadsheet dropped labs.csv's leading zeros", QUARANTINED)
 def _(ctx):
   # DICOM and labels.csv keep '007001'; labs.csv, saved from a spreadsheet, says '7001': another

@@ -66,6 +66,7 @@ FLOAT32_MAX = float(np.finfo(np.float32).max)
 # Text read as a missing value but counted, like inf and nan, as a non-finite value.
 MISSING_MARKERS = frozenset({"nan", "-nan", "+nan", "na", "n/a", "#n/a", "null", "none", "<na>"})
 _WITHHELD = "(withheld: it may identify a patient)"
+_FLOAT_ID = re.compile(r"\d+\.0+")
 _ID_SUFFIX = re.compile(r"(?:[\s_\-.][iI][dD]|[a-z]I[dD])$")
 _NON_FINITE_WORDS = frozenset({"inf", "infinity"} | {m.lstrip("+-") for m in MISSING_MARKERS})
 # A value reported beyond an assay's limit: '<0.01', '<= 5', '>60', '≥90' (the limit follows).
@@ -128,14 +129,23 @@ class Problems:
 def normalize_ids(ids, fold_case: bool = False) -> np.ndarray:
   """Ids as joined across tables and DICOM: stripped, Unicode NFC, casefolded if `fold_case`;
   a missing-value marker ('NULL', '#N/A': `MISSING_MARKERS`) is no id (''), not a patient that
-  every row without an id would join."""
+  every row without an id would join; an all-digit id written as a float ('123.0': pandas
+  writes an integer column with a missing cell so) is its digits."""
   def clean(u):
     text = "" if u is None or (isinstance(u, float) and np.isnan(u)) else str(u)
     text = unicodedata.normalize("NFC", text.strip())
     if text.casefold() in MISSING_MARKERS:
       return ""
+    if _FLOAT_ID.fullmatch(text):
+      text = text.split(".")[0]
     return text.casefold() if fold_case else text
   return map_unique(ids, clean)
+
+
+def written_as_floats(ids) -> int:
+  """How many of `ids` (as read) `normalize_ids` reads as digits written as a float."""
+  return int(pd.Series(ids, dtype=object).astype(str).str.strip().str.fullmatch(
+      _FLOAT_ID.pattern).sum())
 
 
 def map_unique(values, fn) -> np.ndarray:
@@ -449,6 +459,9 @@ def read_ids(frame: csvfile.Frame, lines: csvfile.Lines, column: int, fold_case:
   `problems.named`. The rows set aside as malformed (`frame.problems`) are given their
   patient where the line still shows it, and it is named too."""
   ids = normalize_ids(frame.frame[column].to_numpy(object), fold_case)
+  floats = written_as_floats(frame.frame[column].to_numpy(object))
+  if floats:
+    lines.info["ids_written_as_floats"] = floats
   name_malformed(frame, lines, column, fold_case)
   recovered = {p.patient for p in frame.problems if p.patient}
   problems.known_ids.update(str(x).casefold() for x in pd.unique(ids))
