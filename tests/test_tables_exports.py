@@ -249,6 +249,31 @@ def test_wide_labs_headers_with_units_are_their_analytes_in_conventional_units(t
   assert labs.values[:, 1].tolist() == [100, 250]
 
 
+def test_values_written_with_their_unit_are_numbers_in_it(tmp_path):
+  """A spreadsheet typed by hand writes '140 mmol/L' in the cell: every such value was 'not a
+  number' (and the column one of text). The unit is now read as a header's would be: an SI
+  unit converted ('88.42umol/L'), a value at a limit kept ('<0.01 ng/mL'), a unit medjax does
+  not convert sets the column aside. Where plain numbers beside them may be in another unit (a
+  convertible analyte, its header giving none), the cells with a unit stay unread."""
+  rows = [f"P{i},{135 + i} mmol/L,{88.42 * (1 + i % 2):.2f}umol/L,"
+          f"{'<0.01 ng/mL' if i % 2 else '0.05 ng/mL'},{'140 g/L' if i % 2 else '13.5'},"
+          f"0.6{i} mmol/L" for i in range(6)]
+  path = _write(tmp_path, "labs.csv", "patient_id,Sodium,Creatinine,Troponin I,Hb,Albumin\n"
+                + "\n".join(rows) + "\n")
+  problems = tables.Problems("quarantine")
+  labs = tables.read_labs(path, (), {}, problems, tables.value_ranges())
+  assert labs.analytes == ["Sodium", "Creatinine", "Troponin I", "Hb"]
+  np.testing.assert_allclose(labs.values[:2, :3], [[135, 1.0, 0.05], [136, 2.0, 0.01]],
+                             rtol=1e-4)
+  assert labs.values[0, 3] == 13.5 and np.isnan(labs.values[1, 3])
+  info = problems.files["labs.csv"]
+  assert info["units_in_cells"] == 24 and info["si_units_converted"] == 6
+  assert info["values"]["not_a_number"] == {"Hb": 3} and info["units_not_converted"] == 1
+  assert info["analyte_units"] == {"Sodium": "mmol/L", "Creatinine": "mg/dL",
+                                   "Troponin I": "ng/mL"}
+  assert "24 values written with their unit" in _ingest_table(problems)
+
+
 def test_numbers_with_thousands_separators_are_read(tmp_path):
   """A spreadsheet's number format writes a platelet count as "250,000" (quoted in a comma
   file): it was 'not a number', set to missing. Groups of three after the first digits are

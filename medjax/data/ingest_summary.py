@@ -127,6 +127,8 @@ _READ_COUNTS = (
     ("sql_tool_lines", "lines of a SQL tool's text output (a rule of dashes, '(42 rows "
      "affected)') set aside"),
     ("decimal_commas", "decimal commas read"),
+    ("units_in_cells", "values written with their unit ('140 mmol/L') read as numbers in "
+     "it"),
     ("thousands_separators", "numbers with thousands separators read ('250,000')"),
     ("missing_dots", "cells of '.' (SAS's and Stata's missing value) read as missing"),
     ("values_at_limit", "values beyond an assay's limit ('<0.01', '>60') read at the limit"),

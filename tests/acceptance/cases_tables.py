@@ -1555,6 +1555,16 @@ def _(ctx):
                  + [lib.table_info("labs.csv", "thousands_separators", 10)])
 
 
+@case("tables", "labs: values typed with their unit ('140 mmol/L', '88 umol/L')", ACCEPTED)
+def _(ctx):
+  # Every such value was 'not a number', set to missing.
+  rows = [f"{pid},{135 + i} mmol/L,{80 + i} umol/L,4.{i}" for i, pid in enumerate(IDS)]
+  return _tables(ctx, labs=table("patient_id,Na,Creatinine,K", rows),
+                 checks=[_lab(IDS[i], "Creatinine", True, others=2) for i in (0, 9)]
+                 + [lib.table_info("labs.csv", "units_in_cells", 20),
+                    lib.table_info("labs.csv", "si_units_converted", 10)])
+
+
 @case("tables", "labs: '1,050' in a tab file (a thousands separator?)", QUARANTINED)
 def _(ctx):
   rows = [f"{pid}\t{135 + i}\t4.{i}\t{'1,050' if i == 3 else 98 + i}"

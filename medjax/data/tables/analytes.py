@@ -123,6 +123,11 @@ UNIT_SUFFIX = re.compile(r"^(.*?)\s*[(\[]([^()\[\]]*)[)\]]\s*$")
 _UNIT_TEXT = re.compile(r"^(?:.*[/%^].*|fl|pg|s|sec|seconds|ratio|mmhg|bpm|u|iu|units?)$")
 
 
+def is_unit(text) -> bool:
+  """Whether `text` reads as a unit ('mmol/L', '%', 'bpm', 'U/L'; not 'mg' alone, nor a word)."""
+  return bool(text) and bool(_UNIT_TEXT.match(unit(text)))
+
+
 def name_and_unit(header: str) -> tuple[str, str]:
   """A wide column's header as analyte and unit: 'Creatinine (umol/L)' is ('Creatinine',
   'umol/L'), 'Calcium (ionized)' and 'Na' their whole selves without a unit."""

@@ -11,6 +11,7 @@ import pandas as pd
 
 from medjax.data.tables import analytes as analytes_lib
 from medjax.data.tables import categories as categories_lib
+from medjax.data.tables import columns as columns_lib
 from medjax.data.tables import csvfile
 from medjax.data.tables import values as values_lib
 
@@ -69,10 +70,12 @@ def read_labs(path: str, analytes: Sequence[str], rename: dict[str, str],
   named = [(j, h) for j, h in enumerate(header)
             if j != cols["pid"] and h and csvfile.column_key(h) not in _NOT_ANALYTES]
   columns = _measurements(frame, lines, named, problems.known_ids, found)
+  cell_units = _units_in_cells(frame, columns, lines.info)
   columns, categories = categories_lib.as_indicators(frame, columns, problems.known_ids,
                                                      lines.info)
   columns = _with_numbers(frame, lines, columns, categories, problems.known_ids, found)
   names, units = _names_and_units(frame.columns, columns, categories, rename, analytes)
+  units.update(cell_units)
   _check_renamed(lines.path, [frame.columns[j] for j in columns], names, problems.known_ids)
   columns, names = _in_known_units(frame, lines, columns, names, units, problems.known_ids,
                                    found)
@@ -107,7 +110,7 @@ def read_labs(path: str, analytes: Sequence[str], rename: dict[str, str],
 def _measurements(frame, lines, named, ids, found) -> list[int]:
   """The columns of `named` ((column, header name) pairs) that may be measurements: not one that
   identifies patients or records (`values.identifier_column`), nor one of dates or times
-  (`values.dates`: a birth date must not become an analyte); each of those is a 'column'
+  (`columns.dates`: a birth date must not become an analyte); each of those is a 'column'
   problem, and the dates' count goes to info['date_columns']."""
   columns = []
   for j, h in named:
@@ -115,7 +118,7 @@ def _measurements(frame, lines, named, ids, found) -> list[int]:
       what = ("identifies patients rather than measuring them" if csvfile.column_key(h)
               in values_lib.IDENTIFIER_COLUMNS else "identifies records (its name ends in "
               "'id'), not a measurement")
-    elif values_lib.dates(frame.frame[j], h):
+    elif columns_lib.dates(frame.frame[j], h):
       what = "holds dates or times, not measurements"
       lines.info["date_columns"] = lines.info.get("date_columns", 0) + 1
     else:
@@ -127,13 +130,34 @@ def _measurements(frame, lines, named, ids, found) -> list[int]:
   return columns
 
 
+def _units_in_cells(frame, columns, info) -> dict[int, str]:
+  """{column: unit} of the `columns` whose cells carry their unit (`columns.with_units`: '140
+  mmol/L'), the frame's cells left with their numbers, read then as a header's unit is; the
+  cells are counted as info['units_in_cells']. Not where plain numbers beside them may be in
+  another unit (an analyte medjax converts, its header giving no unit or another): which is
+  which is unknown, so each cell with a unit stays a value that is not a number."""
+  out = {}
+  for j in columns:
+    found = columns_lib.with_units(frame.frame[j])
+    if not found:
+      continue
+    cells, unit, n, plain = found
+    name, header_unit = analytes_lib.name_and_unit(frame.columns[j])
+    if (plain and analytes_lib.si_conversion(name)
+        and analytes_lib.unit(header_unit) != analytes_lib.unit(unit)):
+      continue
+    frame.frame[j], out[j] = cells, unit
+    info["units_in_cells"] = info.get("units_in_cells", 0) + n
+  return out
+
+
 def _with_numbers(frame, lines, columns, categories, ids, found) -> list[int]:
-  """`columns` without those of text and no number (`values.only_text`: free text, or words
+  """`columns` without those of text and no number (`columns.only_text`: free text, or words
   that are not categories), which would be analytes no patient has;
   each is a 'column' problem, counted as info['text_columns']."""
   kept = []
   for j in columns:
-    if j in categories or not values_lib.only_text(frame.frame[j], frame.delimiter != ","):
+    if j in categories or not columns_lib.only_text(frame.frame[j], frame.delimiter != ","):
       kept.append(j)
       continue
     lines.info["text_columns"] = lines.info.get("text_columns", 0) + 1

@@ -71,17 +71,6 @@ _ID_SUFFIX = re.compile(r"(?:[\s_\-.][iI][dD]|[a-z]I[dD])$")
 _NON_FINITE_WORDS = frozenset({"inf", "infinity"} | {m.lstrip("+-") for m in MISSING_MARKERS})
 # A value reported beyond an assay's limit: '<0.01', '<= 5', '>60', '≥90' (the limit follows).
 _LIMIT = r"^(?:[<>]=?|[≤≥])\s*(\S.*)$"
-# A column of dates or times of day (`dates`): its name ends in one of these (by
-# `csvfile.column_key`), or nine in ten of its cells match `_DATE`.
-_DATE_NAMES = ("date", "datetime", "dttm", "timestamp")
-_MONTH = r"(?:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)[a-z]*\.?"
-_CLOCK = r"\d{1,2}:[0-5]\d(?::[0-5]\d(?:[.,]\d+)?)?(?:\s?[ap]\.?m\.?)?"
-# A time of day alone: two digits for the hour, or am/pm ('1:40' is a titre, as '1:320').
-_TIME_OF_DAY = r"\d{2}:[0-5]\d(?::[0-5]\d(?:[.,]\d+)?)?|\d{1,2}:[0-5]\d\s?[ap]\.?m\.?"
-_DATE = re.compile(
-    r"(?:\d{4}[-/]\d{1,2}[-/]\d{1,2}|\d{1,2}[/.\-]\d{1,2}[/.\-]\d{2}(?:\d{2})?"
-    rf"|\d{{1,2}}[\s\-/]?{_MONTH}[\s\-/,]*\d{{2}}(?:\d{{2}})?|{_MONTH}\s\d{{1,2}},?\s\d{{4}})"
-    rf"(?:[\sT:]{_CLOCK}(?:Z|[+-]\d{{2}}:?\d{{2}})?)?|{_TIME_OF_DAY}", re.IGNORECASE)
 SHOWN_LINES = 20   # line numbers listed in one values entry of the quarantine report
 OK, NON_FINITE, NOT_A_NUMBER, OUT_OF_RANGE, BEYOND_FLOAT32, AMBIGUOUS_COMMA = range(6)
 _VALUE_KINDS = {NON_FINITE: "non_finite", NOT_A_NUMBER: "not_a_number",
@@ -186,39 +175,6 @@ def identifier_column(name: str) -> bool:
   """Whether a column named `name` identifies patients (`IDENTIFIER_COLUMNS`) or records (a
   name ending in an 'id' of its own: 'specimen_id', 'labevent_id', 'OrderID'; not 'lipid')."""
   return csvfile.column_key(name) in IDENTIFIER_COLUMNS or bool(_ID_SUFFIX.search(name.strip()))
-
-
-def dates(col: pd.Series, name: str) -> bool:
-  """Whether column `name` holds dates or times rather than measurements: its name ends in
-  'date' ('admit_date', 'DateTime', 'charttime' aside: those are `TIME_COLUMNS`), or nine in
-  ten of its non-empty cells are dates ('2020-03-01', '03/01/2020 10:00', '01-Mar-2020',
-  SAS's '01MAR2020', 'Mar 1, 2020'), times of day ('10:30') or, read as numbers, days written
-  YYYYMMDD (19670110). A date may be a birth date: its values must not become an analyte's."""
-  if csvfile.column_key(name).endswith(_DATE_NAMES):
-    return True
-  if col.dtype.kind in "fiu":
-    v = col.to_numpy(np.float64)
-    v = v[~np.isnan(v)]
-    month, day = v // 100 % 100, v % 100
-    days = ((v == np.round(v)) & (v >= 18_500_101) & (v <= 21_001_231) & (month >= 1)
-            & (month <= 12) & (day >= 1) & (day <= 31))
-    return bool(len(v)) and float(np.mean(days)) >= 0.9
-  cells = col.dropna().astype(str).str.strip()
-  cells = cells[(cells != "") & ~cells.str.lower().isin(MISSING_MARKERS)]
-  return bool(len(cells)) and float(cells.str.fullmatch(_DATE).mean()) >= 0.9
-
-
-def only_text(col: pd.Series, decimal_comma: bool) -> bool:
-  """Whether a column holds text and not one number: no cell that reads as a number (or a value
-  at an assay's limit), and cells that do not, most of them words (with a letter: '1,050'
-  beside '36,6' is numbers unread, each reported)."""
-  if col.dtype.kind in "fiub":
-    return False
-  values, kinds, _ = numbers(col, decimal_comma, limits=True)
-  if ((kinds == OK) & ~np.isnan(values)).any() or not (kinds == NOT_A_NUMBER).any():
-    return False
-  words = col[kinds == NOT_A_NUMBER].astype(str).str.contains(r"[^\W\d_]").to_numpy(bool)
-  return float(np.mean(words)) >= 0.5
 
 
 def shown_value(text, ids: set[str]) -> str:

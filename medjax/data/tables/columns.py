@@ -1,0 +1,91 @@
+"""What a wide labs column holds besides measurements: dates or times (a birth date must not
+become an analyte), free text, and numbers written with their unit ('140 mmol/L')."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+
+from medjax.data.tables import analytes as analytes_lib
+from medjax.data.tables import csvfile
+from medjax.data.tables import values as values_lib
+
+# A column of dates or times of day (`dates`): its name ends in one of these (by
+# `csvfile.column_key`), or nine in ten of its cells match `_DATE`.
+_DATE_NAMES = ("date", "datetime", "dttm", "timestamp")
+_MONTH = r"(?:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)[a-z]*\.?"
+_CLOCK = r"\d{1,2}:[0-5]\d(?::[0-5]\d(?:[.,]\d+)?)?(?:\s?[ap]\.?m\.?)?"
+# A time of day alone: two digits for the hour, or am/pm ('1:40' is a titre, as '1:320').
+_TIME_OF_DAY = r"\d{2}:[0-5]\d(?::[0-5]\d(?:[.,]\d+)?)?|\d{1,2}:[0-5]\d\s?[ap]\.?m\.?"
+_DATE = re.compile(
+    r"(?:\d{4}[-/]\d{1,2}[-/]\d{1,2}|\d{1,2}[/.\-]\d{1,2}[/.\-]\d{2}(?:\d{2})?"
+    rf"|\d{{1,2}}[\s\-/]?{_MONTH}[\s\-/,]*\d{{2}}(?:\d{{2}})?|{_MONTH}\s\d{{1,2}},?\s\d{{4}})"
+    rf"(?:[\sT:]{_CLOCK}(?:Z|[+-]\d{{2}}:?\d{{2}})?)?|{_TIME_OF_DAY}", re.IGNORECASE)
+
+# A number written with its unit in the cell: '140 mmol/L', '<0.01 ng/mL', '88umol/L', '37 %'.
+_WITH_UNIT = (r"^((?:[<>]=?|[≤≥])?\s*[+-]?(?:\d[\d,]*(?:\.\d*)?|\.\d+))\s*"
+              r"([^\d\s.,+\-<>][^<>]*?)\s*$")
+
+
+def dates(col: pd.Series, name: str) -> bool:
+  """Whether column `name` holds dates or times rather than measurements: its name ends in
+  'date' ('admit_date', 'DateTime', 'charttime' aside: those are `TIME_COLUMNS`), or nine in
+  ten of its non-empty cells are dates ('2020-03-01', '03/01/2020 10:00', '01-Mar-2020',
+  SAS's '01MAR2020', 'Mar 1, 2020'), times of day ('10:30') or, read as numbers, days written
+  YYYYMMDD (19670110). A date may be a birth date: its values must not become an analyte's."""
+  if csvfile.column_key(name).endswith(_DATE_NAMES):
+    return True
+  if col.dtype.kind in "fiu":
+    v = col.to_numpy(np.float64)
+    v = v[~np.isnan(v)]
+    month, day = v // 100 % 100, v % 100
+    days = ((v == np.round(v)) & (v >= 18_500_101) & (v <= 21_001_231) & (month >= 1)
+            & (month <= 12) & (day >= 1) & (day <= 31))
+    return bool(len(v)) and float(np.mean(days)) >= 0.9
+  cells = col.dropna().astype(str).str.strip()
+  cells = cells[(cells != "") & ~cells.str.lower().isin(values_lib.MISSING_MARKERS)]
+  return bool(len(cells)) and float(cells.str.fullmatch(_DATE).mean()) >= 0.9
+
+
+def only_text(col: pd.Series, decimal_comma: bool) -> bool:
+  """Whether a column holds text and not one number: no cell that reads as a number (or a value
+  at an assay's limit), and cells that do not, most of them words (with a letter: '1,050'
+  beside '36,6' is numbers unread, each reported)."""
+  if col.dtype.kind in "fiub":
+    return False
+  values, kinds, _ = values_lib.numbers(col, decimal_comma, limits=True)
+  text = kinds == values_lib.NOT_A_NUMBER
+  if ((kinds == values_lib.OK) & ~np.isnan(values)).any() or not text.any():
+    return False
+  words = col[text].astype(str).str.contains(r"[^\W\d_]").to_numpy(bool)
+  return float(np.mean(words)) >= 0.5
+
+
+def with_units(col: pd.Series) -> tuple[pd.Series, str, int, bool] | None:
+  """(the cells without their unit, the unit as first written, how many cells had it, whether
+  others are plain numbers) where half or more of the column's non-empty cells are a number
+  followed by one unit ('140 mmol/L', '<0.01 ng/mL', '88umol/L': `analytes.is_unit`); cells in
+  another unit are left as they are (no numbers, each reported). None where its cells hold no
+  unit."""
+  if col.dtype.kind in "fiub":
+    return None
+  cells = col.fillna("").astype(str).str.strip()
+  parts = cells.str.extract(_WITH_UNIT)
+  given = parts[1].notna().to_numpy(bool)
+  if not given.any():
+    return None
+  units = pd.Series(values_lib.map_unique(parts[1].fillna("").to_numpy(object),
+                                          analytes_lib.unit), dtype=object)
+  known = given & units.map(analytes_lib.is_unit).to_numpy(bool)
+  if not known.any():
+    return None
+  unit = units[known].value_counts().index[0]
+  mine = known & (units == unit).to_numpy(bool)
+  if mine.sum() < 0.5 * (cells != "").sum():
+    return None
+  first = parts[1][mine].iloc[0].strip()
+  plain = bool(((pd.to_numeric(cells, errors="coerce").notna()).to_numpy(bool) & ~mine).any())
+  return (cells.where(~mine, parts[0].str.strip()).astype(object), first, int(mine.sum()),
+          plain)
