@@ -274,6 +274,28 @@ def test_values_written_with_their_unit_are_numbers_in_it(tmp_path):
   assert "24 values written with their unit" in _ingest_table(problems)
 
 
+def test_values_with_the_lab_s_abnormal_flag_are_their_numbers(tmp_path):
+  """A results report appends the lab's flag to an abnormal value ('5.6 H', '140 (L)', '7.8*',
+  '2.1 HH'): each was 'not a number', set to missing, so the abnormal values, the ones that
+  matter, were the ones lost. Each is its number, counted as values_flagged, wide and long; a
+  dipstick's '3+' and a word are still no numbers."""
+  path = _write(tmp_path, "labs.csv", "patient_id,K,Glucose,Troponin I\n"
+                "P1,5.6 H,140 (H),<0.01\nP2,2.1 LL,7.8*,0.9 !\nP3,4.0,3+,high\n")
+  problems = tables.Problems("quarantine")
+  labs = tables.read_labs(path, (), {}, problems, tables.value_ranges())
+  np.testing.assert_allclose(labs.values, [[5.6, 140, 0.01], [2.1, 7.8, 0.9],
+                                           [4.0, np.nan, np.nan]], rtol=1e-6)
+  info = problems.files["labs.csv"]
+  assert info["values_flagged"] == 5
+  assert info["values"]["not_a_number"] == {"Glucose": 1, "Troponin I": 1}
+  assert "5 values with the lab's abnormal flag" in _ingest_table(problems)
+  path = _write(tmp_path, "labs.csv", "subject_id,label,valuenum\nP1,K,5.6 H\nP2,K,3.9\n")
+  problems = tables.Problems("quarantine")
+  labs = tables.read_labs(path, (), {}, problems, tables.value_ranges())
+  assert labs.values[:, 0].tolist() == [pytest.approx(5.6), pytest.approx(3.9)]
+  assert problems.files["labs.csv"]["values_flagged"] == 1
+
+
 def test_numbers_with_thousands_separators_are_read(tmp_path):
   """A spreadsheet's number format writes a platelet count as "250,000" (quoted in a comma
   file): it was 'not a number', set to missing. Groups of three after the first digits are

@@ -127,6 +127,8 @@ _READ_COUNTS = (
     ("sql_tool_lines", "lines of a SQL tool's text output (a rule of dashes, '(42 rows "
      "affected)') set aside"),
     ("decimal_commas", "decimal commas read"),
+    ("values_flagged", "values with the lab's abnormal flag ('5.6 H', '140 (L)', '7.8*') read "
+     "as their numbers"),
     ("units_in_cells", "values written with their unit ('140 mmol/L') read as numbers in "
      "it"),
     ("thousands_separators", "numbers with thousands separators read ('250,000')"),

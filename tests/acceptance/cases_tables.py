@@ -1565,6 +1565,16 @@ def _(ctx):
                     lib.table_info("labs.csv", "si_units_converted", 10)])
 
 
+@case("tables", "labs: abnormal values with the lab's flag ('5.9 H', '2.8 (L)')", ACCEPTED)
+def _(ctx):
+  # Each flagged value was 'not a number', set to missing: the abnormal ones were lost.
+  rows = [f"{pid},{135 + i},{'5.9 H' if i % 2 else '2.8 (L)'},{98 + i}"
+          for i, pid in enumerate(IDS)]
+  return _tables(ctx, labs=table(LABS_H, rows),
+                 checks=[_lab(IDS[i], "K", True, others=2) for i in (0, 1)]
+                 + [lib.table_info("labs.csv", "values_flagged", 10)])
+
+
 @case("tables", "labs: '1,050' in a tab file (a thousands separator?)", QUARANTINED)
 def _(ctx):
   rows = [f"{pid}\t{135 + i}\t4.{i}\t{'1,050' if i == 3 else 98 + i}"

@@ -71,6 +71,9 @@ _ID_SUFFIX = re.compile(r"(?:[\s_\-.][iI][dD]|[a-z]I[dD])$")
 _NON_FINITE_WORDS = frozenset({"inf", "infinity"} | {m.lstrip("+-") for m in MISSING_MARKERS})
 # A value reported beyond an assay's limit: '<0.01', '<= 5', '>60', '≥90' (the limit follows).
 _LIMIT = r"^(?:[<>]=?|[≤≥])\s*(\S.*)$"
+# A value with the lab's abnormal flag after it: '5.6 H', '140 (L)', '7.8*', '2.1 HH', '9 !'.
+_FLAG_WORDS = r"hh?|ll?|aa?|crit(?:ical)?|high|low|abn(?:ormal)?"
+_FLAGGED = rf"(?i)^(.*?\d)\s*(?:\((?:{_FLAG_WORDS})\)|(?:{_FLAG_WORDS})|\*+|!+)$"
 SHOWN_LINES = 20   # line numbers listed in one values entry of the quarantine report
 OK, NON_FINITE, NOT_A_NUMBER, OUT_OF_RANGE, BEYOND_FLOAT32, AMBIGUOUS_COMMA = range(6)
 _VALUE_KINDS = {NON_FINITE: "non_finite", NOT_A_NUMBER: "not_a_number",
@@ -197,10 +200,12 @@ def withheld(text, ids: set[str]) -> bool:
 def numbers(col: pd.Series, decimal_comma: bool,
             limits: bool = False) -> tuple[np.ndarray, np.ndarray, dict[str, int]]:
   """(float64 values with NaN for missing or bad, kind per cell, what was read besides plain
-  numbers: {'decimal_commas': n, 'values_at_limit': n, 'missing_dots': n}, the nonzero ones). A
-  value is checked as float64 before anything narrows it: finite, and within what float32
-  holds. `limits`: a value reported as beyond a limit of the assay ('<0.01', '>60', '≥ 90') is
-  read at the limit. SAS's and Stata's '.' is a missing value, as an empty cell is."""
+  numbers: {'decimal_commas': n, 'values_at_limit': n, 'missing_dots': n, ...}, the nonzero
+  ones). A value is checked as float64 before anything narrows it: finite, and within what
+  float32 holds. `limits`: a value reported as beyond a limit of the assay ('<0.01', '>60',
+  '≥ 90') is read at the limit, and one with the lab's abnormal flag ('5.6 H', '140 (L)',
+  '7.8*': `_FLAGGED`) as its number ('values_flagged'). SAS's and Stata's '.' is a missing
+  value, as an empty cell is."""
   if col.dtype.kind in "fiu":
     values = col.to_numpy(np.float64, copy=True)
     kinds = np.where(np.isinf(values), NON_FINITE, OK)
@@ -218,8 +223,11 @@ def numbers(col: pd.Series, decimal_comma: bool,
   values = pd.to_numeric(cells, errors="coerce").to_numpy(np.float64, copy=True)
   failed = np.flatnonzero(np.isnan(values))
   text = cells.iloc[failed].str.strip()   # Unicode spaces too: '105\xa0' is 105
-  limited = failed[:0]
+  limited = flagged = failed[:0]
   if limits and len(text):
+    flag = text.str.extract(_FLAGGED, expand=False)
+    flagged = failed[flag.notna().to_numpy(bool)]
+    text = text.where(flag.isna(), flag)
     limit = text.str.extract(_LIMIT, expand=False)
     limited = failed[limit.notna().to_numpy(bool)]
     text = text.where(limit.isna(), limit)
@@ -251,7 +259,8 @@ def numbers(col: pd.Series, decimal_comma: bool,
   kinds[(kinds == OK) & np.isfinite(values) & (np.abs(values) > FLOAT32_MAX)] = BEYOND_FLOAT32
   values[kinds != OK] = np.nan
   read = {"decimal_commas": commas, "values_at_limit": int((kinds[limited] == OK).sum()),
-          "missing_dots": int(dots.sum()), "thousands_separators": int(thousands.sum())}
+          "missing_dots": int(dots.sum()), "thousands_separators": int(thousands.sum()),
+          "values_flagged": int((kinds[flagged] == OK).sum())}
   return values, kinds, {k: n for k, n in read.items() if n}
 
 
