@@ -296,6 +296,26 @@ def test_values_with_the_lab_s_abnormal_flag_are_their_numbers(tmp_path):
   assert problems.files["labs.csv"]["values_flagged"] == 1
 
 
+def test_vitals_typed_with_their_unit_are_numbers_and_fahrenheit_is_converted(tmp_path):
+  """'80 bpm', '120 mmHg', '97 %' and '98.6 °F' in a wide vitals file were each 'not a number':
+  every channel lost. Each is its number, and a temperature whose cells say °F is converted
+  to Celsius (here, where its values alone would say so too, and in a column of fevers only
+  in °F, which they would not)."""
+  rows = [f"P{i},{h},{80 + i} bpm,120 mmHg,80,16/min,97 %,{t} °F" for i, t in enumerate(
+      (98.6, 102.2, 104.0)) for h in range(2)]
+  path = _write(tmp_path, "vitals.csv", "patient_id,hour,hr,sbp,dbp,rr,spo2,temp\n"
+                + "\n".join(rows) + "\n")
+  problems = tables.Problems("quarantine")
+  series = tables.read_vitals(path, ["hr", "sbp", "dbp", "rr", "spo2", "temp"], 4, 1.0,
+                              problems)
+  np.testing.assert_allclose(series.values[:, 0], [[80, 120, 80, 16, 97, 37.0],
+                                                   [81, 120, 80, 16, 97, 39.0],
+                                                   [82, 120, 80, 16, 97, 40.0]], rtol=1e-5)
+  info = problems.files["vitals.csv"]
+  assert info["units_in_cells"] == 30 and info["fahrenheit_to_celsius"] == 6
+  assert not problems.items
+
+
 def test_numbers_with_thousands_separators_are_read(tmp_path):
   """A spreadsheet's number format writes a platelet count as "250,000" (quoted in a comma
   file): it was 'not a number', set to missing. Groups of three after the first digits are

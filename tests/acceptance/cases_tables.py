@@ -501,6 +501,17 @@ def _(ctx):
   return _tables(ctx, vitals=table(VH, rows))
 
 
+@case("tables", "vitals: values typed with their unit ('72 bpm', '99.1 °F')", ACCEPTED)
+def _(ctx):
+  # Every such value was 'not a number': the patients' vitals were all missing.
+  rows = [f"{pid},{h},{70 + h} bpm,{110 + i} mmHg,{70 + h} mmHg,{14 + h}/min,{97 + i % 3} %,"
+          f"{98.6 + 0.2 * h:.1f} °F" for i, pid in enumerate(IDS) for h in (0, 1, 2)]
+  return _tables(ctx, vitals=table(VH, rows),
+                 checks=[_no_missing("vitals"),
+                         lib.table_info("vitals.csv", "units_in_cells", 180),
+                         lib.table_info("vitals.csv", "fahrenheit_to_celsius", 30)])
+
+
 @case("tables", "vitals: a channel column missing", CLEAR)
 def _(ctx):
   rows = [r.rsplit(",", 1)[0] for r in vitals_rows()]

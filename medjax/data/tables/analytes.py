@@ -120,7 +120,8 @@ def unit(text) -> str:
 # A header's trailing unit in brackets ('Heart Rate (bpm)', 'Creatinine [umol/L]'): base, unit.
 UNIT_SUFFIX = re.compile(r"^(.*?)\s*[(\[]([^()\[\]]*)[)\]]\s*$")
 # Bracketed text that is a unit, not part of the name ('Calcium (ionized)' is another analyte).
-_UNIT_TEXT = re.compile(r"^(?:.*[/%^].*|fl|pg|s|sec|seconds|ratio|mmhg|bpm|u|iu|units?)$")
+_UNIT_TEXT = re.compile(r"^(?:.*[/%^].*|fl|pg|s|sec|seconds|ratio|mmhg|bpm|u|iu|units?"
+                        r"|°?[cf]|deg(?:rees)?[cf]|celsius|fahrenheit|℃|℉)$")
 
 
 def is_unit(text) -> bool:

@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from medjax.data.tables import analytes as analytes_lib
+from medjax.data.tables import columns as columns_lib
 from medjax.data.tables import csvfile
 from medjax.data.tables import pressure
 from medjax.data.tables import values as values_lib
@@ -277,11 +278,28 @@ def _channels_frame(frame: csvfile.Frame, lines: csvfile.Lines, cols: dict,
       lines.info["channel_columns"] = cols["named"]
     if cols["pressure"] is not None:
       _split_pressure_column(frame, lines, cols, channels)
+  units = {} if cols["long"] else _units_in_cells(frame, cols["channels"], lines.info)
   temp = [c for c, name in enumerate(channels) if csvfile.column_key(name) == "temp"]
   if temp and cols["channels"][temp[0]] is not None:
-    _temperatures_in_celsius(frame, cols["channels"][temp[0]], cols["fahrenheit"] is not None,
+    j = cols["channels"][temp[0]]
+    fahrenheit = (cols["fahrenheit"] is not None
+                  or csvfile.column_key(units.get(j, "")) in _FAHRENHEIT_UNITS)
+    _temperatures_in_celsius(frame, j, fahrenheit,
                              analytes_lib.range_for(ranges, channels[temp[0]]), lines.info)
   return frame
+
+
+def _units_in_cells(frame: csvfile.Frame, columns, info: dict) -> dict[int, str]:
+  """{column: unit} of the channel `columns` whose cells carry their unit ('80 bpm', '37.2 °C',
+  '98.6 °F': `columns.with_units`), the frame's cells left with their numbers; counted as
+  info['units_in_cells']."""
+  out = {}
+  for j in columns:
+    found = None if j is None else columns_lib.with_units(frame.frame[j])
+    if found:
+      frame.frame[j], out[j], n, _ = found
+      info["units_in_cells"] = info.get("units_in_cells", 0) + n
+  return out
 
 
 def _channel_columns(header: Sequence[str], channels: Sequence[str],
