@@ -316,6 +316,20 @@ def test_vitals_typed_with_their_unit_are_numbers_and_fahrenheit_is_converted(tm
   assert not problems.items
 
 
+def test_numbers_in_full_width_digits_or_with_a_unicode_minus_are_read(tmp_path):
+  """A base excess pasted from a word processor is '−2.5' (U+2212), an East Asian system's
+  sodium '１４０' (full-width digits): each was 'not a number', set to missing. Each is read,
+  counted as unicode_numbers; a word in full-width letters is still no number."""
+  path = _write(tmp_path, "labs.csv", "patient_id,Na,BE\nP1,１４０,−2.5\nP2,141,–1\n"
+                "P3,ＮＥＧ,0.5\n")
+  problems = tables.Problems("quarantine")
+  labs = tables.read_labs(path, (), {}, problems, tables.value_ranges())
+  np.testing.assert_allclose(labs.values, [[140, -2.5], [141, -1], [np.nan, 0.5]])
+  info = problems.files["labs.csv"]
+  assert info["unicode_numbers"] == 3 and info["values"]["not_a_number"] == {"Na": 1}
+  assert "3 numbers in full-width digits or with a Unicode minus" in _ingest_table(problems)
+
+
 def test_numbers_with_thousands_separators_are_read(tmp_path):
   """A spreadsheet's number format writes a platelet count as "250,000" (quoted in a comma
   file): it was 'not a number', set to missing. Groups of three after the first digits are

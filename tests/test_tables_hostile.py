@@ -104,6 +104,23 @@ def test_ids_written_as_floats_join_the_same_patients(tmp_path):
   assert "labs.csv: 6 ids written as floats" in ingest_summary.format_summary(result.summary)
 
 
+def test_ids_written_as_a_spreadsheet_s_text_formula_are_their_text(tmp_path):
+  """An export meant for Excel writes an id as ="00123" to keep its leading zeros: it was
+  the id '="00123"', another patient than DICOM's and labels.csv's 00123. It is its text."""
+  root = tmp_path / "cohort"
+  root.mkdir()
+  (root / "labels.csv").write_text("patient_id,diagnosis\n" + "".join(
+      f"00{i},{'copd' if i % 2 else 'normal'}\n" for i in range(1, 7)))
+  (root / "labs.csv").write_text("patient_id,Na\n" + "".join(f'="00{i}",14{i}\n'
+                                                           for i in range(1, 7)))
+  result = ingest.run(_config(), str(tmp_path / "w"), str(root))
+  assert len(result.manifest.record_ids) == 6
+  assert result.summary["tables"]["labs.csv"]["ids_as_text_formulas"] == 6
+  assert not [q for q in result.quarantine if q.get("stage") == "link"]
+  assert "6 ids written as a spreadsheet's text formula" in ingest_summary.format_summary(
+      result.summary)
+
+
 def test_files_joined_end_to_end_set_their_repeated_headers_aside(tmp_path):
   """Two exports joined with `cat` repeat the header mid-file (with the second's byte order
   mark, or quoted): the line was a row, a patient 'patient_id' of class 'diagnosis' (a class

@@ -123,6 +123,9 @@ def tables_summary(problems, quarantine, id_counts: dict, spellings: dict[str, i
 _READ_COUNTS = (
     ("ids_written_as_floats", "ids written as floats ('123.0', as pandas writes an integer "
      "column with a gap) read as their digits"),
+    ("ids_as_text_formulas", "ids written as a spreadsheet's text formula ('=\"00123\"') read "
+     "as their text"),
+    ("unicode_numbers", "numbers in full-width digits or with a Unicode minus ('−2.5') read"),
     ("repeated_headers", "lines repeating the header (files joined end to end) set aside"),
     ("sql_tool_lines", "lines of a SQL tool's text output (a rule of dashes, '(42 rows "
      "affected)') set aside"),

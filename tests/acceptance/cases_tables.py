@@ -594,6 +594,17 @@ def _(ctx):
                  + [lib.table_info("labs.csv", "ids_written_as_floats", 10)])
 
 
+@case("tables", "ids: labs.csv made for Excel, its ids as text formulas (=\"...\")", ACCEPTED)
+def _(ctx):
+  # ="007001" keeps the zeros in a spreadsheet: the id was the formula itself, another patient
+  # than DICOM's and labels.csv's 007001, the labs lost and the rows left out.
+  labs = table(LABS_H, labs_rows([f'="{i}"' for i in _DIGIT_IDS]))
+  return _tables(ctx, ids=_DIGIT_IDS, labels=table(LH, labels_rows(_DIGIT_IDS)), labs=labs,
+                 vitals=table(VH, vitals_rows(_DIGIT_IDS)),
+                 checks=[_lab(_DIGIT_IDS[i], "Na", True, others=2) for i in (0, 9)]
+                 + [lib.table_info("labs.csv", "ids_as_text_formulas", 10)])
+
+
 @case("tables", "ids: a spreadsheet dropped labs.csv's leading zeros", QUARANTINED)
 def _(ctx):
   # DICOM and labels.csv keep '007001'; labs.csv, saved from a spreadsheet, says '7001': another
@@ -1584,6 +1595,17 @@ def _(ctx):
   return _tables(ctx, labs=table(LABS_H, rows),
                  checks=[_lab(IDS[i], "K", True, others=2) for i in (0, 1)]
                  + [lib.table_info("labs.csv", "values_flagged", 10)])
+
+
+@case("tables", "labs: a base excess with a Unicode minus ('−2.5'), full-width digits",
+      ACCEPTED)
+def _(ctx):
+  # Each such value was 'not a number', set to missing.
+  rows = [f"{pid},{chr(0xFF11)}{chr(0xFF13)}{chr(0xFF10 + 5 + i % 5)},4.{i},\u2212{i}.5"
+          for i, pid in enumerate(IDS)]
+  return _tables(ctx, labs=table("patient_id,Na,K,BE", rows),
+                 checks=[_lab(IDS[i], "BE", True, others=2) for i in (0, 9)]
+                 + [lib.table_info("labs.csv", "unicode_numbers", 20)])
 
 
 @case("tables", "labs: '1,050' in a tab file (a thousands separator?)", QUARANTINED)

@@ -67,6 +67,9 @@ FLOAT32_MAX = float(np.finfo(np.float32).max)
 MISSING_MARKERS = frozenset({"nan", "-nan", "+nan", "na", "n/a", "#n/a", "null", "none", "<na>"})
 _WITHHELD = "(withheld: it may identify a patient)"
 _FLOAT_ID = re.compile(r"\d+\.0+")
+_TEXT_FORMULA = re.compile(r'="(.*)"')
+_MINUS = str.maketrans({"\u2212": "-", "\u2012": "-", "\u2013": "-", "\ufe63": "-",
+                        "\uff0d": "-"})
 _ID_SUFFIX = re.compile(r"(?:[\s_\-.][iI][dD]|[a-z]I[dD])$")
 _NON_FINITE_WORDS = frozenset({"inf", "infinity"} | {m.lstrip("+-") for m in MISSING_MARKERS})
 # A value reported beyond an assay's limit: '<0.01', '<= 5', '>60', '≥90' (the limit follows).
@@ -122,22 +125,30 @@ def normalize_ids(ids, fold_case: bool = False) -> np.ndarray:
   """Ids as joined across tables and DICOM: stripped, Unicode NFC, casefolded if `fold_case`;
   a missing-value marker ('NULL', '#N/A': `MISSING_MARKERS`) is no id (''), not a patient that
   every row without an id would join; an all-digit id written as a float ('123.0': pandas
-  writes an integer column with a missing cell so) is its digits."""
+  writes an integer column with a missing cell so) is its digits, and one written as a
+  spreadsheet's text formula ('="00123"', which keeps its leading zeros) is its text."""
   def clean(u):
     text = "" if u is None or (isinstance(u, float) and np.isnan(u)) else str(u)
     text = unicodedata.normalize("NFC", text.strip())
     if text.casefold() in MISSING_MARKERS:
       return ""
+    formula = _TEXT_FORMULA.fullmatch(text)
+    if formula:   # ="00123": a spreadsheet's way to keep leading zeros
+      text = formula[1].strip()
     if _FLOAT_ID.fullmatch(text):
       text = text.split(".")[0]
     return text.casefold() if fold_case else text
   return map_unique(ids, clean)
 
 
-def written_as_floats(ids) -> int:
-  """How many of `ids` (as read) `normalize_ids` reads as digits written as a float."""
-  return int(pd.Series(ids, dtype=object).astype(str).str.strip().str.fullmatch(
-      _FLOAT_ID.pattern).sum())
+def id_spellings(ids) -> dict[str, int]:
+  """Of `ids` (as read), how many `normalize_ids` reads as digits written as a float, and as a
+  spreadsheet's text formula: {'ids_written_as_floats': n, 'ids_as_text_formulas': n}, the
+  nonzero ones."""
+  cells = pd.Series(ids, dtype=object).astype(str).str.strip()
+  counts = {"ids_written_as_floats": int(cells.str.fullmatch(_FLOAT_ID.pattern).sum()),
+            "ids_as_text_formulas": int(cells.str.fullmatch(_TEXT_FORMULA.pattern).sum())}
+  return {k: n for k, n in counts.items() if n}
 
 
 def map_unique(values, fn) -> np.ndarray:
@@ -223,6 +234,15 @@ def numbers(col: pd.Series, decimal_comma: bool,
   values = pd.to_numeric(cells, errors="coerce").to_numpy(np.float64, copy=True)
   failed = np.flatnonzero(np.isnan(values))
   text = cells.iloc[failed].str.strip()   # Unicode spaces too: '105\xa0' is 105
+  # Full-width digits ('１４０') and the Unicode minus sign ('−2.5', a word processor's) as
+  # ASCII: NFKC folds the first, not the second.
+  odd = ~text.map(str.isascii).to_numpy(bool)
+  unicode_numbers = failed[:0]
+  if odd.any():
+    folded = text[odd].map(lambda t: unicodedata.normalize("NFKC", t).translate(_MINUS))
+    unicode_numbers = failed[odd][pd.to_numeric(folded, errors="coerce").notna().to_numpy()]
+    text = text.copy()
+    text[odd] = folded
   limited = flagged = failed[:0]
   if limits and len(text):
     flag = text.str.extract(_FLAGGED, expand=False)
@@ -260,7 +280,8 @@ def numbers(col: pd.Series, decimal_comma: bool,
   values[kinds != OK] = np.nan
   read = {"decimal_commas": commas, "values_at_limit": int((kinds[limited] == OK).sum()),
           "missing_dots": int(dots.sum()), "thousands_separators": int(thousands.sum()),
-          "values_flagged": int((kinds[flagged] == OK).sum())}
+          "values_flagged": int((kinds[flagged] == OK).sum()),
+          "unicode_numbers": int((kinds[unicode_numbers] == OK).sum())}
   return values, kinds, {k: n for k, n in read.items() if n}
 
 
@@ -424,9 +445,7 @@ def read_ids(frame: csvfile.Frame, lines: csvfile.Lines, column: int, fold_case:
   `problems.named`. The rows set aside as malformed (`frame.problems`) are given their
   patient where the line still shows it, and it is named too."""
   ids = normalize_ids(frame.frame[column].to_numpy(object), fold_case)
-  floats = written_as_floats(frame.frame[column].to_numpy(object))
-  if floats:
-    lines.info["ids_written_as_floats"] = floats
+  lines.info.update(id_spellings(frame.frame[column].to_numpy(object)))
   name_malformed(frame, lines, column, fold_case)
   recovered = {p.patient for p in frame.problems if p.patient}
   problems.known_ids.update(str(x).casefold() for x in pd.unique(ids))
