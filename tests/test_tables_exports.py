@@ -330,6 +330,31 @@ def test_numbers_in_full_width_digits_or_with_a_unicode_minus_are_read(tmp_path)
   assert "3 numbers in full-width digits or with a Unicode minus" in _ingest_table(problems)
 
 
+def test_a_line_of_units_under_the_header_is_read_as_the_columns_units(tmp_path):
+  """A report's second header line gives the columns' units (',mmol/L,umol/L,%'): it was a row
+  with an empty id, set aside, and the units unused (creatinine's µmol/L then read as mg/dL,
+  out of range). It is now the columns' units, a 'line' entry naming no patient; in a vitals
+  file too, its temperature in °F converted. A first row with a number in it is a row."""
+  path = _write(tmp_path, "labs.csv", "patient_id,Na,Creatinine,HbA1c\nUnits,mmol/L,umol/L,%"
+                "\nP1,140,88.42,6.1\nP2,141,176.84,7.0\n")
+  problems = tables.Problems("quarantine")
+  labs = tables.read_labs(path, (), {}, problems, tables.value_ranges())
+  assert labs.ids.tolist() == ["P1", "P2"]
+  np.testing.assert_allclose(labs.values, [[140, 1.0, 6.1], [141, 2.0, 7.0]], rtol=1e-5)
+  assert [(p.line, p.what) for p in problems.items] == [(2, "line")]
+  assert problems.files["labs.csv"]["units_line"] == 2
+  assert problems.files["labs.csv"]["rows"] == 2
+  assert "line 2 read as the columns' units" in _ingest_table(problems)
+  path = _write(tmp_path, "vitals.csv", "patient_id,hour,hr,temp\n,,bpm,°F\nP1,0,80,98.6\n")
+  problems = tables.Problems("quarantine")
+  vitals = tables.read_vitals(path, ["hr", "temp"], 2, 1.0, problems)
+  np.testing.assert_allclose(vitals.values[0, 0], [80, 37.0], rtol=1e-5)
+  path = _write(tmp_path, "labs.csv", "patient_id,Na,Unit\n,140,mmol/L\nP1,141,mmol/L\n")
+  problems = tables.Problems("quarantine")
+  labs = tables.read_labs(path, (), {}, problems, tables.value_ranges())
+  assert "units_line" not in problems.files["labs.csv"]
+
+
 def test_numbers_with_thousands_separators_are_read(tmp_path):
   """A spreadsheet's number format writes a platelet count as "250,000" (quoted in a comma
   file): it was 'not a number', set to missing. Groups of three after the first digits are

@@ -182,6 +182,8 @@ def _table_lines(tables_summary: dict) -> list[str]:
                      "indicators (" + ", ".join(f"{c} {len(k)}"
                                                 for c, k in list(cats.items())[:5])
                      + (", ..." if len(cats) > 5 else "") + ")")
+    if info.get("units_line"):
+      notes.append(f"line {info['units_line']} read as the columns' units")
     if info.get("rows_quarantined"):
       notes.append(f"{info['rows_quarantined']} of {info.get('rows', 0)} rows set aside")
     if info.get("columns_not_read"):

@@ -1608,6 +1608,18 @@ def _(ctx):
                  + [lib.table_info("labs.csv", "unicode_numbers", 20)])
 
 
+@case("tables", "labs: a second header line of units (',mmol/L,umol/L')", QUARANTINED)
+def _(ctx):
+  # The units line was a row with an empty id, set aside, its units unused: creatinine in
+  # µmol/L read as mg/dL, every value out of range.
+  rows = [",mmol/L,mmol/L,umol/L"] + [f"{pid},{135 + i},4.{i},{80 + i}"
+                                      for i, pid in enumerate(IDS)]
+  return _tables(ctx, labs=table("patient_id,Na,K,Creatinine", rows),
+                 checks=[_lab(IDS[i], "Creatinine", True, others=2) for i in (0, 9)]
+                 + [lib.table_info("labs.csv", "units_line", 2)],
+                 quarantined=[Quarantined("labs.csv", "the columns' units", line=2)])
+
+
 @case("tables", "labs: '1,050' in a tab file (a thousands separator?)", QUARANTINED)
 def _(ctx):
   rows = [f"{pid}\t{135 + i}\t4.{i}\t{'1,050' if i == 3 else 98 + i}"

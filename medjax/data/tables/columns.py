@@ -1,8 +1,10 @@
-"""What a wide labs column holds besides measurements: dates or times (a birth date must not
-become an analyte), free text, and numbers written with their unit ('140 mmol/L')."""
+"""What a wide table's columns hold besides measurements: dates or times (a birth date must not
+become an analyte), free text, numbers written with their unit ('140 mmol/L'), and a line of
+the columns' units under the header."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import numpy as np
@@ -89,3 +91,32 @@ def with_units(col: pd.Series) -> tuple[pd.Series, str, int, bool] | None:
   plain = bool(((pd.to_numeric(cells, errors="coerce").notna()).to_numpy(bool) & ~mine).any())
   return (cells.where(~mine, parts[0].str.strip()).astype(object), first, int(mine.sum()),
           plain)
+
+
+# What a units line's patient id cell may say (by `csvfile.column_key`).
+_UNITS_ROW_IDS = frozenset({"", "unit", "units", "uom", "unitofmeasure", "unitsofmeasure"})
+
+
+def without_units_row(frame: csvfile.Frame, pid: int,
+                      info: dict) -> tuple[csvfile.Frame, dict[int, str]]:
+  """The frame without its first row where that row gives the columns' units (a report's second
+  header line: ',mmol/L,mmol/L,%'): its id cell empty or 'units', every other non-empty cell a
+  unit (`analytes.is_unit`), one at least; and {column: unit} (empty where it does not). The
+  line is a 'line' problem of the frame's, naming no patient, and info['units_line'] its
+  number (no longer counted in info['rows'])."""
+  if not len(frame.frame):
+    return frame, {}
+  row = frame.frame.iloc[0]
+  text = {j: "" if v is None or (isinstance(v, float) and np.isnan(v)) else str(v).strip()
+          for j, v in row.items()}
+  units = {j: t for j, t in text.items() if j != pid and t}
+  if (csvfile.column_key(text[pid]) not in _UNITS_ROW_IDS or not units
+      or not all(analytes_lib.is_unit(t) for t in units.values())):
+    return frame, {}
+  line = int(frame.lines[0])
+  info["units_line"], info["rows"] = line, info.get("rows", 1) - 1
+  rest = frame.frame.iloc[1:].reset_index(drop=True)
+  problem = csvfile.Problem(frame.source, line, "the columns' units (a second header line), not a "
+                            "row: read as their units; the line is set aside", "line")
+  return dataclasses.replace(frame, frame=rest, lines=frame.lines[1:],
+                             problems=[*frame.problems, problem]), units

@@ -64,6 +64,7 @@ def read_labs(path: str, analytes: Sequence[str], rename: dict[str, str],
   lines, frame = csvfile.load(path, text_columns)
   if "analyte" in cols:
     return _read_labs_long(lines, frame, cols, analytes, rename, problems, ranges, fold_case)
+  frame, row_units = columns_lib.without_units_row(frame, cols["pid"], lines.info)
   ids, id_set = values_lib.read_ids(frame, lines, cols["pid"], fold_case, problems)
   source, found = frame.source, list(frame.problems)   # now with their patients
   header = cols["header"]   # as config.data.rename maps it
@@ -75,6 +76,7 @@ def read_labs(path: str, analytes: Sequence[str], rename: dict[str, str],
                                                      lines.info)
   columns = _with_numbers(frame, lines, columns, categories, problems.known_ids, found)
   names, units = _names_and_units(frame.columns, columns, categories, rename, analytes)
+  units.update({j: u for j, u in row_units.items() if j in columns and j not in units})
   units.update(cell_units)
   _check_renamed(lines.path, [frame.columns[j] for j in columns], names, problems.known_ids)
   columns, names = _in_known_units(frame, lines, columns, names, units, problems.known_ids,
