@@ -121,6 +121,25 @@ def test_ids_written_as_a_spreadsheet_s_text_formula_are_their_text(tmp_path):
       result.summary)
 
 
+def test_a_spreadsheet_s_error_values_are_missing_values(tmp_path):
+  """'#VALUE!' in labels.csv's class column was a class (the model learnt one of that name),
+  '#REF!' an id; '#DIV/0!' in a labs cell 'not a number', and '#DIV/0' with its '!' read as a
+  flagged value. Each is a missing value, as '#N/A' was: the row set aside, the value missing
+  and counted as non-finite."""
+  root = tmp_path / "cohort"
+  root.mkdir()
+  (root / "labels.csv").write_text("patient_id,diagnosis\n" + "".join(
+      f"P{i},{'copd' if i % 2 else 'normal'}\n" for i in range(6)) + "P6,#VALUE!\n#REF!,copd\n")
+  (root / "labs.csv").write_text("patient_id,Na,eGFR\n" + "".join(
+      f"P{i},14{i},{'#DIV/0!' if i % 2 else 60}\n" for i in range(7)))
+  result = ingest.run(_config(), str(tmp_path / "w"), str(root))
+  assert result.manifest.class_names == ["copd", "normal"]
+  assert len(result.manifest.record_ids) == 6
+  assert result.summary["tables"]["values_non_finite"] == {"eGFR": 3}
+  reasons = [q["reason"] for q in result.quarantine if q.get("path") == "labels.csv"]
+  assert len(reasons) == 2 and all("missing-value marker" in r for r in reasons)
+
+
 def test_files_joined_end_to_end_set_their_repeated_headers_aside(tmp_path):
   """Two exports joined with `cat` repeat the header mid-file (with the second's byte order
   mark, or quoted): the line was a row, a patient 'patient_id' of class 'diagnosis' (a class

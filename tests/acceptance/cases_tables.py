@@ -548,6 +548,15 @@ def _(ctx):
                               Quarantined("labs.csv", "SQL tool's text output", line=2)])
 
 
+@case("tables", "labels: a spreadsheet's error value as a class ('#VALUE!')", QUARANTINED)
+def _(ctx):
+  # It was a class of its own, one patient's, learnt by the model.
+  classes = ("no class '#VALUE!'", lambda run: (
+      "#VALUE!" not in lib.class_names(run), f"{lib.class_names(run)}"))
+  return _tables(ctx, labels=_labels_with(4, f"{IDS[4]},#VALUE!"), patients=9, checks=[classes],
+                 quarantined=[Quarantined("labels.csv", "missing-value marker", line=6)])
+
+
 # -- tables: ids --------------------------------------------------------------------------------
 
 @case("tables", "ids: surrounding whitespace", ACCEPTED)

@@ -64,7 +64,10 @@ UNIT_COLUMNS = ("unit", "units", "uom", "valueuom", "unit_of_measure", "result_u
 # Every value is stored as float32: a finite float64 beyond this is not a number the tables hold.
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 # Text read as a missing value but counted, like inf and nan, as a non-finite value.
-MISSING_MARKERS = frozenset({"nan", "-nan", "+nan", "na", "n/a", "#n/a", "null", "none", "<na>"})
+# A spreadsheet's error values ('#DIV/0!', '#VALUE!') too: a formula's cell with no value.
+MISSING_MARKERS = frozenset({"nan", "-nan", "+nan", "na", "n/a", "#n/a", "null", "none", "<na>",
+                             "#div/0!", "#value!", "#ref!", "#num!", "#name?", "#null!",
+                             "#n/a!", "#calc!", "#spill!"})
 _WITHHELD = "(withheld: it may identify a patient)"
 _FLOAT_ID = re.compile(r"\d+\.0+")
 _TEXT_FORMULA = re.compile(r'="(.*)"')
@@ -76,7 +79,8 @@ _NON_FINITE_WORDS = frozenset({"inf", "infinity"} | {m.lstrip("+-") for m in MIS
 _LIMIT = r"^(?:[<>]=?|[≤≥])\s*(\S.*)$"
 # A value with the lab's abnormal flag after it: '5.6 H', '140 (L)', '7.8*', '2.1 HH', '9 !'.
 _FLAG_WORDS = r"hh?|ll?|aa?|crit(?:ical)?|high|low|abn(?:ormal)?"
-_FLAGGED = rf"(?i)^(.*?\d)\s*(?:\((?:{_FLAG_WORDS})\)|(?:{_FLAG_WORDS})|\*+|!+)$"
+_FLAGGED = (rf"(?i)^((?:[<>]=?|[≤≥])?\s*[+-]?[\d.,]*\d)\s*"
+            rf"(?:\((?:{_FLAG_WORDS})\)|(?:{_FLAG_WORDS})|\*+|!+)$")
 SHOWN_LINES = 20   # line numbers listed in one values entry of the quarantine report
 OK, NON_FINITE, NOT_A_NUMBER, OUT_OF_RANGE, BEYOND_FLOAT32, AMBIGUOUS_COMMA = range(6)
 _VALUE_KINDS = {NON_FINITE: "non_finite", NOT_A_NUMBER: "not_a_number",
