@@ -355,6 +355,30 @@ def test_a_line_of_units_under_the_header_is_read_as_the_columns_units(tmp_path)
   assert "units_line" not in problems.files["labs.csv"]
 
 
+def test_a_long_file_s_units_in_its_names_or_its_values_are_read(tmp_path):
+  """A long file without a unit column may give the unit in the analyte's name ('Creatinine
+  (umol/L)': an analyte of that whole name, no range, no conversion) or after the value ('135
+  mmol/L': 'not a number'). Each is now the row's unit, read as a unit column's is: the names
+  are their analytes, SI converted, two sites' glucose in mg/dL and mmol/L one analyte."""
+  rows = [f"P{i},Creatinine (umol/L),{88.42 * (1 + i % 2):.2f}" for i in range(4)]
+  rows += [f"P{i},Sodium,{135 + i} mmol/L" for i in range(4)]
+  rows += [f"P{i},Glucose (mg/dL),{90 + i}" for i in range(3)] + ["P3,Glucose (mmol/L),5.5"]
+  path = _write(tmp_path, "labs.csv", "patient_id,analyte,value\n" + "\n".join(rows) + "\n")
+  problems = tables.Problems("quarantine")
+  labs = tables.read_labs(path, (), {}, problems, tables.value_ranges())
+  assert labs.analytes == ["Creatinine", "Glucose", "Sodium"]
+  np.testing.assert_allclose(labs.values, [[1, 90, 135], [2, 91, 136], [1, 92, 137],
+                                           [2, 99.09, 138]], rtol=1e-3)
+  info = problems.files["labs.csv"]
+  assert info["units_in_names"] == 8 and info["units_in_cells"] == 4
+  assert info["analyte_units"] == {"Creatinine": "mg/dL", "Glucose": "mg/dL",
+                                   "Sodium": "mmol/L"}
+  # A name config.data.analytes gives whole stays whole, its values as they are.
+  labs = tables.read_labs(path, ("Creatinine (umol/L)",), {}, tables.Problems("quarantine"),
+                          tables.value_ranges())
+  assert labs.values[:2, 0].tolist() == [pytest.approx(88.42), pytest.approx(176.84)]
+
+
 def test_numbers_with_thousands_separators_are_read(tmp_path):
   """A spreadsheet's number format writes a platelet count as "250,000" (quoted in a comma
   file): it was 'not a number', set to missing. Groups of three after the first digits are

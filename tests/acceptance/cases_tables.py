@@ -957,6 +957,17 @@ def _(ctx):
                                           line=5)])
 
 
+@case("tables", "labs long: units in the analyte names, 'Creatinine (umol/L)'", ACCEPTED)
+def _(ctx):
+  # Each name with its unit was an analyte of that whole name: no plausible range, its µmol/L
+  # kept beside another site's mg/dL.
+  rows = [f"{pid},{a},{v}" for i, pid in enumerate(IDS)
+          for a, v in (("Sodium (mmol/L)", 135 + i), ("Creatinine (umol/L)", 80 + i))]
+  return _tables(ctx, labs=table("patient_id,analyte,value", rows),
+                 checks=[_analytes(["Creatinine", "Sodium"]),
+                         lib.table_info("labs.csv", "si_units_converted", 10)])
+
+
 @case("tables", "labs long: a dipstick's result in words given twice at one time", QUARANTINED)
 def _(ctx):
   # Its row was read as one row per category: one repeated row was three set aside, and each

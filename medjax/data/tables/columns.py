@@ -27,7 +27,7 @@ _DATE = re.compile(
     rf"(?:[\sT:]{_CLOCK}(?:Z|[+-]\d{{2}}:?\d{{2}})?)?|{_TIME_OF_DAY}", re.IGNORECASE)
 
 # A number written with its unit in the cell: '140 mmol/L', '<0.01 ng/mL', '88umol/L', '37 %'.
-_WITH_UNIT = (r"^((?:[<>]=?|[≤≥])?\s*[+-]?(?:\d[\d,]*(?:\.\d*)?|\.\d+))\s*"
+WITH_UNIT = (r"^((?:[<>]=?|[≤≥])?\s*[+-]?(?:\d[\d,]*(?:\.\d*)?|\.\d+))\s*"
               r"([^\d\s.,+\-<>][^<>]*?)\s*$")
 
 
@@ -74,7 +74,7 @@ def with_units(col: pd.Series) -> tuple[pd.Series, str, int, bool] | None:
   if col.dtype.kind in "fiub":
     return None
   cells = col.fillna("").astype(str).str.strip()
-  parts = cells.str.extract(_WITH_UNIT)
+  parts = cells.str.extract(WITH_UNIT)
   given = parts[1].notna().to_numpy(bool)
   if not given.any():
     return None

@@ -91,11 +91,7 @@ def read_vitals(path: str, channels: Sequence[str], steps: int, hours_per_step: 
                             if j != cols["time"] and j not in cols["channels"]]
 
   lines, frame = csvfile.load(path, text_columns)
-  row_units = {}
-  if not cols["long"]:
-    frame, row_units = columns_lib.without_units_row(frame, cols["pid"], lines.info)
-  frame = _channels_frame(frame, lines, cols, channels, ranges, rename or {}, fold_case,
-                          row_units)
+  frame = _channels_frame(frame, lines, cols, channels, ranges, rename or {}, fold_case)
   ids, id_set = values_lib.read_ids(frame, lines, cols["pid"], fold_case, problems)
   found = list(frame.problems)   # now with their patients
   hours, kind = values_lib.times(frame.frame[cols["time"]], frame.delimiter != ",")
@@ -272,13 +268,15 @@ def _pressure_rows(frame: csvfile.Frame, lines: csvfile.Lines, long: dict,
 
 def _channels_frame(frame: csvfile.Frame, lines: csvfile.Lines, cols: dict,
                     channels: Sequence[str], ranges, rename: dict[str, str],
-                    fold_case: bool, row_units: dict[int, str]) -> csvfile.Frame:
+                    fold_case: bool) -> csvfile.Frame:
   """The file's frame with a column per channel (a long file's gathered, `_gathered`; a wide
-  file's columns named, `_channel_columns`), temperatures in Celsius (`row_units`: a wide
-  file's line of units under the header, `columns.without_units_row`)."""
+  file's columns named, `_channel_columns`, without a line of units under the header,
+  `columns.without_units_row`), temperatures in Celsius."""
+  row_units = {}
   if cols["long"]:
     frame = _gathered(frame, lines, cols, channels, rename, fold_case)
   else:
+    frame, row_units = columns_lib.without_units_row(frame, cols["pid"], lines.info)
     if cols["named"]:
       lines.info["channel_columns"] = cols["named"]
     if cols["pressure"] is not None:
