@@ -56,6 +56,10 @@ def get_config(arg=None):
   # Merge patient ids that differ only by letter case (tables and DICOM). Off: they are kept as
   # different patients and counted in the ingest summary. On, record ids hash the casefolded id.
   data.ids_case_insensitive = False
+  # How a time column's dates written with numbers ('03/01/2020') read: 'auto' (a day past 12
+  # says which; else '/' is month/day, '.' and '-' day/month, said in the ingest table),
+  # 'month_first' or 'day_first'. ISO 8601 (2020-03-01) needs none.
+  data.date_order = "auto"
   data.salt_file = ""         # pseudonymisation salt; default <workdir>/secrets/id_salt
   data.scan_workers = 0       # header-scan processes; 0: one per core it may use
   # DICOM budgets, checked on the file size and header before any pixel is decoded; a file over

@@ -379,6 +379,42 @@ def test_a_long_file_s_units_in_its_names_or_its_values_are_read(tmp_path):
   assert labs.values[:2, 0].tolist() == [pytest.approx(88.42), pytest.approx(176.84)]
 
 
+@pytest.mark.parametrize("stamp, order, said", [
+    (lambda d, h: f"03/{d:02d}/2020 {h}:00", "auto", "month/day"),         # a US export
+    (lambda d, h: f"{d:02d}.03.2020 {h:02d}:00:00", "auto", "day/month"),  # a German one
+    (lambda d, h: f"03/{d:02d}/20 {(h - 1) % 12 + 1}:00 {'AM' if h < 12 else 'PM'}", "auto",
+     "month/day"),
+    (lambda d, h: f"{d:02d}/03/2020 {h}:00", "day_first", "")])
+def test_timestamps_written_as_exports_write_them_are_read(tmp_path, stamp, order, said):
+  """'03/14/2020 10:00' was 'neither hours nor an ISO timestamp': every row of a US export's
+  vitals set aside, the modality lost. Dates with the day and month as numbers are read, the
+  order from a day past 12 (config.data.date_order to say it), in vitals and long labs."""
+  rows = [f"P1,{stamp(d, h)},{60 + h}" for d, h in ((13, 23), (14, 0), (14, 1))]
+  path = _write(tmp_path, "vitals.csv", "patient_id,charttime,hr\n" + "\n".join(rows) + "\n")
+  problems = tables.Problems("quarantine")
+  vitals = tables.read_vitals(path, ["hr"], 4, 1.0, problems, date_order=order)
+  assert not problems.items
+  np.testing.assert_equal(vitals.values[0, :, 0], [83, 60, 61, np.nan])
+  assert problems.files["vitals.csv"].get("date_order", "") == said
+  path = _write(tmp_path, "labs.csv", "patient_id,charttime,analyte,value\n"
+                f"P1,{stamp(14, 9)},K,4.0\nP1,{stamp(13, 9)},K,5.0\n")
+  labs = tables.read_labs(path, (), {}, tables.Problems("quarantine"), date_order=order)
+  assert labs.values[0, 0] == 5.0   # the earlier draw, by date
+
+
+def test_dates_no_day_says_the_order_of_are_read_as_assumed_and_said(tmp_path):
+  """No day past 12: a '/' file reads month/day (a US export's, pandas'), a '.' file day/month,
+  each said in the ingest table with the field that changes it."""
+  path = _write(tmp_path, "vitals.csv", "patient_id,charttime,hr\nP1,03/01/2020 10:00,80\n"
+                "P1,03/01/2020 11:00,81\n")
+  problems = tables.Problems("quarantine")
+  vitals = tables.read_vitals(path, ["hr"], 4, 1.0, problems)
+  np.testing.assert_equal(vitals.values[0, :2, 0], [80, 81])
+  assert problems.files["vitals.csv"]["date_order"] == "month/day (assumed)"
+  assert ("dates read month/day (assumed) (set config.data.date_order if not)"
+          in _ingest_table(problems))
+
+
 def test_numbers_with_thousands_separators_are_read(tmp_path):
   """A spreadsheet's number format writes a platelet count as "250,000" (quoted in a comma
   file): it was 'not a number', set to missing. Groups of three after the first digits are

@@ -9,9 +9,9 @@ line answers a bad config in well under 2 s). What it checks:
   (`FREE_FORM`: data.rename, data.value_ranges) may hold any names.
 - Types: int, float (finite), str, bool, tuples of str/int/numbers, as the schema's value says;
   None only for a placeholder (data.root).
-- Enums: mode, data.on_error, data.isolate_decoding, data.prefetch, data.placement_method,
-  data.cache_policy, data.replicas, model.fusion, model.missing, model.dtype,
-  ckpt.if_all_damaged, evals.splits, and the fault.inject grammar (`medjax.runtime.inject.parse`).
+- Enums: mode, data.on_error, data.date_order, data.isolate_decoding, data.prefetch,
+  data.placement_method, data.cache_policy, data.replicas, model.fusion, model.missing,
+  model.dtype, ckpt.if_all_damaged, evals.splits, and the fault.inject grammar (`medjax.runtime.inject.parse`).
 - Ranges: sizes and counts >= 1 (or >= 0 where 0 means "from the data" or "off"), fractions,
   0 <= dropout < 1, lr > 0, Adam betas in [0, 1), timeouts > 0, ports 0..65535, the synthetic
   cohort's fractions, sizes and header weights.

@@ -14,6 +14,7 @@ from medjax.config_check import schema
 
 MODES = ("synth", "ingest", "train")                       # medjax/cli.py
 ON_ERROR = ("raise", "quarantine")                         # data/tables/values.py Problems
+DATE_ORDERS = ("auto", "month_first", "day_first")         # data/tables/timestamps.py
 ISOLATE = ("compressed", "all", "none")                    # data/dicom/decoder.py ISOLATE
 PREFETCH = ("auto", "inline", "thread")                    # data/loader.py batches
 PLACEMENT_METHODS = ("bounded", "ring", "modulo")          # data/cache/placement.py METHODS
@@ -125,7 +126,7 @@ def _rules() -> dict[str, tuple[Check, ...]]:
   each(_within(0, 1, hi_open=True), "model.modality_dropout optim.b1 optim.b2 optim.outer_momentum")
   each(_names, "data.analytes data.classes data.vitals_channels evals.splits")
   for field, names in (("mode", MODES), ("data.on_error", ON_ERROR), ("data.prefetch", PREFETCH),
-                       ("data.isolate_decoding", ISOLATE),
+                       ("data.date_order", DATE_ORDERS), ("data.isolate_decoding", ISOLATE),
                        ("data.placement_method", PLACEMENT_METHODS), ("data.replicas", (1, 2)),
                        ("data.cache_policy", CACHE_POLICIES), ("model.fusion", FUSIONS),
                        ("model.missing", MISSING_POLICIES), ("optim.mode", OPTIM_MODES),

@@ -280,12 +280,12 @@ def _read_tables(root: str, data, budgets: dicom.Budgets, problems: tables.Probl
                 dict(data.rename))
   analytes = list(data.analytes)
   labs = read("labs.csv", tables.read_labs, analytes, dict(data.rename), problems, ranges,
-              fold) or tables.Labs(analytes, np.array([], object),
+              fold, data.date_order) or tables.Labs(analytes, np.array([], object),
                                    np.zeros((0, len(analytes)), np.float32))
   channels = list(data.vitals_channels)
   vitals = read("vitals.csv", tables.read_vitals, channels, data.vitals_steps,
                 data.vitals_hours_per_step, problems, ranges, fold,
-                dict(data.rename)) or tables.Vitals(
+                dict(data.rename), data.date_order) or tables.Vitals(
                     np.array([], object),
                     np.zeros((0, data.vitals_steps, len(channels)), np.float32), 0)
   return _Tables(labels, labs, vitals)

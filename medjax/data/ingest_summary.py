@@ -182,6 +182,9 @@ def _table_lines(tables_summary: dict) -> list[str]:
                      "indicators (" + ", ".join(f"{c} {len(k)}"
                                                 for c, k in list(cats.items())[:5])
                      + (", ..." if len(cats) > 5 else "") + ")")
+    if info.get("date_order"):
+      notes.append(f"dates read {info['date_order']}" + (
+          " (set config.data.date_order if not)" if "assumed" in info["date_order"] else ""))
     if info.get("units_line"):
       notes.append(f"line {info['units_line']} read as the columns' units")
     if info.get("rows_quarantined"):

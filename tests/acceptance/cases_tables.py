@@ -901,6 +901,17 @@ HOURS = [str(h) for h in range(6)]
 STAMPS = [f"2024-03-01T{h:02d}:30:00" for h in range(6)]
 
 
+@case("tables", "vitals: a US export's timestamps (03/14/2024 11:30 PM, over midnight)",
+      ACCEPTED)
+def _(ctx):
+  # Each was 'neither hours nor an ISO timestamp': every row set aside, the vitals lost.
+  stamps = [f"03/14/2024 {h}:30 PM" for h in (9, 10, 11)] + [
+      f"03/15/2024 {h}:30 AM" for h in (12, 1, 2)]
+  return _tables(ctx, vitals=_vitals_times(stamps),
+                 checks=[_vitals_steps(IDS[0], 6), _no_missing("vitals"),
+                         lib.table_info("vitals.csv", "date_order", "month/day")])
+
+
 @case("tables", "vitals: hr beyond float32 (1e39)", QUARANTINED)
 def _(ctx):
   return _tables(ctx, vitals=_vitals_times(HOURS, values={(0, 2): "1e39"}),

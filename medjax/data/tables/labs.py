@@ -32,7 +32,7 @@ class Labs:
 
 def read_labs(path: str, analytes: Sequence[str], rename: dict[str, str],
               problems: values_lib.Problems, ranges: dict[str, tuple[float, float]] | None = None,
-              fold_case: bool = False) -> Labs:
+              fold_case: bool = False, date_order: str = "auto") -> Labs:
   """labs.csv, wide (one column per analyte) or long (`analyte`, `value` columns).
 
   Args:
@@ -43,13 +43,14 @@ def read_labs(path: str, analytes: Sequence[str], rename: dict[str, str],
     ranges: `tables.value_ranges()` (analyte key -> plausible (low, high)); values outside are
       set to missing.
     fold_case: casefold patient ids (config.data.ids_case_insensitive).
+    date_order: a long file's time column's dates ('03/01/2020'), config.data.date_order.
 
   Returns:
     Labs with one row per patient: each analyte's first usable value, in file order (a
     patient's later rows fill what its earlier ones left missing).
   """
   ranges = ranges or {}
-  cols = {}
+  cols = {"date_order": date_order}
 
   def text_columns(lines):
     cols["header"] = header = values_lib.renamed(lines.header, rename)

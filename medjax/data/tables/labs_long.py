@@ -10,6 +10,7 @@ from medjax.data.tables import analytes as analytes_lib
 from medjax.data.tables import categories as categories_lib
 from medjax.data.tables import columns as columns_lib
 from medjax.data.tables import csvfile
+from medjax.data.tables import timestamps
 from medjax.data.tables import values as values_lib
 
 
@@ -172,7 +173,8 @@ def _earliest_draws(frame, cols, rows, keys, names, ids, id_set, info, found) ->
   without times, is a duplicate, set aside with its reason."""
   hours = np.zeros(len(rows))
   if cols["time"] is not None:
-    hours, kind = values_lib.times(frame.frame[cols["time"]].iloc[rows], frame.delimiter != ",")
+    hours, kind = timestamps.times(frame.frame[cols["time"]].iloc[rows], frame.delimiter != ",",
+                                   cols.get("date_order", "auto"), info)
     hours = np.where(kind > 0, hours, np.inf)   # an unreadable time: after every readable one
   order = np.lexsort((np.arange(len(rows)), hours, keys))
   dup = np.zeros(len(rows), bool)

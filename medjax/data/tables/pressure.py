@@ -3,6 +3,7 @@ many exports give it: found by name and split into the sbp and dbp channels."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Sequence
 
@@ -59,3 +60,46 @@ def report(frame: csvfile.Frame, info: dict, name: str, systolic: np.ndarray, ba
       f"as systolic/diastolic ('120/80'); sbp and dbp set to missing{more}", "values", len(at),
       tuple(int(x) for x in at[:values_lib.SHOWN_LINES])))
   values_lib.count_values(info, {"not_a_number": len(at)}, name)
+
+
+def split_column(frame: csvfile.Frame, lines: csvfile.Lines, cols: dict,
+                           channels: Sequence[str]) -> None:
+  """A wide file's combined pressure column ('BP': 120/80) as the sbp and dbp channels' columns
+  where they have none of their own (added to the frame; info['pressures_split']); a cell not
+  written so is reported, both set to missing."""
+  j = cols["pressure"]
+  systolic, diastolic, bad = split(frame.frame[j].to_numpy(object))
+  for name, cells in (("sbp", systolic), ("dbp", diastolic)):
+    c = next((c for c, ch in enumerate(channels) if csvfile.column_key(ch) == name), None)
+    if c is not None and cols["channels"][c] is None:
+      cols["channels"][c] = len(frame.columns)
+      frame.frame[len(frame.columns)] = cells
+      frame.columns.append(channels[c])
+  report(frame, lines.info, frame.columns[j], systolic, bad, frame.lines)
+
+
+def split_rows(frame: csvfile.Frame, lines: csvfile.Lines, long: dict,
+                   channels: Sequence[str], keys: dict[str, int]) -> csvfile.Frame:
+  """A long file's rows of a combined pressure ('BP', 120/80) as an sbp and a dbp row each, at
+  its line (the first of a channel's rows at one time wins, as ever), where the channels have
+  sbp and dbp and no name maps the row to a channel (info['pressures_split']); a value not
+  written so is reported, both set to missing."""
+  if "sbp" not in keys or "dbp" not in keys:
+    return frame
+  names = frame.frame[long["analyte"]].to_numpy(object)
+  rows = np.flatnonzero(values_lib.map_unique(
+      names, lambda s: csvfile.column_key(s) not in keys and named(s)).astype(bool))
+  if not len(rows):
+    return frame
+  systolic, diastolic, bad = split(frame.frame[long["value"]].to_numpy(object)[rows])
+  first_bad = names[rows[bad]][0] if bad.any() else ""
+  report(frame, lines.info, first_bad, systolic, bad, frame.lines[rows])
+  parts = [frame.frame.drop(index=frame.frame.index[rows])]
+  for key, cells in (("sbp", systolic), ("dbp", diastolic)):
+    part = frame.frame.iloc[rows].copy()
+    part[long["analyte"]], part[long["value"]] = channels[keys[key]], cells
+    parts.append(part)
+  row_lines = np.concatenate([np.delete(frame.lines, rows), frame.lines[rows], frame.lines[rows]])
+  order = np.argsort(row_lines, kind="stable")   # a frame's lines ascend
+  out = pd.concat(parts, ignore_index=True).iloc[order].reset_index(drop=True)
+  return dataclasses.replace(frame, frame=out, lines=row_lines[order])

@@ -305,25 +305,6 @@ def _thousands(text: pd.Series, rest: np.ndarray, decimal_comma: bool) -> np.nda
   return rest & (sure | (grouped & ~other.any()))
 
 
-def times(col: pd.Series, decimal_comma: bool = False) -> tuple[np.ndarray, np.ndarray]:
-  """(hours, kind): kind 1 for a finite number of hours, 2 for an ISO timestamp (hours since the
-  epoch, naive times taken as UTC), 0 for anything else."""
-  hours, kinds, _ = numbers(col, decimal_comma)   # '0,5' in a ';' file is 0.5
-  ok = np.where(~np.isnan(hours), 1, 0)
-  rest = np.flatnonzero((ok == 0) & (kinds == NOT_A_NUMBER))
-  if len(rest):
-    text = col.iloc[rest].astype(str).str.strip()
-    stamps = pd.to_datetime(text, format="ISO8601", errors="coerce", utc=True)
-    valid = stamps.notna().to_numpy()
-    # In microseconds, not via nanosecond Timedeltas: a placeholder date ('9999-12-31',
-    # '1600-01-01') is a valid timestamp, outside the series like a mistyped year, and
-    # subtracting the epoch in nanoseconds overflowed for the whole file.
-    micros = stamps[valid].dt.tz_localize(None).to_numpy().astype("datetime64[us]")
-    hours[rest[valid]] = micros.astype(np.int64) / 3.6e9
-    ok[rest[valid]] = 2
-  return hours, ok
-
-
 def add_counts(info: dict, counts: dict[str, int]) -> None:
   """Adds `counts` (what `numbers` read besides plain numbers) to a file's info."""
   for key, n in counts.items():

@@ -13,6 +13,7 @@ from medjax.data.tables import analytes as analytes_lib
 from medjax.data.tables import columns as columns_lib
 from medjax.data.tables import csvfile
 from medjax.data.tables import pressure
+from medjax.data.tables import timestamps
 from medjax.data.tables import values as values_lib
 
 
@@ -49,15 +50,17 @@ _FAHRENHEIT_UNITS = frozenset({"Â°f", "degf", "f", "degreesf", "fahrenheit", "â„
 
 def read_vitals(path: str, channels: Sequence[str], steps: int, hours_per_step: float,
                 problems: values_lib.Problems, ranges: dict[str, tuple[float, float]] | None = None,
-                fold_case: bool = False, rename: dict[str, str] | None = None) -> Vitals:
+                fold_case: bool = False, rename: dict[str, str] | None = None,
+                date_order: str = "auto") -> Vitals:
   """vitals.csv, wide: one row per patient and time, one column per channel (by its name,
   data.rename or the names exports give it: `_channel_columns`); or long: one row per
   measurement (patient, time, a name or code, a value: MIMIC's chartevents), its channels' rows
   gathered into one row per patient and time (`_gathered`). Temperatures are read in Celsius.
 
-  Times are hours since admission (numbers, >= 0) or ISO 8601 timestamps counted from the
-  patient's first row; the kind most of the file's valid times have decides which. A row costs
-  only itself: one whose time is empty, unparseable, negative or of the other kind is set aside;
+  Times are hours since admission (numbers, >= 0) or timestamps (`timestamps.times`: ISO
+  8601, or '03/01/2020 10:00' in `date_order`) counted from the patient's first row; the kind
+  most of the file's valid times have decides which. A row costs only itself: one whose time
+  is empty, unparseable, negative or of the other kind is set aside;
   of a patient's timestamps, one cut off before the run holding most of the patient's rows by a
   gap over `steps` x `hours_per_step` hours is set aside (a mistyped year must not move the
   series); of the rest, the longest run in time order (in file order) is kept, and a row out of
@@ -94,7 +97,8 @@ def read_vitals(path: str, channels: Sequence[str], steps: int, hours_per_step: 
   frame = _channels_frame(frame, lines, cols, channels, ranges, rename or {}, fold_case)
   ids, id_set = values_lib.read_ids(frame, lines, cols["pid"], fold_case, problems)
   found = list(frame.problems)   # now with their patients
-  hours, kind = values_lib.times(frame.frame[cols["time"]], frame.delimiter != ",")
+  hours, kind = timestamps.times(frame.frame[cols["time"]], frame.delimiter != ",", date_order,
+                                 lines.info)
   # Most of the file's valid times decide whether its times are hours or timestamps: a row of
   # the other kind is a typo that costs its own row, wherever it is.
   named = ids != ""
@@ -115,18 +119,26 @@ def read_vitals(path: str, channels: Sequence[str], steps: int, hours_per_step: 
         "hours since admission? Epoch seconds or milliseconds and spreadsheet day numbers are "
         "not; the rows are counted as past the last step", "column"))
   bins = (rows[inside], codes[inside] * steps + step_f[inside].astype(np.int64))
-  values = np.full((len(patients), steps, len(channels)), np.nan, np.float32)
+  values = _binned(frame, lines, cols, channels, ranges, id_set, bins, (len(patients), steps),
+                   found)
+  lines.info["rows_past_last_step"] = late
+  problems.files[frame.source] = lines.info
+  problems.extend(found)
+  return Vitals(np.asarray(patients, dtype=object), values, late)
+
+
+def _binned(frame, lines, cols, channels, ranges, id_set, bins, shape, found) -> np.ndarray:
+  """The (patients, steps, channels) means of each channel's values in the rows `bins[0]`, each
+  in its bin `bins[1]` (patient x steps + step); the values' problems go to `found`."""
+  values = np.full((*shape, len(channels)), np.nan, np.float32)
   for c, (channel, j) in enumerate(zip(channels, cols["channels"])):
     v, probs, counts, notes = values_lib.read_values(
         frame, j, channel, "column", ranges, id_set, bins[0])
     found += probs
     values_lib.count_values(lines.info, counts, channel)
     values_lib.add_counts(lines.info, notes)
-    values[:, :, c] = _bin_means(v, bins[1], len(patients) * steps).reshape(len(patients), steps)
-  lines.info["rows_past_last_step"] = late
-  problems.files[frame.source] = lines.info
-  problems.extend(found)
-  return Vitals(np.asarray(patients, dtype=object), values, late)
+    values[:, :, c] = _bin_means(v, bins[1], shape[0] * shape[1]).reshape(shape)
+  return values
 
 
 def _rows_in_time_order(frame: csvfile.Frame, cols: dict, ids: np.ndarray, id_set: set[str],
@@ -183,7 +195,7 @@ def _gathered(frame: csvfile.Frame, lines: csvfile.Lines, cols: dict, channels: 
   keys.update({csvfile.column_key(n): keys["temp"] for n in FAHRENHEIT_NAMES if "temp" in keys})
   keys.update({csvfile.column_key(n): keys[csvfile.column_key(c)] for n, c in rename.items()
                if csvfile.column_key(c) in keys})
-  frame = _pressure_rows(frame, lines, long, channels, keys)
+  frame = pressure.split_rows(frame, lines, long, channels, keys)
   names = frame.frame[long["analyte"]].to_numpy(object)
   channel = values_lib.map_unique(
       names, lambda s: keys.get(csvfile.column_key(s), -1)).astype(np.int64)
@@ -223,49 +235,6 @@ def _missing_channels(header: Sequence[str], channels: Sequence[str], cols: dict
           and not (cols["pressure"] is not None and csvfile.column_key(c) in split)]
 
 
-def _split_pressure_column(frame: csvfile.Frame, lines: csvfile.Lines, cols: dict,
-                           channels: Sequence[str]) -> None:
-  """A wide file's combined pressure column ('BP': 120/80) as the sbp and dbp channels' columns
-  where they have none of their own (added to the frame; info['pressures_split']); a cell not
-  written so is reported, both set to missing."""
-  j = cols["pressure"]
-  systolic, diastolic, bad = pressure.split(frame.frame[j].to_numpy(object))
-  for name, cells in (("sbp", systolic), ("dbp", diastolic)):
-    c = next((c for c, ch in enumerate(channels) if csvfile.column_key(ch) == name), None)
-    if c is not None and cols["channels"][c] is None:
-      cols["channels"][c] = len(frame.columns)
-      frame.frame[len(frame.columns)] = cells
-      frame.columns.append(channels[c])
-  pressure.report(frame, lines.info, frame.columns[j], systolic, bad, frame.lines)
-
-
-def _pressure_rows(frame: csvfile.Frame, lines: csvfile.Lines, long: dict,
-                   channels: Sequence[str], keys: dict[str, int]) -> csvfile.Frame:
-  """A long file's rows of a combined pressure ('BP', 120/80) as an sbp and a dbp row each, at
-  its line (the first of a channel's rows at one time wins, as ever), where the channels have
-  sbp and dbp and no name maps the row to a channel (info['pressures_split']); a value not
-  written so is reported, both set to missing."""
-  if "sbp" not in keys or "dbp" not in keys:
-    return frame
-  names = frame.frame[long["analyte"]].to_numpy(object)
-  rows = np.flatnonzero(values_lib.map_unique(
-      names, lambda s: csvfile.column_key(s) not in keys and pressure.named(s)).astype(bool))
-  if not len(rows):
-    return frame
-  systolic, diastolic, bad = pressure.split(frame.frame[long["value"]].to_numpy(object)[rows])
-  first_bad = names[rows[bad]][0] if bad.any() else ""
-  pressure.report(frame, lines.info, first_bad, systolic, bad, frame.lines[rows])
-  parts = [frame.frame.drop(index=frame.frame.index[rows])]
-  for key, cells in (("sbp", systolic), ("dbp", diastolic)):
-    part = frame.frame.iloc[rows].copy()
-    part[long["analyte"]], part[long["value"]] = channels[keys[key]], cells
-    parts.append(part)
-  row_lines = np.concatenate([np.delete(frame.lines, rows), frame.lines[rows], frame.lines[rows]])
-  order = np.argsort(row_lines, kind="stable")   # a frame's lines ascend
-  out = pd.concat(parts, ignore_index=True).iloc[order].reset_index(drop=True)
-  return dataclasses.replace(frame, frame=out, lines=row_lines[order])
-
-
 def _channels_frame(frame: csvfile.Frame, lines: csvfile.Lines, cols: dict,
                     channels: Sequence[str], ranges, rename: dict[str, str],
                     fold_case: bool) -> csvfile.Frame:
@@ -280,7 +249,7 @@ def _channels_frame(frame: csvfile.Frame, lines: csvfile.Lines, cols: dict,
     if cols["named"]:
       lines.info["channel_columns"] = cols["named"]
     if cols["pressure"] is not None:
-      _split_pressure_column(frame, lines, cols, channels)
+      pressure.split_column(frame, lines, cols, channels)
   units = {} if cols["long"] else {**row_units,
                                    **_units_in_cells(frame, cols["channels"], lines.info)}
   temp = [c for c, name in enumerate(channels) if csvfile.column_key(name) == "temp"]

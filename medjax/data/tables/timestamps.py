@@ -1,0 +1,83 @@
+"""A table's time column: hours since admission, ISO 8601 timestamps, and dates as exports
+write them ('03/01/2020 10:00 PM', '01.03.2020 10:00'), their day and month order decided per
+file (config.data.date_order)."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pandas as pd
+
+from medjax import errors
+from medjax.data.tables import values as values_lib
+
+DATE_ORDERS = ("auto", "month_first", "day_first")
+# A date written with its day and month as numbers, and an optional time of day.
+_WRITTEN = (r"(?i)^(\d{1,2})([/.\-])(\d{1,2})\2(\d{4}|\d{2})(?:[ T,]+(\d{1,2}):(\d{2})"
+            r"(?::(\d{2})(?:[.,]\d+)?)?\s*([ap])?\.?m?\.?)?$")
+
+
+def times(col: pd.Series, decimal_comma: bool = False, order: str = "auto",
+          info: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
+  """(hours, kind): kind 1 for a finite number of hours, 2 for a timestamp (hours since the
+  epoch, naive times taken as UTC): ISO 8601, or a date with its day and month as numbers
+  (`_written`); 0 for anything else."""
+  hours, kinds, _ = values_lib.numbers(col, decimal_comma)   # '0,5' in a ';' file is 0.5
+  ok = np.where(~np.isnan(hours), 1, 0)
+  rest = np.flatnonzero((ok == 0) & (kinds == values_lib.NOT_A_NUMBER))
+  if not len(rest):
+    return hours, ok
+  text = col.iloc[rest].astype(str).str.strip()
+  stamps = pd.to_datetime(text, format="ISO8601", errors="coerce", utc=True)
+  stamps = stamps.dt.tz_localize(None)
+  unread = stamps.isna().to_numpy()
+  if unread.any():
+    stamps = stamps.copy()
+    stamps[unread] = _written(text[unread], order, info if info is not None else {}).to_numpy()
+  valid = stamps.notna().to_numpy()
+  # In microseconds, not via nanosecond Timedeltas: a placeholder date ('9999-12-31',
+  # '1600-01-01') is a valid timestamp, outside the series like a mistyped year, and
+  # subtracting the epoch in nanoseconds overflowed for the whole file.
+  micros = stamps[valid].to_numpy().astype("datetime64[us]")
+  hours[rest[valid]] = micros.astype(np.int64) / 3.6e9
+  ok[rest[valid]] = 2
+  return hours, ok
+
+
+def _written(text: pd.Series, order: str, info: dict) -> pd.Series:
+  """Dates written 'mm/dd/yyyy', 'dd.mm.yyyy' or 'dd-mm-yy' (a time of day after, am/pm too) as
+  timestamps (NaT where not). The day and month order is config.data.date_order's, or where
+  'auto', the file's: a first number past 12 is a day, so is a second; where none is, a '.' or
+  '-' file is day/month and a '/' file month/day (pandas' and a US export's), assumed and said
+  (info['date_order'] and a warning)."""
+  if order not in DATE_ORDERS:
+    raise errors.InputError(f"config.data.date_order={order!r}: use one of {list(DATE_ORDERS)}")
+  parts = text.str.extract(_WRITTEN)
+  found = parts[0].notna().to_numpy(bool)
+  out = pd.Series(pd.NaT, index=text.index, dtype="datetime64[us]")
+  if not found.any():
+    return out
+  parts = parts[found]
+  first, second = parts[0].astype(int), parts[2].astype(int)
+  day_first = order == "day_first"
+  if order == "auto":
+    late_first, late_second = bool((first > 12).any()), bool((second > 12).any())
+    day_first = late_first if late_first != late_second else (parts[1] != "/").all()
+    said = "day/month" if day_first else "month/day"
+    info["date_order"] = said if late_first != late_second else f"{said} (assumed)"
+    if late_first == late_second:
+      logging.warning("tables: dates read as %s: no day past 12 says which; set "
+                      "config.data.date_order if they are not", said)
+  day, month = (first, second) if day_first else (second, first)
+  year = parts[3].astype(int)
+  year = year.where(parts[3].str.len() == 4, year + np.where(year <= 68, 2000, 1900))
+  hour = parts[4].fillna("0").astype(int)
+  pm, am = parts[7].str.lower() == "p", parts[7].str.lower() == "a"
+  hour = hour.where(~(pm & (hour < 12)), hour + 12).where(~(am & (hour == 12)), 0)
+  stamps = pd.to_datetime(pd.DataFrame({
+      "year": year, "month": month, "day": day, "hour": hour,
+      "minute": parts[5].fillna("0").astype(int), "second": parts[6].fillna("0").astype(int)}),
+      errors="coerce")
+  out[found] = stamps.to_numpy().astype("datetime64[us]")
+  return out
