@@ -402,6 +402,17 @@ def test_timestamps_written_as_exports_write_them_are_read(tmp_path, stamp, orde
   assert labs.values[0, 0] == 5.0   # the earlier draw, by date
 
 
+def test_a_written_date_that_is_no_time_is_unread():
+  """A written date is a time only where it is one: no 25:00, 13:30 PM, 30 February or
+  13th month (a day past 12 in both places says nothing of the order: the separator does)."""
+  from medjax.data.tables import timestamps
+  cells = ["03/14/2020 23:59:59", "03/14/2020 25:00", "03/14/2020 13:30 PM", "02/30/2020",
+           "13/13/2020", "03/14/2020 12:00 AM", "12/31/9999 10:00"]
+  hours, kind = timestamps.times(pd.Series(cells, dtype=object), order="month_first")
+  assert kind.tolist() == [2, 0, 0, 0, 0, 2, 2]
+  assert hours[0] - hours[5] == pytest.approx(24 - 1 / 3600)
+
+
 def test_dates_no_day_says_the_order_of_are_read_as_assumed_and_said(tmp_path):
   """No day past 12: a '/' file reads month/day (a US export's, pandas'), a '.' file day/month,
   each said in the ingest table with the field that changes it."""

@@ -107,8 +107,7 @@ def without_units_row(frame: csvfile.Frame, pid: int,
   if not len(frame.frame):
     return frame, {}
   row = frame.frame.iloc[0]
-  text = {j: "" if v is None or (isinstance(v, float) and np.isnan(v)) else str(v).strip()
-          for j, v in row.items()}
+  text = {j: "" if pd.isna(v) else str(v).strip() for j, v in row.items()}
   units = {j: t for j, t in text.items() if j != pid and t}
   if (csvfile.column_key(text[pid]) not in _UNITS_ROW_IDS or not units
       or not all(analytes_lib.is_unit(t) for t in units.values())):

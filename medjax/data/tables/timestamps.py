@@ -73,11 +73,14 @@ def _written(text: pd.Series, order: str, info: dict) -> pd.Series:
   year = parts[3].astype(int)
   year = year.where(parts[3].str.len() == 4, year + np.where(year <= 68, 2000, 1900))
   hour = parts[4].fillna("0").astype(int)
-  pm, am = parts[7].str.lower() == "p", parts[7].str.lower() == "a"
+  half = parts[7].fillna("").astype(str).str.lower()
+  pm, am = half == "p", half == "a"
+  clock = (hour >= 0) & (hour <= np.where(pm | am, 12, 23))
   hour = hour.where(~(pm & (hour < 12)), hour + 12).where(~(am & (hour == 12)), 0)
+  minute, second = parts[5].fillna("0").astype(int), parts[6].fillna("0").astype(int)
   stamps = pd.to_datetime(pd.DataFrame({
-      "year": year, "month": month, "day": day, "hour": hour,
-      "minute": parts[5].fillna("0").astype(int), "second": parts[6].fillna("0").astype(int)}),
-      errors="coerce")
+      "year": year, "month": month, "day": day, "hour": hour, "minute": minute,
+      "second": second}), errors="coerce")
+  stamps = stamps.where(clock & (minute <= 59) & (second <= 59))   # '25:00' is no time
   out[found] = stamps.to_numpy().astype("datetime64[us]")
   return out
