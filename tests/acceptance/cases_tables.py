@@ -590,28 +590,30 @@ def _(ctx):
 _DIGIT_IDS = [f"00{7001 + i}" for i in range(10)]
 
 
+def _labs_ids_spelt(ctx, ids: list[str], spelt, key: str) -> lib.Plan:
+  """labs.csv with each of `ids` written `spelt(id)`, labels.csv and vitals.csv as they are:
+  the same patients, their labs kept, counted as tables['labs.csv'][key]."""
+  labs = table(LABS_H, labs_rows([spelt(i) for i in ids]))
+  return _tables(ctx, ids=ids, labels=table(LH, labels_rows(ids)), labs=labs,
+                 vitals=table(VH, vitals_rows(ids)),
+                 checks=[_lab(ids[i], "Na", True, others=2) for i in (0, 9)]
+                 + [lib.table_info("labs.csv", key, 10)])
+
+
 @case("tables", "ids: labs.csv written by pandas, its integer ids as floats (a .0 added)",
       ACCEPTED)
 def _(ctx):
   # An integer id column with a gap is written '7001.0': another patient than labels.csv's
   # '7001', its labs lost to the patient and the row left out.
-  ids = [str(7001 + i) for i in range(10)]
-  labs = table(LABS_H, labs_rows([f"{i}.0" for i in ids]))
-  return _tables(ctx, ids=ids, labels=table(LH, labels_rows(ids)), labs=labs,
-                 vitals=table(VH, vitals_rows(ids)),
-                 checks=[_lab(ids[i], "Na", True, others=2) for i in (0, 9)]
-                 + [lib.table_info("labs.csv", "ids_written_as_floats", 10)])
+  return _labs_ids_spelt(ctx, [str(7001 + i) for i in range(10)], lambda i: f"{i}.0",
+                         "ids_written_as_floats")
 
 
 @case("tables", "ids: labs.csv made for Excel, its ids as text formulas (=\"...\")", ACCEPTED)
 def _(ctx):
   # ="007001" keeps the zeros in a spreadsheet: the id was the formula itself, another patient
   # than DICOM's and labels.csv's 007001, the labs lost and the rows left out.
-  labs = table(LABS_H, labs_rows([f'="{i}"' for i in _DIGIT_IDS]))
-  return _tables(ctx, ids=_DIGIT_IDS, labels=table(LH, labels_rows(_DIGIT_IDS)), labs=labs,
-                 vitals=table(VH, vitals_rows(_DIGIT_IDS)),
-                 checks=[_lab(_DIGIT_IDS[i], "Na", True, others=2) for i in (0, 9)]
-                 + [lib.table_info("labs.csv", "ids_as_text_formulas", 10)])
+  return _labs_ids_spelt(ctx, _DIGIT_IDS, lambda i: f'="{i}"', "ids_as_text_formulas")
 
 
 @case("tables", "ids: a spreadsheet dropped labs.csv's leading zeros", QUARANTINED)
