@@ -28,7 +28,7 @@ _DATE = re.compile(
 
 # A number written with its unit in the cell: '140 mmol/L', '<0.01 ng/mL', '88umol/L', '37 %'.
 WITH_UNIT = (r"^((?:[<>]=?|[≤≥])?\s*[+-]?(?:\d[\d,]*(?:\.\d*)?|\.\d+))\s*"
-              r"([^\d\s.,+\-<>][^<>]*?)\s*$")
+             r"([^\d\s.,+\-<>][^<>]*?)\s*$")
 
 
 def dates(col: pd.Series, name: str) -> bool:

@@ -158,8 +158,8 @@ def _units_in_cells(frame, columns, info) -> dict[int, str]:
 
 def _with_numbers(frame, lines, columns, categories, ids, found) -> list[int]:
   """`columns` without those of text and no number (`columns.only_text`: free text, or words
-  that are not categories), which would be analytes no patient has;
-  each is a 'column' problem, counted as info['text_columns']."""
+  that are not categories), which would be analytes no patient has; each is a 'column'
+  problem, counted as info['text_columns']."""
   kept = []
   for j in columns:
     if j in categories or not columns_lib.only_text(frame.frame[j], frame.delimiter != ","):

@@ -59,17 +59,17 @@ def _written(text: pd.Series, order: str, info: dict) -> pd.Series:
   if not found.any():
     return out
   parts = parts[found]
-  first, second = parts[0].astype(int), parts[2].astype(int)
+  a, b = parts[0].astype(int), parts[2].astype(int)   # day and month, in some order
   day_first = order == "day_first"
   if order == "auto":
-    late_first, late_second = bool((first > 12).any()), bool((second > 12).any())
+    late_first, late_second = bool((a > 12).any()), bool((b > 12).any())
     day_first = late_first if late_first != late_second else (parts[1] != "/").all()
     said = "day/month" if day_first else "month/day"
     info["date_order"] = said if late_first != late_second else f"{said} (assumed)"
     if late_first == late_second:
       logging.warning("tables: dates read as %s: no day past 12 says which; set "
                       "config.data.date_order if they are not", said)
-  day, month = (first, second) if day_first else (second, first)
+  day, month = (a, b) if day_first else (b, a)
   year = parts[3].astype(int)
   year = year.where(parts[3].str.len() == 4, year + np.where(year <= 68, 2000, 1900))
   hour = parts[4].fillna("0").astype(int)
