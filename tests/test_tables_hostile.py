@@ -140,6 +140,16 @@ def test_a_spreadsheet_s_error_values_are_missing_values(tmp_path):
   assert len(reasons) == 2 and all("missing-value marker" in r for r in reasons)
 
 
+def test_an_integer_class_written_as_a_float_is_the_integer(tmp_path):
+  """An outcome column pandas wrote with a gap reads '1.0' where another export reads '1': two
+  classes of one outcome, each half the patients. '1.0' is the class '1'; '1.5' is itself."""
+  text = "patient_id,outcome\n" + "".join(f"P{i},{['0', '1', '0.0', '1.0'][i % 4]}\n"
+                                           for i in range(8)) + "P8,1.5\n"
+  labels, _, problems = _labels(_write(tmp_path, "labels.csv", text))
+  assert sorted(set(labels.values())) == ["0", "1", "1.5"]
+  assert not problems.items
+
+
 def test_files_joined_end_to_end_set_their_repeated_headers_aside(tmp_path):
   """Two exports joined with `cat` repeat the header mid-file (with the second's byte order
   mark, or quoted): the line was a row, a patient 'patient_id' of class 'diagnosis' (a class

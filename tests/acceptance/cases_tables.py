@@ -548,6 +548,15 @@ def _(ctx):
                               Quarantined("labs.csv", "SQL tool's text output", line=2)])
 
 
+@case("tables", "labels: two exports of a 0/1 outcome, one written as floats (1.0)", ACCEPTED)
+def _(ctx):
+  # '1.0' and '1' were two classes of one outcome.
+  rows = [f"{pid},{(i % 2) if i < 5 else f'{i % 2}.0'}" for i, pid in enumerate(IDS)]
+  classes = ("the classes are '0' and '1'", lambda run: (
+      lib.class_names(run) == ["0", "1"], f"{lib.class_names(run)}"))
+  return _tables(ctx, labels=table("patient_id,outcome", rows), checks=[classes])
+
+
 @case("tables", "labels: a spreadsheet's error value as a class ('#VALUE!')", QUARANTINED)
 def _(ctx):
   # It was a class of its own, one patient's, learnt by the model.

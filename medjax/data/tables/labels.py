@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 import unicodedata
 from typing import Sequence
 
@@ -103,7 +104,11 @@ def _splits(frame, column: int, ids, id_set, keep, info: dict, found: list) -> n
 
 
 def _class_name(cell: str) -> str:
-  """A class cell as a class name: stripped, NFC; '' for a missing-value marker ('#N/A')."""
+  """A class cell as a class name: stripped, NFC; '' for a missing-value marker ('#N/A'); an
+  integer written as a float ('1.0': pandas writes an outcome column with a gap so) is the
+  integer, one class with '1'."""
   name = unicodedata.normalize("NFC", cell.strip())
+  if re.fullmatch(r"[+-]?\d+\.0+", name):
+    name = name.split(".")[0]
   return "" if name.casefold() in values_lib.MISSING_MARKERS else name
 
