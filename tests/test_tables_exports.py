@@ -426,6 +426,22 @@ def test_dates_no_day_says_the_order_of_are_read_as_assumed_and_said(tmp_path):
           in _ingest_table(problems))
 
 
+def test_a_long_vitals_file_s_units_in_names_or_values_are_read(tmp_path):
+  """A long vitals file (chartevents-like) with '80 bpm' and '98.6 °F' as values, or its units
+  in the names ('Heart Rate (bpm)', 'Temperature (F)'): every value was 'not a number', or
+  every row another measurement than the channels. Each is its channel's number, °F to °C."""
+  for hr, temp, hv, tv in (("Heart Rate", "Temperature", "80 bpm", "98.6 °F"),
+                           ("Heart Rate (bpm)", "Temperature (F)", "80", "98.6")):
+    rows = [f"P1,2150-01-01 0{h}:00,{name},{v}" for h in range(2)
+            for name, v in ((hr, hv), (temp, tv))]
+    path = _write(tmp_path, "vitals.csv", "subject_id,charttime,label,value\n"
+                  + "\n".join(rows) + "\n")
+    problems = tables.Problems("quarantine")
+    vitals = tables.read_vitals(path, ["hr", "temp"], 3, 1.0, problems)
+    np.testing.assert_allclose(vitals.values[0, :2], [[80, 37.0], [80, 37.0]], rtol=1e-5)
+    assert not problems.items and problems.files["vitals.csv"]["fahrenheit_to_celsius"] == 2
+
+
 def test_numbers_with_thousands_separators_are_read(tmp_path):
   """A spreadsheet's number format writes a platelet count as "250,000" (quoted in a comma
   file): it was 'not a number', set to missing. Groups of three after the first digits are

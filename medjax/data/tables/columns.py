@@ -1,6 +1,6 @@
-"""What a wide table's columns hold besides measurements: dates or times (a birth date must not
-become an analyte), free text, numbers written with their unit ('140 mmol/L'), and a line of
-the columns' units under the header."""
+"""What a table's columns hold besides measurements: dates or times (a birth date must not
+become an analyte), free text, numbers written with their unit ('140 mmol/L'), units in a long
+file's names, and a line of the columns' units under the header."""
 
 from __future__ import annotations
 
@@ -91,6 +91,43 @@ def with_units(col: pd.Series) -> tuple[pd.Series, str, int, bool] | None:
   plain = bool(((pd.to_numeric(cells, errors="coerce").notna()).to_numpy(bool) & ~mine).any())
   return (cells.where(~mine, parts[0].str.strip()).astype(object), first, int(mine.sum()),
           plain)
+
+
+def long_units(frame: csvfile.Frame, cols: dict, names: np.ndarray, analytes,
+               info: dict) -> np.ndarray:
+  """A long file's analyte or channel names without a unit in brackets ('Creatinine (umol/L)',
+  unless `analytes`, config.data.analytes, names it whole) and its value cells without a unit
+  after the number ('140 mmol/L'), those units put in the unit column (one made where the file
+  has none) where its cell is empty, to be read as a unit column's are; counted as
+  info['units_in_names'] and info['units_in_cells']. Returns the names."""
+  given = set(analytes)
+  base = values_lib.map_unique(names, lambda n: n if n in given else
+                               analytes_lib.name_and_unit(n)[0])
+  from_name = values_lib.map_unique(names, lambda n: "" if n in given else
+                                    analytes_lib.name_and_unit(n)[1])
+  units = np.where(from_name != "", from_name, "").astype(object)
+  value = frame.frame[cols["value"]]
+  if value.dtype.kind not in "fiub":
+    cells = value.fillna("").astype(str).str.strip()
+    parts = cells.str.extract(WITH_UNIT)
+    suffix = parts[1].notna().to_numpy(bool) & values_lib.map_unique(
+        parts[1].fillna("").to_numpy(object), analytes_lib.is_unit).astype(bool)
+    if suffix.any():
+      frame.frame[cols["value"]] = cells.where(~suffix, parts[0].str.strip()).astype(object)
+      units[suffix] = parts[1][suffix].str.strip().to_numpy(object)
+      info["units_in_cells"] = int(suffix.sum())
+  if (from_name != "").any():
+    info["units_in_names"] = int(np.sum(from_name != ""))
+  if not (units != "").any():
+    return base
+  if cols["unit"] is None:
+    cols["unit"] = len(frame.columns)
+    frame.columns.append("unit")
+    frame.frame[cols["unit"]] = pd.Series(units, dtype=object)
+  else:
+    written = frame.frame[cols["unit"]].fillna("").astype(str).str.strip().to_numpy(object)
+    frame.frame[cols["unit"]] = pd.Series(np.where(written == "", units, written), dtype=object)
+  return base
 
 
 # What a units line's patient id cell may say (by `csvfile.column_key`).

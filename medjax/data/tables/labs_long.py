@@ -24,7 +24,7 @@ def read_long(lines, frame, cols, analytes, rename, problems, ranges,
       values_lib.map_unique(frame.frame[cols["analyte"]].to_numpy(object),
                             lambda s: rename.get(s.strip(), s.strip())),
       analytes, lines.info, "analytes_merged_by_case")
-  names = _long_units(frame, cols, names, analytes, lines.info)
+  names = columns_lib.long_units(frame, cols, names, analytes, lines.info)
   frame, names, ids = categories_lib.long_rows(frame, cols, names, ids, analytes or None,
                                                problems.known_ids, lines.info)
   if not analytes:
@@ -76,42 +76,6 @@ def read_long(lines, frame, cols, analytes, rename, problems, ranges,
   problems.files[source] = lines.info
   problems.extend(found)
   return list(analytes), np.asarray(patients, dtype=object), out
-
-
-def _long_units(frame, cols, names, analytes, info) -> np.ndarray:
-  """A long file's analyte names without a unit in brackets ('Creatinine (umol/L)', unless
-  config.data.analytes names it whole) and its value cells without a unit after the number
-  ('140 mmol/L'), those units put in the unit column (one made where the file has none) where
-  its cell is empty, to be read as a unit column's are; counted as info['units_in_names'] and
-  info['units_in_cells']. Returns the names."""
-  given = set(analytes)
-  base = values_lib.map_unique(names, lambda n: n if n in given else
-                               analytes_lib.name_and_unit(n)[0])
-  from_name = values_lib.map_unique(names, lambda n: "" if n in given else
-                                    analytes_lib.name_and_unit(n)[1])
-  units = np.where(from_name != "", from_name, "").astype(object)
-  value = frame.frame[cols["value"]]
-  if value.dtype.kind not in "fiub":
-    cells = value.fillna("").astype(str).str.strip()
-    parts = cells.str.extract(columns_lib.WITH_UNIT)
-    suffix = parts[1].notna().to_numpy(bool) & values_lib.map_unique(
-        parts[1].fillna("").to_numpy(object), analytes_lib.is_unit).astype(bool)
-    if suffix.any():
-      frame.frame[cols["value"]] = cells.where(~suffix, parts[0].str.strip()).astype(object)
-      units[suffix] = parts[1][suffix].str.strip().to_numpy(object)
-      info["units_in_cells"] = int(suffix.sum())
-  if (from_name != "").any():
-    info["units_in_names"] = int(np.sum(from_name != ""))
-  if not (units != "").any():
-    return base
-  if cols["unit"] is None:
-    cols["unit"] = len(frame.columns)
-    frame.columns.append("unit")
-    frame.frame[cols["unit"]] = pd.Series(units, dtype=object)
-  else:
-    written = frame.frame[cols["unit"]].fillna("").astype(str).str.strip().to_numpy(object)
-    frame.frame[cols["unit"]] = pd.Series(np.where(written == "", units, written), dtype=object)
-  return base
 
 
 def _in_conventional_units(frame, cols, rows, analyte_of, names, info) -> None:

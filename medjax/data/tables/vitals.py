@@ -196,7 +196,8 @@ def _gathered(frame: csvfile.Frame, lines: csvfile.Lines, cols: dict, channels: 
   keys.update({csvfile.column_key(n): keys[csvfile.column_key(c)] for n, c in rename.items()
                if csvfile.column_key(c) in keys})
   frame = pressure.split_rows(frame, lines, long, channels, keys)
-  names = frame.frame[long["analyte"]].to_numpy(object)
+  names = columns_lib.long_units(frame, long, frame.frame[long["analyte"]].to_numpy(object), (),
+                                 lines.info)
   channel = values_lib.map_unique(
       names, lambda s: keys.get(csvfile.column_key(s), -1)).astype(np.int64)
   value = _in_celsius(frame, long, names, channel == keys.get("temp", -1), lines.info)
