@@ -150,6 +150,24 @@ def test_an_integer_class_written_as_a_float_is_the_integer(tmp_path):
   assert not problems.items
 
 
+def test_a_quoted_field_with_line_breaks_is_one_record(tmp_path):
+  """An EHR export's free-text comment keeps its line breaks inside quotes: each of its lines
+  was an 'unbalanced quote' row set aside, the patient's label with them. The record is read
+  whole (the breaks as spaces, counted as fields_across_lines), each later line a 'line' entry
+  saying so (every line of labels.csv is a patient or an entry); a stray quote whose next line
+  is a row of its own still costs its own line only, and the line numbers stay the file's."""
+  text = ('patient_id,diagnosis,note\nP1,copd,"seen at 10:00\ncalled back, no answer\n'
+          'review"\nP2,normal,ok\nP3,copd,"stray\nP4,normal,fine\nP5,normal,x\n')
+  labels, lines, problems = _labels(_write(tmp_path, "labels.csv", text))
+  assert labels == {"P1": "copd", "P2": "normal", "P4": "normal", "P5": "normal"}
+  assert lines == {"P1": 2, "P2": 5, "P4": 7, "P5": 8}
+  assert [(p.line, p.what, p.reason.split(" (")[0]) for p in problems.items] == [
+      (3, "line", "continues the quoted field of line 2"),
+      (4, "line", "continues the quoted field of line 2"), (6, "row", "unbalanced quote")]
+  info = problems.files["labels.csv"]
+  assert info["fields_across_lines"] == 1 and info["blank_lines"] == 0 and info["rows"] == 5
+
+
 def test_files_joined_end_to_end_set_their_repeated_headers_aside(tmp_path):
   """Two exports joined with `cat` repeat the header mid-file (with the second's byte order
   mark, or quoted): the line was a row, a patient 'patient_id' of class 'diagnosis' (a class

@@ -126,6 +126,8 @@ _READ_COUNTS = (
     ("ids_as_text_formulas", "ids written as a spreadsheet's text formula ('=\"00123\"') read "
      "as their text"),
     ("unicode_numbers", "numbers in full-width digits or with a Unicode minus ('−2.5') read"),
+    ("fields_across_lines", "records whose quoted field spans lines (a comment's line breaks) "
+     "read whole"),
     ("repeated_headers", "lines repeating the header (files joined end to end) set aside"),
     ("sql_tool_lines", "lines of a SQL tool's text output (a rule of dashes, '(42 rows "
      "affected)') set aside"),

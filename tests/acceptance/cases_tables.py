@@ -557,6 +557,18 @@ def _(ctx):
   return _tables(ctx, labels=table("patient_id,outcome", rows), checks=[classes])
 
 
+@case("tables", "labels: a note column whose quoted text has line breaks", QUARANTINED)
+def _(ctx):
+  # Each line of such a note was an 'unbalanced quote' row set aside: its patient's label and
+  # images left out. Now the record is read whole, its later line an entry saying so.
+  rows = [f'{pid},{r.split(",")[1]},"seen twice' + ('\nreviewed, stable"' if i < 2 else '"')
+          for i, (pid, r) in enumerate(zip(IDS, labels_rows()))]
+  return _tables(ctx, labels=table(LH + ",note", rows),
+                 checks=[lib.table_info("labels.csv", "fields_across_lines", 2)],
+                 quarantined=[Quarantined("labels.csv", "continues the quoted field of line 2",
+                                          line=3)])
+
+
 @case("tables", "labels: a spreadsheet's error value as a class ('#VALUE!')", QUARANTINED)
 def _(ctx):
   # It was a class of its own, one patient's, learnt by the model.

@@ -1,11 +1,12 @@
-"""A CSV file read strictly: one physical line is one record (`load` -> header, rows, set-aside
-lines).
+"""A CSV file read strictly: one physical line is one record, but for a quoted field's line
+breaks (`load` -> header, rows, set-aside lines).
 
 The first pass works on bytes and physical lines: it settles the encoding (UTF-8 with or without
 BOM, UTF-16 with BOM, else cp1252), the line endings (LF, CRLF, CR), the delimiter (`,` `;` tab
 `|`, from the header line) and which lines are malformed (a control byte such as NUL, an odd
-number of quotes, the wrong number of fields, bytes that do not decode). A quoted field cannot
-span lines, so one bad line never takes its neighbours with it. The second pass parses the good
+number of quotes, the wrong number of fields, bytes that do not decode). A quoted field spans
+lines only where its lines cannot be rows of their own (`_spanning_fields`: a comment with line
+breaks), so one bad line never takes its neighbours with it. The second pass parses the good
 lines with pandas' C reader (lines holding quotes with the csv module, one at a time).
 `medjax.data.tables` gives the columns their meaning (ids, classes, values, times).
 """
@@ -165,7 +166,7 @@ def _split_lines(path: str, raw: bytes) -> Lines:
                  "line") from None
   header = [unicodedata.normalize("NFC", name.strip()) for name in header]
 
-  body = lines[h + 1:]
+  body, joined = _spanning_fields(lines[h + 1:], delimiter, len(header))
   n = len(body)
   body_bytes = np.frombuffer("".join(line + "\n" for line in body).encode("utf-8"), np.uint8)
   delims, quotes, controls, content = _line_metrics(body_bytes, n, delimiter)
@@ -180,8 +181,8 @@ def _split_lines(path: str, raw: bytes) -> Lines:
     bad.setdefault(int(i), f"control character (byte 0x{byte:02x}) in the line; the row is set "
                    "aside")
   for i in np.flatnonzero((quotes % 2 == 1) & ~blank):
-    bad.setdefault(int(i), "unbalanced quote (an odd number of '\"'; a quoted field cannot span "
-                   "lines); the row is set aside")
+    bad.setdefault(int(i), "unbalanced quote (an odd number of '\"', and no next lines close it "
+                   "as a field's line breaks would); the row is set aside")
   plain = (quotes == 0) & ~blank
   for i in np.flatnonzero(plain & (delims + 1 != len(header))):
     bad.setdefault(int(i), f"{int(delims[i]) + 1} fields, the header has {len(header)}; the row "
@@ -191,10 +192,60 @@ def _split_lines(path: str, raw: bytes) -> Lines:
     bad.pop(i, None)
   quoted = (quotes > 0) & ~blank
   quoted[list(bad)] = False
+  # A quoted field's later lines: reported with the line they were read with, so every line of
+  # the file is a row or an entry.
+  for first, more in joined.items():
+    for k in range(first + 1, first + more + 1):
+      not_rows[k] = (f"continues the quoted field of line {first + h + 2} (a line break inside "
+                     "it); read with that line")
+      bad.pop(k, None)
+  if joined:
+    info["fields_across_lines"] = len(joined)
   info["rows"] = int(n - blank.sum() - len(not_rows))
   info["blank_lines"] = int(blank.sum() + h)
   return Lines(path, source, header, h + 1, delimiter, body, h + 2, blank, bad, quoted, info,
                not_rows)
+
+
+# Lines a quoted field may span (a free-text comment with line breaks) before it must close.
+MAX_FIELD_LINES = 50
+
+
+def _spanning_fields(body: list[str], delimiter: str, fields: int) -> tuple[list[str], dict]:
+  """`body` with each record whose quoted field spans lines (an EHR export's comment with line
+  breaks: 'P1,140,"called' then 'the doctor"') on its first line, the breaks as spaces (its
+  other lines as they were); and {first line's index: lines joined after it}. Only where the
+  field closes within `MAX_FIELD_LINES`, every line it takes holds fewer delimiters than a
+  whole record (it is no row of its own) and the record has the header's `fields`: a stray
+  quote still costs its own line only."""
+  body, joined = list(body), {}
+  i = 0
+  while i < len(body):
+    if '"' not in body[i] or body[i].count('"') % 2 == 0:
+      i += 1
+      continue
+    quotes, j = body[i].count('"'), i
+    while quotes % 2 and j + 1 < len(body) and j - i < MAX_FIELD_LINES:
+      j += 1
+      if body[j].count(delimiter) + 1 >= fields:
+        break
+      quotes += body[j].count('"')
+    record = " ".join(body[i:j + 1])
+    if quotes % 2 == 0 and body[j].count(delimiter) + 1 < fields and _fields(
+        record, delimiter) == fields:
+      body[i] = record
+      joined[i] = j - i
+    i = j + 1 if i in joined else i + 1
+  return body, joined
+
+
+def _fields(line: str, delimiter: str) -> int:
+  """How many fields the csv module reads in `line` (0 where its quoting is malformed)."""
+  try:
+    return len(next(csv.reader([line], delimiter=delimiter, strict=True,
+                               skipinitialspace=True)))
+  except (csv.Error, StopIteration):
+    return 0
 
 
 # What a SQL tool's text output puts around the rows: a rule under the header (sqlcmd's and
