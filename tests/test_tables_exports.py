@@ -413,6 +413,16 @@ def test_a_written_date_that_is_no_time_is_unread():
   assert hours[0] - hours[5] == pytest.approx(24 - 1 / 3600)
 
 
+def test_hours_written_with_their_unit_are_hours(tmp_path):
+  """'2 h' and '3.5 hrs' in a vitals file's hour column were 'neither hours nor an ISO
+  timestamp': every row set aside. They are hours."""
+  path = _write(tmp_path, "vitals.csv", "patient_id,hour,hr\nP1,0 h,80\nP1,1h,81\n"
+                "P1,2 hrs,82\nP1,3 hours,83\n")
+  problems = tables.Problems("quarantine")
+  vitals = tables.read_vitals(path, ["hr"], 4, 1.0, problems)
+  assert vitals.values[0, :, 0].tolist() == [80, 81, 82, 83] and not problems.items
+
+
 def test_dates_no_day_says_the_order_of_are_read_as_assumed_and_said(tmp_path):
   """No day past 12: a '/' file reads month/day (a US export's, pandas'), a '.' file day/month,
   each said in the ingest table with the field that changes it."""

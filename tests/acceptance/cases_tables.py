@@ -935,6 +935,13 @@ def _(ctx):
                          lib.table_info("vitals.csv", "date_order", "month/day")])
 
 
+@case("tables", "vitals: hours written with their unit ('2 h')", ACCEPTED)
+def _(ctx):
+  # Each was 'neither hours nor an ISO timestamp': every row set aside, the vitals lost.
+  return _tables(ctx, vitals=_vitals_times([f"{h} h" for h in HOURS]),
+                 checks=[_vitals_steps(IDS[0], 6), _no_missing("vitals")])
+
+
 @case("tables", "vitals: hr beyond float32 (1e39)", QUARANTINED)
 def _(ctx):
   return _tables(ctx, vitals=_vitals_times(HOURS, values={(0, 2): "1e39"}),

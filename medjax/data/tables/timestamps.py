@@ -13,6 +13,8 @@ from medjax import errors
 from medjax.data.tables import values as values_lib
 
 DATE_ORDERS = ("auto", "month_first", "day_first")
+# A number of hours with its unit: '2 h', '+3h', '3.5 hrs', '12 hours'.
+_HOURS = r"(?i)^([+-]?\d+(?:[.,]\d+)?)\s*(?:h|hr|hrs|hour|hours)\.?$"
 # A date written with its day and month as numbers, and an optional time of day.
 _WRITTEN = (r"(?i)^(\d{1,2})([/.\-])(\d{1,2})\2(\d{4}|\d{2})(?:[ T,]+(\d{1,2}):(\d{2})"
             r"(?::(\d{2})(?:[.,]\d+)?)?\s*([ap])?\.?m?\.?)?$")
@@ -20,15 +22,23 @@ _WRITTEN = (r"(?i)^(\d{1,2})([/.\-])(\d{1,2})\2(\d{4}|\d{2})(?:[ T,]+(\d{1,2}):(
 
 def times(col: pd.Series, decimal_comma: bool = False, order: str = "auto",
           info: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
-  """(hours, kind): kind 1 for a finite number of hours, 2 for a timestamp (hours since the
-  epoch, naive times taken as UTC): ISO 8601, or a date with its day and month as numbers
-  (`_written`); 0 for anything else."""
+  """(hours, kind): kind 1 for a finite number of hours ('2', '2 h'), 2 for a timestamp (hours
+  since the epoch, naive times taken as UTC): ISO 8601, or a date with its day and month as
+  numbers (`_written`); 0 for anything else."""
   hours, kinds, _ = values_lib.numbers(col, decimal_comma)   # '0,5' in a ';' file is 0.5
   ok = np.where(~np.isnan(hours), 1, 0)
   rest = np.flatnonzero((ok == 0) & (kinds == values_lib.NOT_A_NUMBER))
   if not len(rest):
     return hours, ok
   text = col.iloc[rest].astype(str).str.strip()
+  in_hours = pd.to_numeric(text.str.extract(_HOURS, expand=False).str.replace(",", "."),
+                           errors="coerce").to_numpy(np.float64)
+  given = np.isfinite(in_hours)
+  if given.any():   # '2 h', '3.5 hrs': hours with their unit
+    hours[rest[given]], ok[rest[given]] = in_hours[given], 1
+    rest, text = rest[~given], text[~given]
+    if not len(rest):
+      return hours, ok
   stamps = pd.to_datetime(text, format="ISO8601", errors="coerce", utc=True)
   stamps = stamps.dt.tz_localize(None)
   unread = stamps.isna().to_numpy()
