@@ -440,6 +440,17 @@ def test_missing_path_and_directory_rejected(tmp_path):
       assert e.value.reason.startswith(reason)
 
 
+def test_a_dicomdir_is_named_as_the_media_s_index():
+  """A CD export's DICOMDIR was 'no pixel data (SOP class unknown)': its class is in the file
+  meta only. It is named for what it is; the files it lists are scanned where they lie."""
+  import pydicom.data
+  path = os.path.join(os.path.dirname(pydicom.data.__file__), "test_files", "dicomdirtests",
+                      "DICOMDIR")
+  with pytest.raises(dicom.RejectedFile) as e:
+    dicom.read_header(path)
+  assert e.value.reason.startswith("a DICOMDIR, the media's index of its files, not an image")
+
+
 def test_rejected_file_pickles():
   e = pickle.loads(pickle.dumps(dicom.RejectedFile("/a/b.dcm", "not a DICOM file")))
   assert (e.path, e.reason, str(e)) == ("/a/b.dcm", "not a DICOM file", "/a/b.dcm: not a DICOM file")

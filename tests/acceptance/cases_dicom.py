@@ -236,6 +236,18 @@ def _(ctx):
   return _dicom(ctx, lambda p: lib.write(p, b"\x89PNG\r\n\x1a\n" + random.Random(5).randbytes(900)))
 
 
+@case("dicom", "a CD export's DICOMDIR beside its images", QUARANTINED)
+def _(ctx):
+  # It was 'no pixel data (SOP class unknown)': its class is in the file meta only.
+  def build(path):
+    import shutil  # pylint: disable=import-outside-toplevel
+    import pydicom.data  # pylint: disable=import-outside-toplevel
+    shutil.copy(os.path.join(os.path.dirname(pydicom.data.__file__), "test_files",
+                             "dicomdirtests", "DICOMDIR"), path)
+  return _dicom(ctx, build, name="DICOMDIR",
+                reason="a DICOMDIR, the media's index of its files, not an image")
+
+
 @case("dicom", "SR document (no pixels)", QUARANTINED)
 def _(ctx):
   def build(path):

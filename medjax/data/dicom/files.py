@@ -289,11 +289,15 @@ def _patient_id(ds) -> str:
 
 def _checked(path: str, f, size: int, budgets: Budgets, ds, patient_id: str):
   _check_lengths(path, ds, size)
-  sop_class = ds.get("SOPClassUID")
+  # A DICOMDIR (a CD export's index) names its class in the file meta only.
+  sop_class = ds.get("SOPClassUID") or getattr(ds, "file_meta", {}).get("MediaStorageSOPClassUID")
   sop_name = getattr(sop_class, "name", None) or "unknown"
   if _PIXEL_DATA not in ds:
     if any(tag in ds for tag in _FLOAT_PIXEL_DATA):
       raise RejectedFile(path, f"float pixel data is not supported (SOP class {sop_name})")
+    if sop_class == "1.2.840.10008.1.3.10":
+      raise RejectedFile(path, "a DICOMDIR, the media's index of its files, not an image; "
+                         "the files it lists are read where they lie")
     raise RejectedFile(path, f"no pixel data (SOP class {sop_name})")
   ts = _transfer_syntax(path, ds)
   photometric = str(ds.get("PhotometricInterpretation") or "")
