@@ -42,6 +42,8 @@ def dates(col: pd.Series, name: str) -> bool:
   if col.dtype.kind in "fiu":
     v = col.to_numpy(np.float64)
     v = v[~np.isnan(v)]
+    if not len(v) or np.max(v) < 18_500_101:   # no value is a day of 1850 or after
+      return False
     month, day = v // 100 % 100, v % 100
     days = ((v == np.round(v)) & (v >= 18_500_101) & (v <= 21_001_231) & (month >= 1)
             & (month <= 12) & (day >= 1) & (day <= 31))

@@ -166,9 +166,13 @@ def _split_lines(path: str, raw: bytes) -> Lines:
                  "line") from None
   header = [unicodedata.normalize("NFC", name.strip()) for name in header]
 
-  body, joined = _spanning_fields(lines[h + 1:], delimiter, len(header))
+  body, text = lines[h + 1:], "\n".join(lines[h + 1:])
+  joined = {}
+  if '"' in text:
+    body, joined = _spanning_fields(body, delimiter, len(header), text)
+    text = "\n".join(body) if joined else text
   n = len(body)
-  body_bytes = np.frombuffer("".join(line + "\n" for line in body).encode("utf-8"), np.uint8)
+  body_bytes = np.frombuffer((text + "\n" if n else "").encode("utf-8"), np.uint8)
   delims, quotes, controls, content = _line_metrics(body_bytes, n, delimiter)
   bad: dict[int, str] = {}
   for i in sorted(undecodable):
@@ -187,7 +191,9 @@ def _split_lines(path: str, raw: bytes) -> Lines:
   for i in np.flatnonzero(plain & (delims + 1 != len(header))):
     bad.setdefault(int(i), f"{int(delims[i]) + 1} fields, the header has {len(header)}; the row "
                    "is set aside")
-  not_rows = _not_rows(body, header, delimiter, info)
+  starts = np.concatenate([[0], np.flatnonzero(body_bytes == 10)[:-1] + 1]).astype(np.int64)
+  first = body_bytes[starts] if n else np.zeros(0, np.uint8)   # each line's first byte
+  not_rows = _not_rows(body, header, header_text, delimiter, info, first, delims)
   for i in not_rows:
     bad.pop(i, None)
   quoted = (quotes > 0) & ~blank
@@ -211,18 +217,18 @@ def _split_lines(path: str, raw: bytes) -> Lines:
 MAX_FIELD_LINES = 50
 
 
-def _spanning_fields(body: list[str], delimiter: str, fields: int) -> tuple[list[str], dict]:
+def _spanning_fields(body: list[str], delimiter: str, fields: int,
+                     text: str) -> tuple[list[str], dict]:
   """`body` with each record whose quoted field spans lines (an EHR export's comment with line
   breaks: 'P1,140,"called' then 'the doctor"') on its first line, the breaks as spaces (its
   other lines as they were); and {first line's index: lines joined after it}. Only where the
   field closes within `MAX_FIELD_LINES`, every line it takes holds fewer delimiters than a
   whole record (it is no row of its own) and the record has the header's `fields`: a stray
-  quote still costs its own line only."""
+  quote still costs its own line only. `text`: the lines joined by line ends."""
   body, joined = list(body), {}
-  i = 0
-  while i < len(body):
-    if '"' not in body[i] or body[i].count('"') % 2 == 0:
-      i += 1
+  done = -1
+  for i in _lines_matching(body, text, '"'):
+    if i <= done or body[i].count('"') % 2 == 0:
       continue
     quotes, j = body[i].count('"'), i
     while quotes % 2 and j + 1 < len(body) and j - i < MAX_FIELD_LINES:
@@ -235,8 +241,18 @@ def _spanning_fields(body: list[str], delimiter: str, fields: int) -> tuple[list
         record, delimiter) == fields:
       body[i] = record
       joined[i] = j - i
-    i = j + 1 if i in joined else i + 1
+      done = j
   return body, joined
+
+
+def _lines_matching(body: list[str], text: str, pattern: str) -> list[int]:
+  """The indices of `body`'s lines (`text`, joined by line ends) where `pattern` matches: one
+  regex pass over the whole text, where a Python loop over millions of lines would not do."""
+  at = [m.start() for m in re.finditer(pattern, text)]
+  if not at:
+    return []
+  starts = np.cumsum([0, *(n + 1 for n in map(len, body[:-1]))])
+  return np.unique(np.searchsorted(starts, at, side="right") - 1).tolist()
 
 
 def _fields(line: str, delimiter: str) -> int:
@@ -257,19 +273,26 @@ _ROW_COUNT = re.compile(r"\(\s*\d[\d,]*\s+rows?(?:\s+affected)?\s*\)|\d[\d,]*\s+
                         r"(?:affected|selected|in set\b.*)\.?|completion time: .*", re.IGNORECASE)
 
 
-def _not_rows(body: list[str], header: list[str], delimiter: str, info: dict) -> dict[int, str]:
+def _not_rows(body: list[str], header: list[str], header_text: str, delimiter: str, info: dict,
+              first: np.ndarray, delims: np.ndarray) -> dict[int, str]:
   """Body lines that are no rows, each with its reason: those repeating the header (`_repeats`)
   and a SQL tool's rule and row count (`_RULE`, `_ROW_COUNT`); counted as
-  info['repeated_headers'] and info['sql_tool_lines']."""
+  info['repeated_headers'] and info['sql_tool_lines']. Only lines whose first byte (`first`)
+  and delimiter count (`delims`) allow it are looked at: a file of millions of rows costs
+  a few numpy passes, not a Python loop over them."""
+  fold = np.where((first >= 65) & (first <= 90), first + 32, first)   # ASCII lower case
+  lead = header_text.lstrip("\ufeff\"").encode("utf-8")[:1].lower()
+  maybe_header = np.isin(fold, np.frombuffer(lead + b'"\xef', np.uint8))
   out = {i: "repeats the header line (files joined end to end?); the line is set aside"
-         for i in _repeats(body, header, delimiter)}
+         for i in _repeats(body, header, delimiter, np.flatnonzero(maybe_header))}
   info.update({"repeated_headers": len(out)} if out else {})
   tool = 0
-  for i, line in enumerate(body):
-    if i in out or not (line[:1] in "-=+|(" or "row" in line or "ROW" in line
-                        or line.startswith("Completion time")):
+  maybe_tool = (np.isin(fold, np.frombuffer(b"-=+|(c", np.uint8))
+                | ((fold >= 48) & (fold <= 57) & (delims + 1 < len(header))))
+  for i in np.flatnonzero(maybe_tool).tolist():
+    if i in out:
       continue
-    text = line.replace(delimiter, " ").strip()
+    text = body[i].replace(delimiter, " ").strip()
     if _RULE.fullmatch(text) or _ROW_COUNT.fullmatch(text):
       out[i] = ("a rule or row count of a SQL tool's text output, not a row (export the query "
                 "as CSV to leave it out); the line is set aside")
@@ -278,19 +301,20 @@ def _not_rows(body: list[str], header: list[str], delimiter: str, info: dict) ->
   return out
 
 
-def _repeats(body: list[str], header: list[str], delimiter: str) -> tuple[int, ...]:
-  """Body lines that repeat the header (files joined end to end, `cat a.csv b.csv`: each part's
-  header, a byte order mark or quotes around its names too), compared ignoring case."""
-  first = header[0].casefold() if header else ""
-  if not first:
+def _repeats(body: list[str], header: list[str], delimiter: str,
+             candidates: np.ndarray) -> tuple[int, ...]:
+  """Of the `candidates` body lines, those that repeat the header (files joined end to end, `cat
+  a.csv b.csv`: each part's header, a byte order mark or quotes around its names too),
+  compared ignoring case."""
+  if not header or not header[0]:
     return ()
   want = [h.casefold() for h in header]
   out = []
-  for i, line in enumerate(body):
-    if first not in line[:256].casefold():
+  for i in candidates.tolist():
+    if header[0].casefold() not in body[i][:256].casefold():
       continue
     try:
-      fields = next(csv.reader([line.lstrip("\ufeff")], delimiter=delimiter,
+      fields = next(csv.reader([body[i].lstrip("\ufeff")], delimiter=delimiter,
                                skipinitialspace=True))
     except (csv.Error, StopIteration):
       continue

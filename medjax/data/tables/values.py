@@ -146,10 +146,10 @@ def normalize_ids(ids, fold_case: bool = False) -> np.ndarray:
 
 
 def id_spellings(ids) -> dict[str, int]:
-  """Of `ids` (as read), how many `normalize_ids` reads as digits written as a float, and as a
-  spreadsheet's text formula: {'ids_written_as_floats': n, 'ids_as_text_formulas': n}, the
-  nonzero ones."""
-  cells = pd.Series(ids, dtype=object).astype(str).str.strip()
+  """Of the distinct `ids` (as read), how many `normalize_ids` reads as digits written as a
+  float, and as a spreadsheet's text formula: {'ids_written_as_floats': n,
+  'ids_as_text_formulas': n}, the nonzero ones."""
+  cells = pd.Series(pd.unique(pd.Series(ids, dtype=object)), dtype=object).astype(str).str.strip()
   counts = {"ids_written_as_floats": int(cells.str.fullmatch(_FLOAT_ID.pattern).sum()),
             "ids_as_text_formulas": int(cells.str.fullmatch(_TEXT_FORMULA.pattern).sum())}
   return {k: n for k, n in counts.items() if n}
