@@ -282,13 +282,16 @@ def _not_rows(body: list[str], header: list[str], header_text: str, delimiter: s
   a few numpy passes, not a Python loop over them."""
   fold = np.where((first >= 65) & (first <= 90), first + 32, first)   # ASCII lower case
   lead = header_text.lstrip("\ufeff\"").encode("utf-8")[:1].lower()
-  maybe_header = np.isin(fold, np.frombuffer(lead + b'"\xef', np.uint8))
+  maybe_header = (np.isin(fold, np.frombuffer(lead + b'"\xef', np.uint8))
+                  & (delims + 1 == len(header)))
   out = {i: "repeats the header line (files joined end to end?); the line is set aside"
          for i in _repeats(body, header, delimiter, np.flatnonzero(maybe_header))}
   info.update({"repeated_headers": len(out)} if out else {})
   tool = 0
-  maybe_tool = (np.isin(fold, np.frombuffer(b"-=+|(c", np.uint8))
-                | ((fold >= 48) & (fold <= 57) & (delims + 1 < len(header))))
+  short = delims + 1 < len(header)   # a row count has fewer fields than a row; a rule need not
+  maybe_tool = (np.isin(fold, np.frombuffer(b"-=+|", np.uint8))
+                | (short & (np.isin(fold, np.frombuffer(b"(c", np.uint8))
+                            | ((fold >= 48) & (fold <= 57)))))
   for i in np.flatnonzero(maybe_tool).tolist():
     if i in out:
       continue
