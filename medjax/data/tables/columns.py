@@ -76,15 +76,11 @@ def with_units(col: pd.Series) -> tuple[pd.Series, str, int, bool] | None:
   if col.dtype.kind in "fiub":
     return None
   cells = col.fillna("").astype(str).str.strip()
-  parts = cells.str.extract(WITH_UNIT)
-  given = parts[1].notna().to_numpy(bool)
-  if not given.any():
+  parts, known = _numbers_and_units(cells)
+  if not known.any():
     return None
   units = pd.Series(values_lib.map_unique(parts[1].fillna("").to_numpy(object),
                                           analytes_lib.unit), dtype=object)
-  known = given & units.map(analytes_lib.is_unit).to_numpy(bool)
-  if not known.any():
-    return None
   unit = units[known].value_counts().index[0]
   mine = known & (units == unit).to_numpy(bool)
   if mine.sum() < 0.5 * (cells != "").sum():
@@ -93,6 +89,30 @@ def with_units(col: pd.Series) -> tuple[pd.Series, str, int, bool] | None:
   plain = bool(((pd.to_numeric(cells, errors="coerce").notna()).to_numpy(bool) & ~mine).any())
   return (cells.where(~mine, parts[0].str.strip()).astype(object), first, int(mine.sum()),
           plain)
+
+
+def cell_units(frame: csvfile.Frame, columns, info: dict, keep=None) -> dict[int, str]:
+  """{column: unit} of the `columns` (None: no column) whose cells carry their unit
+  (`with_units`: '140 mmol/L', '80 bpm'), the frame's cells left with their numbers; the cells
+  are counted as info['units_in_cells']. `keep(j, unit, plain)`, where given, says whether to
+  read column j so (False: its cells stay as written, each unit cell no number)."""
+  out = {}
+  for j in columns:
+    found = None if j is None else with_units(frame.frame[j])
+    if not found or (keep is not None and not keep(j, found[1], found[3])):
+      continue
+    frame.frame[j], out[j] = found[0], found[1]
+    info["units_in_cells"] = info.get("units_in_cells", 0) + found[2]
+  return out
+
+
+def _numbers_and_units(cells: pd.Series) -> tuple[pd.DataFrame, np.ndarray]:
+  """`cells` (stripped text) split into a number and the text after it (`WITH_UNIT`), and which
+  of them are a number and a unit (the text reads as one: `analytes.is_unit`)."""
+  parts = cells.str.extract(WITH_UNIT)
+  known = parts[1].notna().to_numpy(bool) & values_lib.map_unique(
+      parts[1].fillna("").to_numpy(object), analytes_lib.is_unit).astype(bool)
+  return parts, known
 
 
 def long_units(frame: csvfile.Frame, cols: dict, names: np.ndarray, analytes,
@@ -111,9 +131,7 @@ def long_units(frame: csvfile.Frame, cols: dict, names: np.ndarray, analytes,
   value = frame.frame[cols["value"]]
   if value.dtype.kind not in "fiub":
     cells = value.fillna("").astype(str).str.strip()
-    parts = cells.str.extract(WITH_UNIT)
-    suffix = parts[1].notna().to_numpy(bool) & values_lib.map_unique(
-        parts[1].fillna("").to_numpy(object), analytes_lib.is_unit).astype(bool)
+    parts, suffix = _numbers_and_units(cells)
     if suffix.any():
       frame.frame[cols["value"]] = cells.where(~suffix, parts[0].str.strip()).astype(object)
       units[suffix] = parts[1][suffix].str.strip().to_numpy(object)

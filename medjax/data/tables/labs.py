@@ -93,11 +93,9 @@ def read_labs(path: str, analytes: Sequence[str], rename: dict[str, str],
   index = {a: i for i, a in enumerate(analytes)}
   for j, name in zip(columns, names):
     if name not in index:
-      shown = values_lib.shown(frame.columns[j], problems.known_ids)
-      found.append(csvfile.Problem(source, lines.header_line, f"column {j + 1} ({shown}) not "
-                                   f"in config.data.analytes ({len(analytes)} names); add it or "
-                                   "map it with config.data.rename; its values are ignored",
-                                   "column"))
+      found.append(_ignored(frame, lines, j, problems.known_ids, "not in config.data.analytes "
+                            f"({len(analytes)} names); add it or map it with config.data.rename; "
+                            "its values are ignored"))
   found += _unnamed(frame, lines)
   empty = ids == ""
   for i in np.flatnonzero(empty):
@@ -129,31 +127,20 @@ def _measurements(frame, lines, named, ids, found) -> list[int]:
     else:
       columns.append(j)
       continue
-    found.append(csvfile.Problem(
-        frame.source, lines.header_line, f"column {j + 1} "
-        f"({values_lib.shown(frame.columns[j], ids)}) {what}; its values are ignored", "column"))
+    found.append(_ignored(frame, lines, j, ids, f"{what}; its values are ignored"))
   return columns
 
 
 def _units_in_cells(frame, columns, info) -> dict[int, str]:
-  """{column: unit} of the `columns` whose cells carry their unit (`columns.with_units`: '140
-  mmol/L'), the frame's cells left with their numbers, read then as a header's unit is; the
-  cells are counted as info['units_in_cells']. Not where plain numbers beside them may be in
-  another unit (an analyte medjax converts, its header giving no unit or another): which is
-  which is unknown, so each cell with a unit stays a value that is not a number."""
-  out = {}
-  for j in columns:
-    found = columns_lib.with_units(frame.frame[j])
-    if not found:
-      continue
-    cells, unit, n, plain = found
+  """`columns.cell_units` of the `columns` (their units then read as a header's are), but not
+  where plain numbers beside the cells with a unit may be in another unit (an analyte medjax
+  converts, its header giving no unit or another): which is which is unknown, so each cell
+  with a unit stays a value that is not a number."""
+  def keep(j, unit, plain):
     name, header_unit = analytes_lib.name_and_unit(frame.columns[j])
-    if (plain and analytes_lib.si_conversion(name)
-        and analytes_lib.unit(header_unit) != analytes_lib.unit(unit)):
-      continue
-    frame.frame[j], out[j] = cells, unit
-    info["units_in_cells"] = info.get("units_in_cells", 0) + n
-  return out
+    return not (plain and analytes_lib.si_conversion(name)
+                and analytes_lib.unit(header_unit) != analytes_lib.unit(unit))
+  return columns_lib.cell_units(frame, columns, info, keep)
 
 
 def _with_numbers(frame, lines, columns, categories, ids, found) -> list[int]:
@@ -166,11 +153,10 @@ def _with_numbers(frame, lines, columns, categories, ids, found) -> list[int]:
       kept.append(j)
       continue
     lines.info["text_columns"] = lines.info.get("text_columns", 0) + 1
-    found.append(csvfile.Problem(
-        frame.source, lines.header_line, f"column {j + 1} "
-        f"({values_lib.shown(frame.columns[j], ids)}) holds text and no number, and not "
-        f"categories (at most {categories_lib.MAX_CATEGORIES} distinct values, 5 rows each on "
-        "average, none that may identify a patient); its values are ignored", "column"))
+    found.append(_ignored(frame, lines, j, ids, "holds text and no number, and not categories "
+                          f"(at most {categories_lib.MAX_CATEGORIES} distinct values, 5 rows each "
+                          "on average, none that may identify a patient); its values are "
+                          "ignored"))
   return kept
 
 
@@ -211,12 +197,11 @@ def _in_known_units(frame, lines, columns, names, units, ids, found) -> tuple[li
       continue
     lines.info["units_not_converted"] = lines.info.get("units_not_converted", 0) + 1
     shown = lambda text: values_lib.shown(text, ids)
-    found.append(csvfile.Problem(
-        frame.source, lines.header_line, f"column {j + 1} ({shown(frame.columns[j])}) is in "
-        f"{shown(units[j])}; medjax reads {shown(name)} in {conversion[0]} and converts only "
-        f"{' or '.join(conversion[1])} to it, so its values are ignored (convert them, or map "
-        f"the whole header to {shown(name)} with config.data.rename to read them as "
-        f"{conversion[0]})", "column"))
+    found.append(_ignored(
+        frame, lines, j, ids, f"is in {shown(units[j])}; medjax reads {shown(name)} in "
+        f"{conversion[0]} and converts only {' or '.join(conversion[1])} to it, so its values "
+        f"are ignored (convert them, or map the whole header to {shown(name)} with "
+        f"config.data.rename to read them as {conversion[0]})"))
   return [j for j, _ in kept], [n for _, n in kept]
 
 
@@ -316,6 +301,14 @@ def _one_row_per_patient(frame, lines, read, index, ids, rows, ranges, id_set, f
   r, a = np.nonzero(wins)
   out[codes[r], a] = values[r, a]
   return np.asarray(patients, dtype=object), out
+
+
+def _ignored(frame, lines, j: int, ids: set[str], what: str) -> csvfile.Problem:
+  """A 'column' problem at the header line: "column <j + 1> (<its name as `values.shown` shows
+  it>) <what>"."""
+  return csvfile.Problem(frame.source, lines.header_line,
+                         f"column {j + 1} ({values_lib.shown(frame.columns[j], ids)}) {what}",
+                         "column")
 
 
 def _check_renamed(path: str, columns: list[str], names: list[str], ids: set[str]) -> None:

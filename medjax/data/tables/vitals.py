@@ -252,7 +252,7 @@ def _channels_frame(frame: csvfile.Frame, lines: csvfile.Lines, cols: dict,
     if cols["pressure"] is not None:
       pressure.split_column(frame, lines, cols, channels)
   units = {} if cols["long"] else {**row_units,
-                                   **_units_in_cells(frame, cols["channels"], lines.info)}
+                                   **columns_lib.cell_units(frame, cols["channels"], lines.info)}
   temp = [c for c, name in enumerate(channels) if csvfile.column_key(name) == "temp"]
   if temp and cols["channels"][temp[0]] is not None:
     j = cols["channels"][temp[0]]
@@ -261,19 +261,6 @@ def _channels_frame(frame: csvfile.Frame, lines: csvfile.Lines, cols: dict,
     _temperatures_in_celsius(frame, j, fahrenheit,
                              analytes_lib.range_for(ranges, channels[temp[0]]), lines.info)
   return frame
-
-
-def _units_in_cells(frame: csvfile.Frame, columns, info: dict) -> dict[int, str]:
-  """{column: unit} of the channel `columns` whose cells carry their unit ('80 bpm', '37.2 °C',
-  '98.6 °F': `columns.with_units`), the frame's cells left with their numbers; counted as
-  info['units_in_cells']."""
-  out = {}
-  for j in columns:
-    found = None if j is None else columns_lib.with_units(frame.frame[j])
-    if found:
-      frame.frame[j], out[j], n, _ = found
-      info["units_in_cells"] = info.get("units_in_cells", 0) + n
-  return out
 
 
 def _channel_columns(header: Sequence[str], channels: Sequence[str],
