@@ -223,7 +223,7 @@ def _wide_in_conventional_units(frame, read, units, ranges, ids, info) -> None:
       factor = _si_by_value(frame, j, conversion[1], analytes_lib.range_for(ranges, name))
     if factor is not None:
       key = "si_units_converted" if j in units else "si_units_by_value"
-      at = labs_long.convert(frame, j, rows, np.full(len(rows), factor))
+      at = values_lib.convert(frame, j, rows, np.full(len(rows), factor))
       info[key] = info.get(key, 0) + len(at)
     unit = conversion[0] if factor is not None else units.get(j, "")
     if unit and not values_lib.withheld(unit, ids):

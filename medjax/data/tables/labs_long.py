@@ -94,7 +94,7 @@ def _in_conventional_units(frame, cols, rows, analyte_of, names, info) -> None:
       of = analyte_of == a
       factor[of] = values_lib.map_unique(units[of], lambda u, f=conversion[1]: f.get(u, np.nan))
       unit[of] = conversion[0]
-  at = convert(frame, cols["value"], rows, factor)
+  at = values_lib.convert(frame, cols["value"], rows, factor)
   if len(at):
     values_lib.set_cells(frame, cols["unit"], rows[at], unit[at])
     info["si_units_converted"] = len(at)
@@ -165,19 +165,3 @@ def _earliest_draws(frame, cols, rows, keys, names, ids, id_set, info, found) ->
         "it for this patient" + (" at this time" if cols["time"] is not None else "")
         + "); the row is set aside", patient=ids[i]))
   return np.sort(kept)
-
-
-def convert(frame: csvfile.Frame, column: int, rows: np.ndarray, factor: np.ndarray) -> np.ndarray:
-  """The numbers of `column` in `rows` multiplied in the frame by `factor` (NaN: left as they
-  are; a value at an assay's limit is converted at it); returns the positions in `rows` of the
-  values converted."""
-  maybe = np.flatnonzero(~np.isnan(factor))
-  if not len(maybe):
-    return maybe
-  v, kinds, _ = values_lib.numbers(frame.frame[column].iloc[rows[maybe]], frame.delimiter != ",",
-                                   limits=True)
-  ok = (kinds == values_lib.OK) & ~np.isnan(v)
-  at = maybe[ok]
-  if len(at):
-    values_lib.set_cells(frame, column, rows[at], v[ok] * factor[at])
-  return at

@@ -341,6 +341,23 @@ def set_cells(frame: csvfile.Frame, column: int, rows: np.ndarray, values: np.nd
   frame.frame[column] = pd.Series(cells, index=frame.frame.index)
 
 
+def convert(frame: csvfile.Frame, column: int, rows: np.ndarray,
+            factor: np.ndarray) -> np.ndarray:
+  """The numbers of `column` in `rows` multiplied in the frame by `factor` (NaN: left as they
+  are; a value at an assay's limit is converted at it); returns the positions in `rows` of the
+  values converted."""
+  maybe = np.flatnonzero(~np.isnan(factor))
+  if not len(maybe):
+    return maybe
+  v, kinds, _ = numbers(frame.frame[column].iloc[rows[maybe]], frame.delimiter != ",",
+                        limits=True)
+  ok = (kinds == OK) & ~np.isnan(v)
+  at = maybe[ok]
+  if len(at):
+    set_cells(frame, column, rows[at], v[ok] * factor[at])
+  return at
+
+
 def fill_from_text(frame: csvfile.Frame, value: int, text: int, info: dict) -> None:
   """Where the value column is empty and the second value column holds what reads as a value, it
   is taken: MIMIC leaves 'valuenum' empty where 'value' is '<0.1' or '>1000' (an assay's limit,
