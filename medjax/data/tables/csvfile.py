@@ -173,7 +173,7 @@ def _split_lines(path: str, raw: bytes) -> Lines:
     text = "\n".join(body) if joined else text
   n = len(body)
   body_bytes = np.frombuffer((text + "\n" if n else "").encode("utf-8"), np.uint8)
-  delims, quotes, controls, content = _line_metrics(body_bytes, n, delimiter)
+  delims, quotes, controls, content, first = _line_metrics(body_bytes, n, delimiter)
   bad: dict[int, str] = {}
   for i in sorted(undecodable):
     if i > h:
@@ -191,8 +191,6 @@ def _split_lines(path: str, raw: bytes) -> Lines:
   for i in np.flatnonzero(plain & (delims + 1 != len(header))):
     bad.setdefault(int(i), f"{int(delims[i]) + 1} fields, the header has {len(header)}; the row "
                    "is set aside")
-  starts = np.concatenate([[0], np.flatnonzero(body_bytes == 10)[:-1] + 1]).astype(np.int64)
-  first = body_bytes[starts] if n else np.zeros(0, np.uint8)   # each line's first byte
   not_rows = _not_rows(body, header, header_text, delimiter, info, first, delims)
   for i in not_rows:
     bad.pop(i, None)
@@ -332,10 +330,10 @@ def _is_control(ch: str) -> bool:
 
 
 def _line_metrics(body_bytes: np.ndarray, n: int, delimiter: str):
-  """Per line: delimiters, quotes, control characters (C0 but tab, and DEL) and other
-  characters (bytes) outside whitespace."""
+  """Per line: delimiters, quotes, control characters (C0 but tab, and DEL), other characters
+  (bytes) outside whitespace, and its first byte."""
   if n == 0:
-    return (np.zeros(0, np.int64),) * 4
+    return (np.zeros(0, np.int64),) * 4 + (np.zeros(0, np.uint8),)
   data = body_bytes  # every line ends with "\n"
   starts = np.concatenate([[0], np.flatnonzero(data == 10)[:-1] + 1])
   assert len(starts) == n, (len(starts), n)
@@ -347,7 +345,8 @@ def _line_metrics(body_bytes: np.ndarray, n: int, delimiter: str):
   quote = data == ord('"')
   empty = (data == 32) | (data == 9) | (data == 10) | (data == d)
   control = ((data < 32) & (data != 9) & (data != 10)) | (data == 127)
-  return per_line(data == d), per_line(quote), per_line(control), per_line(~empty)
+  return (per_line(data == d), per_line(quote), per_line(control), per_line(~empty),
+          data[starts])
 
 
 # -- the second pass: good lines -> a frame of cells ---------------------------------------------
