@@ -1629,23 +1629,29 @@ def _(ctx):
                  quarantined=[Quarantined("labs.csv", "converts only umol/l", line=1)])
 
 
+def _labs_read(ctx, header: str, rows: list[str], analyte: str, patients, others: int,
+               counts: dict[str, int]) -> lib.Plan:
+  """labs.csv of `header` and `rows`, ingested: `analyte` kept for IDS[i] of `patients` beside
+  `others` of their labs, and summary.json's tables['labs.csv'] holding `counts`."""
+  return _tables(ctx, labs=table(header, rows),
+                 checks=[_lab(IDS[i], analyte, True, others=others) for i in patients]
+                 + [lib.table_info("labs.csv", key, n) for key, n in counts.items()])
+
+
 @case("tables", 'labs: an ALP written "1,250" (a spreadsheet\'s number format)', ACCEPTED)
 def _(ctx):
   # Every such value was 'not a number', set to missing.
   rows = [f'{pid},{135 + i},"1,{250 + 10 * i}"' for i, pid in enumerate(IDS)]
-  return _tables(ctx, labs=table("patient_id,Na,ALP", rows),
-                 checks=[_lab(IDS[i], "ALP", True, others=1) for i in (0, 9)]
-                 + [lib.table_info("labs.csv", "thousands_separators", 10)])
+  return _labs_read(ctx, "patient_id,Na,ALP", rows, "ALP", (0, 9), 1,
+                    {"thousands_separators": 10})
 
 
 @case("tables", "labs: values typed with their unit ('140 mmol/L', '88 umol/L')", ACCEPTED)
 def _(ctx):
   # Every such value was 'not a number', set to missing.
   rows = [f"{pid},{135 + i} mmol/L,{80 + i} umol/L,4.{i}" for i, pid in enumerate(IDS)]
-  return _tables(ctx, labs=table("patient_id,Na,Creatinine,K", rows),
-                 checks=[_lab(IDS[i], "Creatinine", True, others=2) for i in (0, 9)]
-                 + [lib.table_info("labs.csv", "units_in_cells", 20),
-                    lib.table_info("labs.csv", "si_units_converted", 10)])
+  return _labs_read(ctx, "patient_id,Na,Creatinine,K", rows, "Creatinine", (0, 9), 2,
+                    {"units_in_cells": 20, "si_units_converted": 10})
 
 
 @case("tables", "labs: abnormal values with the lab's flag ('5.9 H', '2.8 (L)')", ACCEPTED)
@@ -1653,9 +1659,7 @@ def _(ctx):
   # Each flagged value was 'not a number', set to missing: the abnormal ones were lost.
   rows = [f"{pid},{135 + i},{'5.9 H' if i % 2 else '2.8 (L)'},{98 + i}"
           for i, pid in enumerate(IDS)]
-  return _tables(ctx, labs=table(LABS_H, rows),
-                 checks=[_lab(IDS[i], "K", True, others=2) for i in (0, 1)]
-                 + [lib.table_info("labs.csv", "values_flagged", 10)])
+  return _labs_read(ctx, LABS_H, rows, "K", (0, 1), 2, {"values_flagged": 10})
 
 
 @case("tables", "labs: a base excess with a Unicode minus ('−2.5'), full-width digits",
@@ -1664,9 +1668,7 @@ def _(ctx):
   # Each such value was 'not a number', set to missing.
   rows = [f"{pid},{chr(0xFF11)}{chr(0xFF13)}{chr(0xFF10 + 5 + i % 5)},4.{i},\u2212{i}.5"
           for i, pid in enumerate(IDS)]
-  return _tables(ctx, labs=table("patient_id,Na,K,BE", rows),
-                 checks=[_lab(IDS[i], "BE", True, others=2) for i in (0, 9)]
-                 + [lib.table_info("labs.csv", "unicode_numbers", 20)])
+  return _labs_read(ctx, "patient_id,Na,K,BE", rows, "BE", (0, 9), 2, {"unicode_numbers": 20})
 
 
 @case("tables", "labs: a second header line of units (',mmol/L,umol/L')", QUARANTINED)
