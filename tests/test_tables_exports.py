@@ -219,7 +219,7 @@ def test_long_labs_in_si_units_are_converted_to_the_conventional_ones(tmp_path):
   assert info["si_units_converted"] == 5
   assert info["analyte_units"] == {"Creatinine": "mg/dL", "Glucose": "mg/dL",
                                    "Hemoglobin": "g/dL", "Sodium": "mmol/L"}
-  assert "5 values in SI units (creatinine µmol/L, haemoglobin g/L) converted" in \
+  assert "5 values in SI units or counts per µL (creatinine µmol/L, haemoglobin g/L, " in \
       _ingest_table(problems)
 
 
@@ -521,7 +521,7 @@ def test_wide_labs_without_units_in_si_are_converted_by_their_values(tmp_path):
   assert info["si_units_by_value"] == 8
   assert info["analyte_units"] == {"crea": "mg/dL", "hgb": "g/dL", "alb": "g/dL"}
   assert info["values"]["out_of_range"] == {"sod": 1, "Creatinine": 1}
-  assert "8 values read as SI units by their values" in _ingest_table(problems)
+  assert "8 values read as SI units or counts per µL by their values" in _ingest_table(problems)
 
 
 def test_headers_spelt_as_exports_spell_them_name_the_same_columns(tmp_path):
@@ -772,6 +772,37 @@ def test_mEq_and_mmol_per_litre_are_one_unit_for_monovalent_ions_only(tmp_path):
   assert [p.line for p in problems.items] == [7]
   assert problems.items[0].reason.startswith(
       "analyte 'Mg' in 'mEq/L', where most of its rows are in 'mmol/L'")
+
+
+def test_cell_counts_in_any_spelling_of_their_unit_are_one_scale(tmp_path):
+  """Two lab systems' platelets, in K/uL and 10^9/L (one scale: 10^3/µL is 10^9/L), lost the
+  rows of the minority unit as 'in another unit'; counts per µL (platelets 270,000/µL, WBC
+  7,500 cells/mm3) were set to missing as out of range. Every spelling of a count's unit is one
+  unit ('x10E9/L', '10³/µL', 'G/L'), and counts per µL or mm³ are converted, in long and wide
+  files, by header or, without one, by the column's values."""
+  path = _write(tmp_path, "labs.csv", "patient_id,test,value,unit\n"
+                "P1,Platelets,250,K/uL\nP2,Platelets,260,10^9/L\nP3,Platelets,270000,/uL\n"
+                "P4,Platelets,280,x10E9/L\nP5,WBC,7500,cells/mm3\nP6,WBC,8.1,10³/µL\n"
+                "P1,WBC,6.0,G/L\nP2,RBC,4.5,M/uL\nP3,RBC,4.6,10^12/L\nP4,WBC,3,/hpf\n")
+  problems = tables.Problems("quarantine")
+  labs = tables.read_labs(path, (), {}, problems, tables.value_ranges())
+  assert labs.analytes == ["Platelets", "RBC", "WBC"]
+  np.testing.assert_allclose(labs.values, [[250, np.nan, 6.0], [260, 4.5, np.nan],
+                                           [270, 4.6, np.nan], [280, np.nan, np.nan],
+                                           [np.nan, np.nan, 7.5], [np.nan, np.nan, 8.1]])
+  assert problems.files["labs.csv"]["si_units_converted"] == 3
+  # Urine WBC per high-power field is another measurement: set aside.
+  assert [p.patient for p in problems.items] == ["P4"]
+  assert "analyte 'WBC' in '/hpf'" in problems.items[0].reason
+  wide = _write(tmp_path, "wide.csv", "patient_id,Platelets (/uL),WBC (K/µL),plt,Hb\n"
+                "P1,250000,7.5,250000,14\nP2,300000,8.2,310000,13\nP3,180000,4.0,170000,12\n")
+  problems = tables.Problems("raise")
+  labs = tables.read_labs(wide, (), {}, problems, tables.value_ranges())
+  np.testing.assert_allclose(labs.values, [[250, 7.5, 250, 14], [300, 8.2, 310, 13],
+                                           [180, 4.0, 170, 12]])
+  info = problems.files["wide.csv"]
+  assert info["si_units_converted"] == 3 and info["si_units_by_value"] == 3
+  assert info["analyte_units"] == {"Platelets": "10^9/L", "WBC": "K/µL", "plt": "10^9/L"}
 
 
 def test_values_beyond_an_assays_limit_are_read_at_the_limit_and_counted(tmp_path):

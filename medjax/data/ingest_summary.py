@@ -143,10 +143,11 @@ _READ_COUNTS = (
     ("values_from_text", "values read from its text value column where the numeric one was "
      "empty"),
     ("rows_other_items", "rows of other measurements than the channels not read"),
-    ("si_units_converted", "values in SI units (creatinine µmol/L, haemoglobin g/L) converted "
-     "to the conventional units the plausible ranges use"),
-    ("si_units_by_value", "values read as SI units by their values (most of the column's lay in "
-     "the plausible range only so: haemoglobin 140 g/L) and converted to the conventional units"),
+    ("si_units_converted", "values in SI units or counts per µL (creatinine µmol/L, haemoglobin "
+     "g/L, platelets /µL) converted to the conventional units the plausible ranges use"),
+    ("si_units_by_value", "values read as SI units or counts per µL by their values (most of the "
+     "column's lay in the plausible range only so: haemoglobin 140 g/L, platelets 250,000/µL) and "
+     "converted to the conventional units"),
     ("pressures_split", "blood pressures written as systolic/diastolic ('120/80') split into "
      "sbp and dbp"),
     ("units_not_converted", "columns in a unit medjax does not convert to the analyte's "

@@ -1062,6 +1062,28 @@ def _(ctx):
                          _lab(IDS[1], "Creatinine", True, others=2)])
 
 
+@case("tables", "labs long: platelets in K/uL, 10^9/L and /uL (three lab systems)", ACCEPTED)
+def _(ctx):
+  # One scale in three spellings and one per µL: every row read, the last ones converted.
+  spellings = ((250, "K/uL"), (250, "10^9/L"), (250, "x10E9/L"), (250000, "/uL"))
+  rows = [f"{pid},{a},{v},{u}" for i, pid in enumerate(IDS)
+          for a, v, u in (("Na", 140, "mmol/L"), ("Platelets", *spellings[i % 4]))]
+  return _tables(ctx, labs=table("patient_id,test,valuenum,valueuom", rows),
+                 checks=[lib.table_info("labs.csv", "values_set_missing", {}),
+                         _lab(IDS[1], "Platelets", True, others=1),
+                         _lab_value(IDS[3], "Platelets", 250.0)])
+
+
+@case("tables", "labs wide: counts per µL, 'Platelets (/uL)' and a unitless WBC of 7,500s",
+      ACCEPTED)
+def _(ctx):
+  # 'Platelets (/uL)' by its header, 'WBC' (7,500: out of range in 10^9/L) by its values.
+  rows = [f"{pid},{200000 + 10000 * i},{7500 + 100 * i},140" for i, pid in enumerate(IDS)]
+  return _tables(ctx, labs=table("patient_id,Platelets (/uL),WBC,Na", rows),
+                 checks=[lib.table_info("labs.csv", "values_set_missing", {}),
+                         _lab_value(IDS[1], "Platelets", 210.0), _lab_value(IDS[1], "WBC", 7.6)])
+
+
 def _lab_value(pid: str, analyte: str, want: float):
   """A check: the patient's `analyte` in tables.npz is `want` (to 0.5%)."""
   def check(run):

@@ -1,5 +1,6 @@
 """What medjax knows of lab analytes and vitals channels by name: the names exports give them,
-their plausible ranges, their units and the SI units of common analytes with conversions."""
+their plausible ranges, their units and the SI units (and counts per µL) of common analytes with
+conversions."""
 
 from __future__ import annotations
 
@@ -109,12 +110,29 @@ _UNIT_SPELLINGS = {"mg%": "mg/dl", "mg/100ml": "mg/dl", "g%": "g/dl", "g/100ml":
                    "umol/litre": "umol/l", "g/litre": "g/l"}
 
 
+# Cell counts: per litre as a power of ten, per µL or mm³ as thousands or millions, or one by
+# one ('x10^9/L', '10*9/L', '10E9/L', '10⁹/L', 'K/uL', 'thou/mm3'; '/uL', 'cells/mm3', '/cumm').
+_POWER = r"(?:x|\*)?10(?:\^|\*\*?|e)?"
+_PER_UL = r"/(?:ul|mm3|mm\^3|cumm|cmm)"
+_COUNTS = ((re.compile(rf"^(?:{_POWER}9/l|(?:k|thou|thous|{_POWER}3){_PER_UL})$"), "10^9/l"),
+           (re.compile(rf"^(?:{_POWER}12/l|(?:m|mil|mill|{_POWER}6){_PER_UL})$"), "10^12/l"),
+           (re.compile(rf"^(?:cells)?{_PER_UL}$"), "/ul"))
+_SUPERSCRIPTS = str.maketrans("⁰¹²³⁴⁵⁶⁷⁸⁹", "0123456789")
+
+
 def unit(text) -> str:
   """A unit as written, compared without case, spaces or the micro sign's spelling ('mg/dL',
-  'MG/DL'; 'µmol/L', 'umol/L', 'mcmol/L'; 'mg%' and 'mg/100 mL' are mg/dL)."""
+  'MG/DL'; 'µmol/L', 'umol/L', 'mcmol/L'; 'mg%' and 'mg/100 mL' are mg/dL; a cell count's
+  '10^9/L', 'x10E9/L' and 'K/uL' are one unit, '/uL' and 'cells/mm3' another)."""
   text = "" if text is None or text != text else str(text)
   text = "".join(text.split()).casefold().replace("\u00b5", "u").replace("\u03bc", "u")
-  return _UNIT_SPELLINGS.get(text, text)
+  text = _UNIT_SPELLINGS.get(text, text)
+  if "/" in text:
+    counted = text.translate(_SUPERSCRIPTS)
+    for pattern, canonical in _COUNTS:
+      if pattern.match(counted):
+        return canonical
+  return text
 
 
 # A header's trailing unit in brackets ('Heart Rate (bpm)', 'Creatinine [umol/L]'): base, unit.
@@ -142,9 +160,13 @@ def name_and_unit(header: str) -> tuple[str, str]:
 # 140 mmol/L); calcium's and magnesium's are not (1 mmol/L = 2 mEq/L).
 MONOVALENT = frozenset(map(key, ("na", "k", "cl", "hco3", "co2", "li")))
 
-# SI units of common analytes, converted to the conventional (US) unit LAB_RANGES and most
-# cohorts use: {analyte: (conventional unit, {SI unit (`unit`): factor})}, by `key`.
+# SI units of common analytes (and cell counts per µL), converted to the conventional (US)
+# unit LAB_RANGES and most cohorts use: {analyte: (conventional unit, {unit (`unit`): factor})},
+# by `key`. A count's 10^9/L is its 10^3/µL and its G/L (giga, as French labs write it).
 _SI_UNITS = {
+    "wbc": ("10^9/L", {"/ul": 1e-3, "g/l": 1.0}),
+    "platelets": ("10^9/L", {"/ul": 1e-3, "g/l": 1.0}),
+    "rbc": ("10^12/L", {"/ul": 1e-6, "t/l": 1.0}),
     "creatinine": ("mg/dL", {"umol/l": 1 / 88.42}),
     "hemoglobin": ("g/dL", {"g/l": 0.1, "mmol/l": 1.611}),
     "mchc": ("g/dL", {"g/l": 0.1}), "albumin": ("g/dL", {"g/l": 0.1}),
