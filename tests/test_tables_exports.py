@@ -805,6 +805,35 @@ def test_cell_counts_in_any_spelling_of_their_unit_are_one_scale(tmp_path):
   assert info["analyte_units"] == {"Platelets": "10^9/L", "WBC": "K/µL", "plt": "10^9/L"}
 
 
+def test_a_long_files_names_of_one_analyte_are_one_analyte(tmp_path):
+  """Two lab systems' rows merged into one file: 'Platelets' beside 'PLT' and 'Platelet Count',
+  'Hb' beside 'Hemoglobin', were separate analytes, each patient's value in one of them and
+  missing in the others. Names exports give one analyte are one, spelt as most rows spell it
+  (as config.data.analytes does, where it lists one); signs keep 'Neutrophils %' and
+  'Neutrophils #' apart, and a name that may identify a patient is never merged nor shown."""
+  path = _write(tmp_path, "labs.csv", "patient_id,test,value,unit\n"
+                "P1,Platelets,250,K/uL\nP2,PLT,260,10^9/L\nP3,Platelet Count,270000,/uL\n"
+                "P4,Platelets,280,K/uL\nP1,Hb,14,g/dL\nP2,Hemoglobin,130,g/L\nP3,HGB,12,g/dL\n"
+                "P3,Neutrophils %,60,%\nP3,Neutrophils #,4.1,K/uL\nP1,total_bilirubin,1.0,\n"
+                "P2,Total Bilirubin,1.2,\nP3,P1-x,5,\nP4,p1 x,6,\n")
+  problems = tables.Problems("quarantine")
+  problems.known_ids.update({"p1-x", "p1 x"})
+  labs = tables.read_labs(path, (), {}, problems, tables.value_ranges())
+  assert labs.analytes == ["Hb", "Neutrophils #", "Neutrophils %", "Platelets",
+                           "total_bilirubin"]
+  np.testing.assert_allclose(labs.values, [[14, np.nan, np.nan, 250, 1.0],
+                                           [13, np.nan, np.nan, 260, 1.2],
+                                           [12, 4.1, 60, 270, np.nan],
+                                           [np.nan, np.nan, np.nan, 280, np.nan]])
+  assert problems.files["labs.csv"]["analytes_merged_by_name"] == {
+      "HGB": "Hb", "Hemoglobin": "Hb", "PLT": "Platelets", "Platelet Count": "Platelets",
+      "Total Bilirubin": "total_bilirubin"}
+  labs = tables.read_labs(path, ("Hemoglobin", "Platelets", "PLT"), {},
+                          tables.Problems("quarantine"), tables.value_ranges())
+  assert labs.analytes == ["Hemoglobin", "Platelets", "PLT"]
+  np.testing.assert_allclose(labs.values[:, 0], [14, 13, 12, np.nan])
+
+
 def test_values_beyond_an_assays_limit_are_read_at_the_limit_and_counted(tmp_path):
   """'<0.01' (troponin under the detection limit) and '>60' (eGFR, the lab's cap) were set to
   missing as not numbers: the patient was measured, and the limit is the value the lab gives.

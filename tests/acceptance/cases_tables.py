@@ -1074,6 +1074,19 @@ def _(ctx):
                          _lab_value(IDS[3], "Platelets", 250.0)])
 
 
+@case("tables", "labs long: two lab systems' names of one analyte ('PLT', 'Platelets'; 'Hb')",
+      ACCEPTED)
+def _(ctx):
+  # Patients 0, 2, 4...: 'Platelets' and 'Hemoglobin'; 1, 3, 5...: 'PLT' and 'Hb'.
+  names = (("Platelets", "Hemoglobin"), ("PLT", "Hb"))
+  rows = [f"{pid},{a},{v}" for i, pid in enumerate(IDS)
+          for a, v in zip(names[i % 2], (250 + i, 14))]
+  return _tables(ctx, labs=table("patient_id,test,value", rows),
+                 checks=[_analytes(["Hemoglobin", "Platelets"]),
+                         _lab(IDS[1], "Platelets", True, others=1),
+                         _lab_value(IDS[3], "Platelets", 253.0)])
+
+
 @case("tables", "labs wide: counts per µL, 'Platelets (/uL)' and a unitless WBC of 7,500s",
       ACCEPTED)
 def _(ctx):

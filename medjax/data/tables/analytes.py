@@ -79,6 +79,14 @@ def key(name) -> str:
   return _OF_NAME.get(plain, plain)
 
 
+def same_analyte(name) -> str:
+  """How a long file's analyte names compare: without case, spaces, '_', '-', ',' or '.', a
+  name exports give a known analyte (`ANALYTE_NAMES`: 'PLT', 'Platelet Count') as that
+  analyte's. Other signs keep names apart ('Neutrophils %' and 'Neutrophils #' are two)."""
+  folded = re.sub(r"[\s_\-.,]+", "", str(name).casefold())
+  return _OF_NAME.get(folded, folded)
+
+
 def value_ranges(config_ranges=None) -> dict[str, tuple[float, float]]:
   """`DEFAULT_VALUE_RANGES` updated by config.data.value_ranges (name -> (low, high) or None),
   keyed by `key`: an override of 'Sodium' is Na's, for every column named as sodium."""

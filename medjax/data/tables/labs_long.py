@@ -25,6 +25,7 @@ def read_long(lines, frame, cols, analytes, rename, problems, ranges,
                             lambda s: rename.get(s.strip(), s.strip())),
       analytes, lines.info, "analytes_merged_by_case")
   names = columns_lib.long_units(frame, cols, names, analytes, lines.info)
+  names = _one_name_per_analyte(names, analytes, problems.known_ids, lines.info)
   frame, names, ids = categories_lib.long_rows(frame, cols, names, ids, analytes or None,
                                                problems.known_ids, lines.info)
   if not analytes:
@@ -76,6 +77,27 @@ def read_long(lines, frame, cols, analytes, rename, problems, ranges,
   problems.files[source] = lines.info
   problems.extend(found)
   return list(analytes), np.asarray(patients, dtype=object), out
+
+
+def _one_name_per_analyte(names, analytes, known_ids, info) -> np.ndarray:
+  """The names exports give one analyte (`analytes.same_analyte`: 'Platelets', 'PLT' and
+  'Platelet Count', as two lab systems' rows merged into one file spell them) as one, spelt as
+  config.data.analytes spells it, else as most rows do (ties: the first seen); a name that
+  config.data.analytes lists, or that may identify a patient, stays itself. The merges go to
+  info['analytes_merged_by_name'] (summary.json's tables.labs.csv)."""
+  codes, uniques = pd.factorize(pd.Series(names, dtype=object))
+  counts = np.bincount(codes[codes >= 0], minlength=len(uniques))
+  mergeable = [n for n in uniques[np.argsort(-counts, kind="stable")]   # most rows first
+               if n and n not in analytes and not values_lib.withheld(n, known_ids)]
+  spelling = {}
+  for name in [*analytes, *mergeable]:
+    spelling.setdefault(analytes_lib.same_analyte(name), name)
+  merged = {n: spelling[analytes_lib.same_analyte(n)] for n in sorted(mergeable)}
+  merged = {n: spelt for n, spelt in merged.items() if spelt != n}
+  if not merged:
+    return names
+  info["analytes_merged_by_name"] = merged
+  return values_lib.map_unique(names, lambda n: merged.get(n, n))
 
 
 def _in_conventional_units(frame, cols, rows, analyte_of, names, info) -> None:
