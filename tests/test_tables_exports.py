@@ -11,6 +11,7 @@ import pytest
 
 from medjax.data import ingest_summary
 from medjax.data import tables
+from medjax.data.tables import analytes
 from medjax.data.tables import values as values_lib
 
 
@@ -175,10 +176,14 @@ def test_vitals_written_newest_first_or_in_no_order_keep_their_rows(tmp_path):
 def test_long_labs_rows_in_another_unit_are_set_aside_not_mixed_in(tmp_path):
   """A long export's unit column was ignored: CRP in mg/dL (5.4) sat beside mg/L (90-95) as
   one analyte, its z-score meaning nothing. An analyte's unit is the one most of its rows give,
-  compared without case, spaces or the micro sign's spelling; a row in another unit (one
-  `_SI_UNITS` does not convert) is set aside with its reason, a row without a unit kept."""
+  compared without case, spaces or the micro sign's spelling; a row in a multiple of it (CRP
+  mg/dL, 10 mg/L) is converted where its values then lie nearer the other rows' (lactate
+  0.8 'mmol/L' beside 10-12 µmol/L would be 800: a wrong unit cell); a row in another unit
+  (one `_SI_UNITS` does not convert, or that wrong cell) is set aside with its reason, a row
+  without a unit kept."""
   rows = [f"P{p},crp,{90 + p},mg/L" for p in range(6)]
-  rows += ["P6,crp,5.4,mg/dL", "P7,crp,100,MG/L ", "P8,crp,101,",
+  rows += ["P6,crp,5.4,mg/dL", "P7,crp,100,MG/L ", "P8,crp,101,", "P9,crp,3,mmol/L",
+           "P10,crp,97,ug/mL",
            "P1,lactate,10,µmol/L", "P2,lactate,12,umol/l", "P3,lactate,0.8,mmol/L",
            "P4,ferritin,30,P4"]   # a shifted row: the unit cell holds the patient's id
   path = _write(tmp_path, "labs.csv", "patient_id,test,valuenum,valueuom\n"
@@ -187,14 +192,16 @@ def test_long_labs_rows_in_another_unit_are_set_aside_not_mixed_in(tmp_path):
   labs = tables.read_labs(path, (), {}, problems)
   assert labs.analytes == ["crp", "ferritin", "lactate"]
   by_id = dict(zip(labs.ids.tolist(), labs.values.tolist()))
-  assert "P6" not in by_id and by_id["P7"][0] == 100 and by_id["P8"][0] == 101
+  assert by_id["P6"][0] == pytest.approx(54) and by_id["P7"][0] == 100 and by_id["P8"][0] == 101
+  assert "P9" not in by_id and by_id["P10"][0] == 97
   assert by_id["P1"][2] == 10 and by_id["P2"][2] == 12 and np.isnan(by_id["P3"][2])
   assert _reasons(problems) == [
-      "analyte 'crp' in 'mg/dL', where most of its rows are in 'mg/L'; convert the values "
+      "analyte 'crp' in 'mmol/L', where most of its rows are in 'mg/L'; convert the values "
       "to that unit or give them another analyte name; the row is set aside",
       "analyte 'lactate' in 'mmol/L', where most of its rows are in 'µmol/L'; convert the "
       "values to that unit or give them another analyte name; the row is set aside"]
-  assert [p.patient for p in problems.items] == ["P6", "P3"]
+  assert [p.patient for p in problems.items] == ["P9", "P3"]
+  assert problems.files["labs.csv"]["units_rescaled"] == 2
   assert problems.files["labs.csv"]["analyte_units"] == {
       "crp": "mg/L", "ferritin": "(withheld: it may identify a patient)", "lactate": "µmol/L"}
 
@@ -206,7 +213,8 @@ def test_long_labs_in_si_units_are_converted_to_the_conventional_ones(tmp_path):
   the conventional ones (counted; the analyte's unit is then the conventional one)."""
   rows = ["P1,Creatinine,88.42,µmol/L", "P2,Creatinine,1.2,mg/dL", "P3,Creatinine,176,umol/l",
           "P1,Hemoglobin,140,g/L", "P2,Hemoglobin,13.5,g/dL", "P3,Glucose,5.5,mmol/L",
-          "P1,Sodium,140,mmol/L", "P2,Sodium,141,mEq/L", "P3,Hemoglobin,<50,g/L"]
+          "P1,Sodium,140,mmol/L", "P2,Sodium,141,mEq/L", "P3,Hemoglobin,<50,g/L",
+          "P4,Creatinine,9,mg/L", "P4,Glucose,1.05,g/L"]   # a French lab's
   path = _write(tmp_path, "labs.csv", "subject_id,label,valuenum,valueuom\n"
                 + "\n".join(rows) + "\n")
   problems = tables.Problems("raise")
@@ -214,12 +222,13 @@ def test_long_labs_in_si_units_are_converted_to_the_conventional_ones(tmp_path):
                           ranges={"creatinine": (0.0, 40.0), "hemoglobin": (0.0, 30.0)})
   assert labs.analytes == ["Creatinine", "Glucose", "Hemoglobin", "Sodium"]
   np.testing.assert_allclose(labs.values, [[1.0, np.nan, 14.0, 140], [1.2, np.nan, 13.5, 141],
-                                           [1.99, 99.1, 5.0, np.nan]], rtol=2e-3)
+                                           [1.99, 99.1, 5.0, np.nan],
+                                           [0.9, 105, np.nan, np.nan]], rtol=2e-3)
   info = problems.files["labs.csv"]
-  assert info["si_units_converted"] == 5
+  assert info["si_units_converted"] == 7
   assert info["analyte_units"] == {"Creatinine": "mg/dL", "Glucose": "mg/dL",
                                    "Hemoglobin": "g/dL", "Sodium": "mmol/L"}
-  assert "5 values in SI units or counts per µL (creatinine µmol/L, haemoglobin g/L, " in \
+  assert "7 values in SI units or counts per µL (creatinine µmol/L, haemoglobin g/L, " in \
       _ingest_table(problems)
 
 
@@ -490,8 +499,8 @@ def test_a_wide_header_unit_medjax_does_not_convert_sets_the_column_aside(tmp_pa
   np.testing.assert_allclose(labs.values, [[14, 1.0, 140], [20, 2.0, 141]], rtol=1e-5)
   assert _reasons(problems) == [
       "column 2 ('Creatinine (mmol/L)') is in 'mmol/L'; medjax reads 'Creatinine' in mg/dL and "
-      "converts only umol/l to it, so its values are ignored (convert them, or map the whole "
-      "header to 'Creatinine' with config.data.rename to read them as mg/dL)",
+      "converts only umol/l or mg/l to it, so its values are ignored (convert them, or map "
+      "the whole header to 'Creatinine' with config.data.rename to read them as mg/dL)",
       "column 5 ('Hemoglobin (mg/dL)') is in 'mg/dL'; medjax reads 'Hemoglobin' in g/dL and "
       "converts only g/l or mmol/l to it, so its values are ignored (convert them, or map the "
       "whole header to 'Hemoglobin' with config.data.rename to read them as g/dL)"]
@@ -832,6 +841,18 @@ def test_a_long_files_names_of_one_analyte_are_one_analyte(tmp_path):
                           tables.Problems("quarantine"), tables.value_ranges())
   assert labs.analytes == ["Hemoglobin", "Platelets", "PLT"]
   np.testing.assert_allclose(labs.values[:, 0], [14, 13, 12, np.nan])
+
+
+def test_units_of_one_quantity_per_volume_rescale_and_others_do_not():
+  r = lambda a, b: analytes.rescale(analytes.unit(a), analytes.unit(b))
+  assert r("mg/dL", "mg/L") == pytest.approx(10) and r("µg/mL", "mg/L") == pytest.approx(1)
+  assert r("mmol/L", "µmol/L") == pytest.approx(1000) and r("U/mL", "U/L") == pytest.approx(1000)
+  assert r("mIU/mL", "IU/L") == pytest.approx(1) and r("ng/dL", "pg/mL") == pytest.approx(10)
+  assert r("IU/L", "U/L") == pytest.approx(1) and r("mcg/dL", "µg/dL") == pytest.approx(1)
+  # Mass and amount, amount and charge, a rate and a count are other quantities.
+  for a, b in (("mg/dL", "mmol/L"), ("mEq/L", "mmol/L"), ("mL/min", "mL/s"), ("%", "mg/L"),
+               ("/uL", "10^9/L"), ("mg/24h", "mg/dL")):
+    assert r(a, b) is None, (a, b)
 
 
 def test_values_beyond_an_assays_limit_are_read_at_the_limit_and_counted(tmp_path):

@@ -145,6 +145,8 @@ _READ_COUNTS = (
     ("rows_other_items", "rows of other measurements than the channels not read"),
     ("si_units_converted", "values in SI units or counts per µL (creatinine µmol/L, haemoglobin "
      "g/L, platelets /µL) converted to the conventional units the plausible ranges use"),
+    ("units_rescaled", "values in a multiple of their analyte's unit (CRP mg/dL among rows in "
+     "mg/L) converted to it"),
     ("si_units_by_value", "values read as SI units or counts per µL by their values (most of the "
      "column's lay in the plausible range only so: haemoglobin 140 g/L, platelets 250,000/µL) and "
      "converted to the conventional units"),

@@ -1038,15 +1038,28 @@ def _(ctx):
                          _lab_value(IDS[2], "Sodium", 140)])
 
 
-@case("tables", "labs long: CRP in mg/dL among rows in mg/L", QUARANTINED)
+@case("tables", "labs long: CRP in mg/dL among rows in mg/L", ACCEPTED)
 def _(ctx):
-  # Line 2 + 2 x 3 + 1 = 9: patient 3's CRP, the only one in mg/dL.
+  # Patient 3's CRP, the only one in mg/dL: 0.5 mg/dL is 5 mg/L.
   rows = [f"{pid},{a},{v},{u}" for i, pid in enumerate(IDS)
           for a, v, u in (("Na", 140, "mmol/L"),
-                          ("CRP", 0.5 if i == 3 else 5, "mg/dL" if i == 3 else "mg/L"))]
+                          ("CRP", 0.5 if i == 3 else 4 + i, "mg/dL" if i == 3 else "mg/L"))]
   return _tables(ctx, labs=table("patient_id,analyte,value,unit", rows),
-                 checks=[_lab(IDS[3], "CRP", False, others=1)],
-                 quarantined=[Quarantined("labs.csv", "where most of its rows are in 'mg/L'",
+                 checks=[lib.table_info("labs.csv", "units_rescaled", 1),
+                         _lab_value(IDS[3], "CRP", 5.0)])
+
+
+@case("tables", "labs long: haemoglobin 13.5 'mg/dL' among rows in g/dL (a wrong unit cell)",
+      QUARANTINED)
+def _(ctx):
+  # Read in its unit, 13.5 mg/dL would be 0.0135 g/dL: the row is set aside, not converted.
+  # Line 2 + 2 x 3 + 1 = 9.
+  rows = [f"{pid},{a},{v},{u}" for i, pid in enumerate(IDS)
+          for a, v, u in (("Na", 140, "mmol/L"),
+                          ("Hemoglobin", 13.5, "mg/dL" if i == 3 else "g/dL"))]
+  return _tables(ctx, labs=table("patient_id,analyte,value,unit", rows),
+                 checks=[_lab(IDS[3], "Hemoglobin", False, others=1)],
+                 quarantined=[Quarantined("labs.csv", "where most of its rows are in 'g/dL'",
                                           line=9)])
 
 

@@ -170,21 +170,24 @@ MONOVALENT = frozenset(map(key, ("na", "k", "cl", "hco3", "co2", "li")))
 
 # SI units of common analytes (and cell counts per µL), converted to the conventional (US)
 # unit LAB_RANGES and most cohorts use: {analyte: (conventional unit, {unit (`unit`): factor})},
-# by `key`. A count's 10^9/L is its 10^3/µL and its G/L (giga, as French labs write it).
+# by `key`. A count's 10^9/L is its 10^3/µL and its G/L (giga, as French labs write it); French
+# labs' creatinine in mg/L and glucose and lipids in g/L are converted too.
 _SI_UNITS = {
     "wbc": ("10^9/L", {"/ul": 1e-3, "g/l": 1.0}),
     "platelets": ("10^9/L", {"/ul": 1e-3, "g/l": 1.0}),
     "rbc": ("10^12/L", {"/ul": 1e-6, "t/l": 1.0}),
-    "creatinine": ("mg/dL", {"umol/l": 1 / 88.42}),
+    "creatinine": ("mg/dL", {"umol/l": 1 / 88.42, "mg/l": 0.1}),
     "hemoglobin": ("g/dL", {"g/l": 0.1, "mmol/l": 1.611}),
     "mchc": ("g/dL", {"g/l": 0.1}), "albumin": ("g/dL", {"g/l": 0.1}),
-    "total_protein": ("g/dL", {"g/l": 0.1}), "glucose": ("mg/dL", {"mmol/l": 18.016}),
+    "total_protein": ("g/dL", {"g/l": 0.1}),
+    "glucose": ("mg/dL", {"mmol/l": 18.016, "g/l": 100.0}),
     "bun": ("mg/dL", {"mmol/l": 2.801}),
     "ca": ("mg/dL", {"mmol/l": 4.008, "meq/l": 2.004}),
     "total_bilirubin": ("mg/dL", {"umol/l": 1 / 17.104}),
     "direct_bilirubin": ("mg/dL", {"umol/l": 1 / 17.104}),
-    "total_cholesterol": ("mg/dL", {"mmol/l": 38.67}), "ldl": ("mg/dL", {"mmol/l": 38.67}),
-    "hdl": ("mg/dL", {"mmol/l": 38.67}), "triglycerides": ("mg/dL", {"mmol/l": 88.57}),
+    "total_cholesterol": ("mg/dL", {"mmol/l": 38.67, "g/l": 100.0}),
+    "ldl": ("mg/dL", {"mmol/l": 38.67}), "hdl": ("mg/dL", {"mmol/l": 38.67}),
+    "triglycerides": ("mg/dL", {"mmol/l": 88.57, "g/l": 100.0}),
     "hematocrit": ("%", {"l/l": 100.0}), "fibrinogen": ("mg/dL", {"g/l": 100.0})}
 _SI_BY_KEY = {key(name): conversion for name, conversion in _SI_UNITS.items()}
 
@@ -192,3 +195,22 @@ _SI_BY_KEY = {key(name): conversion for name, conversion in _SI_UNITS.items()}
 def si_conversion(name: str) -> tuple[str, dict[str, float]] | None:
   """(conventional unit, {SI unit: factor}) of analyte `name`, or None where it has none."""
   return _SI_BY_KEY.get(key(name))
+
+
+# Units of one quantity per volume: mass (g), amount (mol), charge (Eq) or enzyme activity (U,
+# IU) with a metric prefix, over L, dL, mL or µL; a value in one is a fixed multiple of its
+# value in another of the same quantity (CRP 0.5 mg/dL is 5 mg/L).
+_QUANTITY = re.compile(r"^(k|d|c|mc|m|u|n|p)?(g|mol|eq|iu|u)/(d|c|m|u)?l$")
+_PREFIXES = {None: 1.0, "k": 1e3, "d": 0.1, "c": 1e-2, "m": 1e-3, "mc": 1e-6, "u": 1e-6,
+             "n": 1e-9, "p": 1e-12}
+_QUANTITY_OF = {"g": "g", "mol": "mol", "eq": "eq", "iu": "u", "u": "u"}
+
+
+def rescale(given: str, to: str) -> float | None:
+  """The factor taking a value in unit `given` to unit `to` (both as `unit` folds them) where
+  both are one quantity per volume (mg/dL and mg/L, mmol/L and µmol/L, U/L and mU/mL, µg/mL and
+  mg/L: 1); None where they are not."""
+  a, b = _QUANTITY.match(given), _QUANTITY.match(to)
+  if not (a and b) or _QUANTITY_OF[a[2]] != _QUANTITY_OF[b[2]]:
+    return None
+  return (_PREFIXES[a[1]] / _PREFIXES[a[3]]) / (_PREFIXES[b[1]] / _PREFIXES[b[3]])

@@ -60,7 +60,7 @@ def read_long(lines, frame, cols, analytes, rename, problems, ranges,
   for sel in np.split(order, bounds) if len(rows) else []:
     name = analytes[column[rows[sel[0]]]]
     if cols["unit"] is not None:
-      sel = _in_one_unit(frame, cols["unit"], rows, sel, name, ids, id_set, lines.info, found)
+      sel = _in_one_unit(frame, cols, rows, sel, name, ids, id_set, lines.info, found)
     v, probs, counts, notes = values_lib.read_values(frame, cols["value"], name, "analyte",
                                                      ranges, id_set, rows[sel])
     values[sel] = v
@@ -122,12 +122,13 @@ def _in_conventional_units(frame, cols, rows, analyte_of, names, info) -> None:
     info["si_units_converted"] = len(at)
 
 
-def _in_one_unit(frame, unit_column, rows, sel, name, ids, id_set, info, found) -> np.ndarray:
+def _in_one_unit(frame, cols, rows, sel, name, ids, id_set, info, found) -> np.ndarray:
   """Of analyte `name`'s rows (`rows[sel]`), those in its unit: the unit most of its rows give
-  (ties: the first seen). A row in another unit is set aside, its value on another scale; a row
-  without a unit is kept (pH, INR and many exports have none). The units go to
-  info['analyte_units'] (summary.json's tables.labs.csv)."""
-  written = frame.frame[unit_column].to_numpy(object)[rows[sel]]
+  (ties: the first seen). A row in a multiple of it (`analytes.rescale`: mg/dL beside mg/L) is
+  converted to it, counted as info['units_rescaled']; a row in another unit is set aside, its
+  value on another scale; a row without a unit is kept (pH, INR and many exports have none).
+  The units go to info['analyte_units'] (summary.json's tables.labs.csv)."""
+  written = frame.frame[cols["unit"]].to_numpy(object)[rows[sel]]
   units = values_lib.map_unique(written, analytes_lib.unit)
   if analytes_lib.key(name) in analytes_lib.MONOVALENT:   # 1 mEq/L of a monovalent ion is 1 mmol/L
     units[units == "meq/l"] = "mmol/l"
@@ -142,6 +143,12 @@ def _in_one_unit(frame, unit_column, rows, sel, name, ids, id_set, info, found) 
                                                if values_lib.withheld(spelt, id_set)
                                                else str(spelt).strip())
   other = given & (units != major)
+  factor = _rescaled(frame, cols["value"], rows[sel], units, major, other)
+  at = np.flatnonzero(other)[values_lib.convert(frame, cols["value"], rows[sel[other]],
+                                                factor[other])]
+  if len(at):
+    other[at] = False
+    info["units_rescaled"] = info.get("units_rescaled", 0) + len(at)
   for i, text in zip(rows[sel[other]], written[other]):
     found.append(csvfile.Problem(
         frame.source, int(frame.lines[i]), f"analyte {values_lib.shown(name, id_set)} in "
@@ -149,6 +156,30 @@ def _in_one_unit(frame, unit_column, rows, sel, name, ids, id_set, info, found) 
         f"{values_lib.shown(spelt, id_set)}; convert the values to that unit or give them "
         "another analyte name; the row is set aside", patient=ids[i]))
   return sel[~other]
+
+
+def _rescaled(frame, value_column, rows, units, major, other) -> np.ndarray:
+  """Per row of `rows` (one analyte's), the factor taking its value from its unit to `major`
+  where its unit is an `other` one and a multiple of `major` (`analytes.rescale`), and where
+  its values, so converted, lie nearer (their median, on a log scale) to the major unit's rows
+  than as written (or it is `major` spelt another way: µg/mL and mg/L): a unit cell that is wrong (haemoglobin 13.5 'mg/dL' among g/dL rows) leaves
+  its rows to be set aside. NaN elsewhere."""
+  factor = np.full(len(rows), np.nan)
+  if not other.any():
+    return factor
+  v, kinds, _ = values_lib.numbers(frame.frame[value_column].iloc[rows],
+                                   frame.delimiter != ",", limits=True)
+  positive = (kinds == values_lib.OK) & (v > 0)
+  def median_log(sel):
+    return np.median(np.log(v[sel & positive])) if (sel & positive).any() else None
+  typical = median_log(units == major)
+  for u in set(units[other].tolist()):
+    scale, of = analytes_lib.rescale(u, major), other & (units == u)
+    written = median_log(of)
+    if scale and (np.isclose(scale, 1.0) or typical is not None and written is not None and (
+        abs(written + np.log(scale) - typical) < abs(written - typical))):
+      factor[of] = scale
+  return factor
 
 
 def _earliest_draws(frame, cols, rows, keys, names, ids, id_set, info, found) -> np.ndarray:
