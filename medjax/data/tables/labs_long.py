@@ -162,8 +162,8 @@ def _rescaled(frame, value_column, rows, units, major, other) -> np.ndarray:
   """Per row of `rows` (one analyte's), the factor taking its value from its unit to `major`
   where its unit is an `other` one and a multiple of `major` (`analytes.rescale`), and where
   its values, so converted, lie nearer (their median, on a log scale) to the major unit's rows
-  than as written (or it is `major` spelt another way: µg/mL and mg/L): a unit cell that is wrong (haemoglobin 13.5 'mg/dL' among g/dL rows) leaves
-  its rows to be set aside. NaN elsewhere."""
+  than as written, or its unit is `major` spelt another way (µg/mL and mg/L): a wrong unit cell
+  (haemoglobin 13.5 'mg/dL' among g/dL rows) leaves its rows to be set aside. NaN elsewhere."""
   factor = np.full(len(rows), np.nan)
   if not other.any():
     return factor
