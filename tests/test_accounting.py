@@ -94,6 +94,7 @@ def test_patients_named_only_by_tables_or_images_each_end_somewhere(tmp_path):
                                    "P4,0,80,120,80,16,98,37\n")
   _dicom(str(root / "dicom" / "a" / "p5.dcm"), "P5")
   (root / "notes.txt").write_text("a note\n")
+  (root / "Vitals.xlsx").write_text("")   # vitals.csv is there: the spreadsheet is a copy
   (root / "extra").mkdir()
   (root / "extra" / "old_labels.csv").write_text("x\n")
   result = _ingest(tmp_path, root)
@@ -111,8 +112,14 @@ def test_patients_named_only_by_tables_or_images_each_end_somewhere(tmp_path):
   assert files["dicom/a/p5.dcm"] == accounting.NO_LABEL
   assert files["notes.txt"].startswith("not part of a cohort's layout")
   assert files[os.path.join("extra", "old_labels.csv")].startswith("not part of")
+  assert files["Vitals.xlsx"].endswith("; not read")
+  (root / "Labs.xlsx").write_text("")   # where labs.csv is missing, the entry says what to do
+  os.remove(root / "labs.csv")
+  assert [e["reason"].split("; not read")[1] for e in accounting.foreign_files(str(root))
+          if e["path"].endswith(".xlsx")] == ["; a spreadsheet; save it as CSV to labs.csv to be "
+                                              "read", ""]
   counts = result.summary["accounting"]
-  assert counts["files"] == {"under_root": 6, "in_manifest": 0, "quarantined": 3,
+  assert counts["files"] == {"under_root": 7, "in_manifest": 0, "quarantined": 4,
                              "tables_read": 3, "unlisted_folders": 0}
   assert counts["patients"] == {"named": 6, "in_manifest": 1, "quarantined": 5}
 

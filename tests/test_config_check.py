@@ -343,6 +343,21 @@ def test_paths(tmp_path):
       f"config.data.root={str(empty)!r}: has no labels.csv, which training needs; add it or run "
       "--config.mode=ingest")
   assert config_check.problems(_config({"data.root": str(empty), "mode": "ingest"})) == []
+  # A table saved under another name than medjax reads: named, with what to do.
+  (empty / "Labels.xlsx").write_text("")
+  assert _error(_config({"data.root": str(empty)})) == (
+      f"config.data.root={str(empty)!r}: has no labels.csv, which training needs; found "
+      "Labels.xlsx: a spreadsheet; save it as CSV to labels.csv to be read")
+  other = tmp_path / "other"
+  other.mkdir()
+  (other / "LABS.CSV").write_text("patient_id,Na\n")
+  (other / "vitals.tsv").write_text("patient_id\thour\n")
+  (other / "labels.txt").write_text("patient_id,label\n")
+  assert _error(_config({"data.root": str(other)})) == (
+      f"config.data.root={str(other)!r}: holds none of dicom/, labs.csv, vitals.csv, labels.csv; "
+      "found LABS.CSV: rename it labs.csv to be read (names are case-sensitive); found "
+      "labels.txt: rename it labels.csv to be read; found vitals.tsv: rename it vitals.csv to be "
+      "read")
   salt = str(tmp_path / "secrets" / "id_salt")
   assert _error(_config({"data.salt_file": salt})) == (
       f"config.data.salt_file={salt!r}: directory {tmp_path / 'secrets'} does not exist; create "

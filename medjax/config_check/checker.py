@@ -11,6 +11,7 @@ import ml_collections
 
 from medjax.config_check import rules
 from medjax.config_check import schema
+from medjax.data import accounting
 from medjax.data.synthetic import config as synthetic_config
 from medjax.fault import layout
 from medjax.runtime import inject
@@ -377,12 +378,14 @@ class Checker:
         self.add("data.root", "cannot be read (permission denied); give the process read "
                               "and search permission on the cohort folder")
       elif not any(os.path.exists(os.path.join(root, n)) for n in rules.COHORT_FILES):
-        self.add("data.root", "holds none of dicom/, labs.csv, vitals.csv, labels.csv; point it "
-                              "at a cohort folder")
+        found = "; ".join(accounting.misnamed_tables(root).values())
+        self.add("data.root", "holds none of dicom/, labs.csv, vitals.csv, labels.csv; "
+                              + (found or "point it at a cohort folder"))
       elif (self.ok("mode") and g("mode") == "train"
             and not os.path.exists(os.path.join(root, "labels.csv"))):
-        self.add("data.root", "has no labels.csv, which training needs; add it or run "
-                              "--config.mode=ingest")
+        found = accounting.misnamed_tables(root).get("labels.csv")
+        self.add("data.root", "has no labels.csv, which training needs; "
+                              + (found or "add it or run --config.mode=ingest"))
     if self.ok("data.salt_file") and g("data.salt_file") and self.role in ("local", "coordinator"):
       salt = g("data.salt_file")
       parent = os.path.dirname(os.path.abspath(salt))

@@ -26,6 +26,47 @@ TABLE_FILES = ("labels.csv", "labs.csv", "vitals.csv", "oracle.npz")
 NO_LABEL = "its PatientID has no row in labels.csv"
 
 
+# What a table meant for the cohort may be saved as instead of its name: a spreadsheet, or text
+# under another extension (the reader finds the delimiter: ',', ';', tab or '|').
+_SPREADSHEETS = (".xlsx", ".xlsm", ".xls", ".ods", ".numbers")
+_TEXT = (".csv", ".tsv", ".tab", ".txt", ".dat")
+
+
+def meant_as(rel: str) -> str:
+  """The table a file at the cohort's top level is meant as: its name in another case or with
+  another extension ('Labels.csv', 'labs.xlsx', 'vitals.tsv'); '' for any other file."""
+  stem, ext = os.path.splitext(rel)
+  if os.sep in rel or rel in TABLE_FILES or ext.casefold() not in _SPREADSHEETS + _TEXT:
+    return ""
+  return next((t for t in TABLE_FILES[:3] if stem.casefold() == os.path.splitext(t)[0]), "")
+
+
+def table_hint(rel: str) -> str:
+  """What to do with a file `meant_as` a table for it to be read; '' for any other file."""
+  table, ext = meant_as(rel), os.path.splitext(rel)[1].casefold()
+  if not table:
+    return ""
+  if ext in _SPREADSHEETS:
+    return f"a spreadsheet; save it as CSV to {table} to be read"
+  return f"rename it {table} to be read" + (" (names are case-sensitive)" if ext == ".csv"
+                                             else "")
+
+
+def misnamed_tables(root: str) -> dict[str, str]:
+  """{table: 'found NAME; what to do'} for each of labels.csv, labs.csv and vitals.csv that
+  `root` lacks while a file at its top level is `meant_as` it."""
+  try:
+    names = sorted(os.listdir(root))
+  except OSError:
+    return {}
+  found = {}
+  for name in names:
+    table = meant_as(name)
+    if table and table not in found and not os.path.exists(os.path.join(root, table)):
+      found[table] = f"found {name}: {table_hint(name)}"
+  return found
+
+
 class LostTrack(RuntimeError):
   """Ingest did not account for every patient and file (a bug in medjax)."""
 
@@ -60,10 +101,13 @@ def foreign_files(root: str, skip: tuple[str, ...] = ()) -> list[dict]:
     if top == "dicom" or rel in TABLE_FILES:
       continue
     packed = os.path.splitext(rel)[0] in TABLE_FILES
+    meant = meant_as(rel)
+    hint = ("unpack it to " + os.path.splitext(rel)[0] if packed else table_hint(rel)
+            if meant and not os.path.exists(os.path.join(root, meant)) else "")
     out.append({"path": rel, "stage": "scan",
                 "reason": "not part of a cohort's layout (dicom/**, labels.csv, labs.csv, "
                           "vitals.csv; oracle.npz in a synthetic cohort); not read"
-                          + ("; unpack it to " + os.path.splitext(rel)[0] if packed else "")})
+                          + (f"; {hint}" if hint else "")})
   return out
 
 

@@ -138,6 +138,14 @@ def _(ctx):
   return _config_plan(ctx, f"--config.data.root={root}", error="labels.csv")
 
 
+@case("config", "data.root with its labels saved as Labels.xlsx (train mode)", CLEAR)
+def _(ctx):
+  root = lib.cohort(ctx.path("cohort"), labels=False, images=0)
+  lib.write(os.path.join(root, "Labels.xlsx"), b"PK\x03\x04")
+  return _config_plan(ctx, f"--config.data.root={root}",
+                      error="found Labels.xlsx: a spreadsheet; save it as CSV to labels.csv")
+
+
 @case("config", "config file missing", CLEAR)
 def _(ctx):
   return _config_plan(ctx, error="cannot load it", config="--config=configs/quikstart.py")
