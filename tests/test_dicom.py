@@ -7,6 +7,8 @@ import functools
 import hashlib
 import os
 import pickle
+import tarfile
+import zipfile
 
 import numpy as np
 import pydicom
@@ -411,6 +413,25 @@ def test_non_dicom_files_rejected(tmp_path, content):
     with pytest.raises(dicom.RejectedFile) as e:
       fn(path)
     assert e.value.reason == "not a DICOM file"
+
+
+def test_an_archive_among_the_images_is_named_with_what_to_do(tmp_path):
+  """A ZIP or tar.gz of a study, as exports leave them, was 'not a DICOM file' alone: its
+  patient's images were lost with no word of where they were."""
+  image = testdata.dicom_test_file("CT_small.dcm")
+  with zipfile.ZipFile(tmp_path / "study.zip", "w") as z:
+    z.write(image, "IMG0001")
+  with tarfile.open(tmp_path / "study.tar", "w") as t:
+    t.add(image, "IMG0001")
+  with tarfile.open(tmp_path / "study.tgz", "w:gz") as t:
+    t.add(image, "IMG0001")
+  for name, kind in (("study.zip", "a ZIP archive"), ("study.tar", "a tar archive"),
+                     ("study.tgz", "a gzip file")):
+    for fn in (dicom.read_header, dicom.load_image):
+      with pytest.raises(dicom.RejectedFile) as e:
+        fn(tmp_path / name)
+      assert e.value.reason == (f"not a DICOM file: {kind}; unpack it under dicom/ for its files "
+                                "to be read"), name
 
 
 def test_truncated_copies_rejected(tmp_path):

@@ -231,8 +231,9 @@ def plan_epoch(manifest: manifest_lib.Manifest, placement: placement_lib.Placeme
   rows_R = manifest.indices("train") if rows is None else _check_rows(rows, len(manifest), "rows")
   if num_partitions > len(rows_R):
     raise errors.InputError(
-        f"num_partitions={num_partitions} but only {len(rows_R)} records to plan "
-        f"for epoch {epoch}; lower num_partitions to at most {len(rows_R)}"
+        f"config.data.num_partitions={num_partitions}, but only {len(rows_R)} training "
+        f"record{'' if len(rows_R) == 1 else 's'} to plan for epoch {epoch}; lower it to at most "
+        f"{len(rows_R)}"
         + (" (rows is empty: nothing left to plan)" if not len(rows_R) else ""))
   key_N = np.random.default_rng([seed, epoch, _DEAL_KEY]).random(len(manifest))
   owner_R = placement.owner_N[rows_R]

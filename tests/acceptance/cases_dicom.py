@@ -236,6 +236,19 @@ def _(ctx):
   return _dicom(ctx, lambda p: lib.write(p, b"\x89PNG\r\n\x1a\n" + random.Random(5).randbytes(900)))
 
 
+@case("dicom", "a study left zipped among the images", QUARANTINED)
+def _(ctx):
+  # It was 'not a DICOM file' alone, with no word of the images inside.
+  def build(path):
+    import zipfile  # pylint: disable=import-outside-toplevel
+    import pydicom.data  # pylint: disable=import-outside-toplevel
+    with zipfile.ZipFile(path, "w") as z:
+      z.write(os.path.join(os.path.dirname(pydicom.data.__file__), "test_files", "CT_small.dcm"),
+              "IMG0001")
+  return _dicom(ctx, build, name="study.zip",
+                reason="not a DICOM file: a ZIP archive; unpack it under dicom/")
+
+
 @case("dicom", "a CD export's DICOMDIR beside its images", QUARANTINED)
 def _(ctx):
   # It was 'no pixel data (SOP class unknown)': its class is in the file meta only.

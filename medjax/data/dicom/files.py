@@ -341,6 +341,22 @@ def _check_bits(path: str, ds, bits: int) -> None:
                        f"({stored - 1}) and BitsAllocated - 1 ({bits - 1})")
 
 
+# Archives an export may leave among the images, by their first bytes (tar: 'ustar' at 257).
+_ARCHIVES = ((b"PK\x03\x04", "a ZIP archive"), (b"\x1f\x8b", "a gzip file"),
+             (b"7z\xbc\xaf\x27\x1c", "a 7-Zip archive"), (b"Rar!", "a RAR archive"),
+             (b"BZh", "a bzip2 file"), (b"\xfd7zXZ", "an xz file"))
+
+
+def _not_dicom(f) -> str:
+  """'not a DICOM file', and where the file is an archive, which and what to do."""
+  f.seek(0)
+  head = f.read(262)
+  kind = next((k for magic, k in _ARCHIVES if head.startswith(magic)),
+              "a tar archive" if head[257:262] == b"ustar" else "")
+  return "not a DICOM file" + (f": {kind}; unpack it under dicom/ for its files to be read"
+                               if kind else "")
+
+
 def _read(path: str, f, budgets: Budgets, deflated: bool = True):
   if deflated:
     dicom_limits.check_deflated(path, f, budgets)
@@ -354,9 +370,9 @@ def _read(path: str, f, budgets: Budgets, deflated: bool = True):
       f.seek(0)
       ds = pydicom.dcmread(f, defer_size=_DEFER_BYTES, force=True)
     except Exception as e:  # pylint: disable=broad-except
-      raise RejectedFile(path, "not a DICOM file") from e
+      raise RejectedFile(path, _not_dicom(f)) from e
     if "SOPClassUID" not in ds and _PIXEL_DATA not in ds:
-      raise RejectedFile(path, "not a DICOM file")
+      raise RejectedFile(path, _not_dicom(f))
     return ds
   if not len(ds):
     # pydicom drops every element (with only a warning) when the file ends inside an
