@@ -190,7 +190,7 @@ def test_errors_name_the_problem(setup):
     partition_lib.plan_epoch(m, p, num_partitions=2, rows=np.array([0, 6000]), **kw)
   with pytest.raises(ValueError, match="more than once"):
     partition_lib.plan_epoch(m, p, num_partitions=1, rows=np.array([1, 1]), **kw)
-  with pytest.raises(ValueError, match="only 3 records.*at most 3"):
+  with pytest.raises(ValueError, match="only 3 training records.*at most 3"):
     partition_lib.plan_epoch(m, p, num_partitions=4, rows=np.array([1, 2, 3]), **kw)
   with pytest.raises(ValueError, match="nothing left"):
     partition_lib.plan_epoch(m, p, num_partitions=1, rows=np.array([], np.int64), **kw)
