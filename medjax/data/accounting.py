@@ -53,7 +53,7 @@ def table_hint(rel: str) -> str:
 
 
 def misnamed_tables(root: str) -> dict[str, str]:
-  """{table: 'found NAME; what to do'} for each of labels.csv, labs.csv and vitals.csv that
+  """{table: 'found NAME: what to do'} for each of labels.csv, labs.csv and vitals.csv that
   `root` lacks while a file at its top level is `meant_as` it."""
   try:
     names = sorted(os.listdir(root))
@@ -100,10 +100,11 @@ def foreign_files(root: str, skip: tuple[str, ...] = ()) -> list[dict]:
     top = rel.split(os.sep)[0]
     if top == "dicom" or rel in TABLE_FILES:
       continue
-    packed = os.path.splitext(rel)[0] in TABLE_FILES
-    meant = meant_as(rel)
-    hint = ("unpack it to " + os.path.splitext(rel)[0] if packed else table_hint(rel)
-            if meant and not os.path.exists(os.path.join(root, meant)) else "")
+    hint, meant = "", meant_as(rel)
+    if os.path.splitext(rel)[0] in TABLE_FILES:   # labs.csv.gz
+      hint = "unpack it to " + os.path.splitext(rel)[0]
+    elif meant and not os.path.exists(os.path.join(root, meant)):   # Labs.xlsx, no labs.csv
+      hint = table_hint(rel)
     out.append({"path": rel, "stage": "scan",
                 "reason": "not part of a cohort's layout (dicom/**, labels.csv, labs.csv, "
                           "vitals.csv; oracle.npz in a synthetic cohort); not read"
