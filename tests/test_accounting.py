@@ -3,6 +3,7 @@ in the quarantine report with why, as a chain when one rejection causes another;
 cohorts with random rejections keep the count; ingest fails loudly if it loses track."""
 
 import dataclasses
+import gzip
 import json
 import os
 
@@ -15,6 +16,7 @@ from configs import default as default_config
 from medjax import errors
 from medjax.data import accounting
 from medjax.data import ingest
+from medjax.data.tables import csvfile
 from tests import testdata
 
 CLASSES = ("flu", "copd", "gout")
@@ -122,6 +124,40 @@ def test_patients_named_only_by_tables_or_images_each_end_somewhere(tmp_path):
   assert counts["files"] == {"under_root": 7, "in_manifest": 0, "quarantined": 4,
                              "tables_read": 3, "unlisted_folders": 0}
   assert counts["patients"] == {"named": 6, "in_manifest": 1, "quarantined": 5}
+
+
+def test_gzipped_tables_are_read_as_mimic_ships_them(tmp_path, monkeypatch):
+  """labels.csv.gz and labs.csv.gz (MIMIC-IV's hosp/labevents.csv.gz, unpacked by nobody) were
+  'not part of a cohort's layout; unpack it': every patient without a label. A table's gzip is
+  read where the table itself is not there; beside it, the copy is reported, not read; a gzip
+  cut short is refused with one line naming it."""
+  root = tmp_path / "cohort"
+  root.mkdir()
+  with gzip.open(root / "labels.csv.gz", "wt") as f:
+    f.write("patient_id,diagnosis\nP1,flu\nP2,copd\n")
+  with gzip.open(root / "labs.csv.gz", "wt") as f:
+    f.write("patient_id,Na\nP1,140\nP2,abc\n")
+  (root / "vitals.csv").write_text("patient_id,hour,hr,sbp,dbp,rr,spo2,temp\n"
+                                   "P1,0,80,120,80,16,98,37\nP2,0,81,121,81,17,97,37\n")
+  (root / "vitals.csv.gz").write_bytes(b"")
+  result = _ingest(tmp_path, root)
+  assert len(result.manifest) == 2 and not _patients(result)
+  assert _files(result) == {"vitals.csv.gz": "not part of a cohort's layout (dicom/**, "
+                            "labels.csv, labs.csv, vitals.csv; oracle.npz in a synthetic "
+                            "cohort); not read; vitals.csv beside it is read"}
+  # Its rows are labs.csv's, by line: P2's sodium is not a number.
+  assert [(q["path"], q["line"]) for q in result.quarantine if "line" in q] == [("labs.csv", 3)]
+  assert result.summary["accounting"]["files"]["tables_read"] == 3
+  data = gzip.compress(b"patient_id,Na\n" + b"P1,140\n" * 1000)
+  (root / "labs.csv.gz").write_bytes(data[:len(data) // 2])
+  with pytest.raises(errors.InputError, match=r"labs.csv.gz: is a gzip file cut short or "
+                     "damaged; copy or export it again"):
+    _ingest(tmp_path, root)
+  # A gzip that unpacks past the limit (a bomb, or not the table meant) is refused unread.
+  (root / "labs.csv.gz").write_bytes(data)
+  monkeypatch.setattr(csvfile, "MAX_UNPACKED_BYTES", 4 << 10)
+  with pytest.raises(errors.InputError, match=r"labs.csv.gz: unpacks to more than 0 MiB"):
+    _ingest(tmp_path, root)
 
 
 def test_a_patient_whose_every_image_is_rejected_is_accounted_for(tmp_path):

@@ -343,6 +343,9 @@ def test_paths(tmp_path):
       f"config.data.root={str(empty)!r}: has no labels.csv, which training needs; add it or run "
       "--config.mode=ingest")
   assert config_check.problems(_config({"data.root": str(empty), "mode": "ingest"})) == []
+  (empty / "labels.csv.gz").write_bytes(b"")   # read as labels.csv (MIMIC ships .csv.gz)
+  assert config_check.problems(_config({"data.root": str(empty)})) == []
+  (empty / "labels.csv.gz").unlink()
   # A table saved under another name than medjax reads: named, with what to do.
   (empty / "Labels.xlsx").write_text("")
   assert _error(_config({"data.root": str(empty)})) == (

@@ -377,12 +377,12 @@ class Checker:
       elif not os.access(root, os.R_OK | os.X_OK):
         self.add("data.root", "cannot be read (permission denied); give the process read "
                               "and search permission on the cohort folder")
-      elif not any(os.path.exists(os.path.join(root, n)) for n in rules.COHORT_FILES):
+      elif not any(accounting.table_file(root, n) for n in rules.COHORT_FILES):
         found = "; ".join(accounting.misnamed_tables(root).values())
         self.add("data.root", "holds none of dicom/, labs.csv, vitals.csv, labels.csv; "
                               + (found or "point it at a cohort folder"))
       elif (self.ok("mode") and g("mode") == "train"
-            and not os.path.exists(os.path.join(root, "labels.csv"))):
+            and not accounting.table_file(root, "labels.csv")):
         found = accounting.misnamed_tables(root).get("labels.csv")
         self.add("data.root", "has no labels.csv, which training needs; "
                               + (found or "add it or run --config.mode=ingest"))

@@ -26,6 +26,15 @@ TABLE_FILES = ("labels.csv", "labs.csv", "vitals.csv", "oracle.npz")
 NO_LABEL = "its PatientID has no row in labels.csv"
 
 
+def table_file(root: str, table: str) -> str:
+  """The file a table is read from, relative to `root`: `table` (labs.csv), else its gzip
+  (labs.csv.gz, as MIMIC ships its tables) where only that is there; '' where neither is."""
+  for name in (table, table + ".gz"):
+    if os.path.lexists(os.path.join(root, name)):
+      return name
+  return ""
+
+
 # What a table meant for the cohort may be saved as instead of its name: a spreadsheet, or text
 # under another extension (the reader finds the delimiter: ',', ';', tab or '|').
 _SPREADSHEETS = (".xlsx", ".xlsm", ".xls", ".ods", ".numbers")
@@ -100,9 +109,12 @@ def foreign_files(root: str, skip: tuple[str, ...] = ()) -> list[dict]:
     top = rel.split(os.sep)[0]
     if top == "dicom" or rel in TABLE_FILES:
       continue
-    hint, meant = "", meant_as(rel)
-    if os.path.splitext(rel)[0] in TABLE_FILES:   # labs.csv.gz
-      hint = "unpack it to " + os.path.splitext(rel)[0]
+    hint, meant, stem = "", meant_as(rel), os.path.splitext(rel)[0]
+    if stem in TABLE_FILES[:3] and table_file(root, stem) == rel:   # labs.csv.gz, read
+      continue
+    if stem in TABLE_FILES:   # labs.csv.gz beside labs.csv, or another packing (.zip, .bz2)
+      hint = (f"{stem} beside it is read" if os.path.lexists(os.path.join(root, stem))
+              else f"unpack it to {stem}")
     elif meant and not os.path.exists(os.path.join(root, meant)):   # Labs.xlsx, no labs.csv
       hint = table_hint(rel)
     out.append({"path": rel, "stage": "scan",
@@ -194,7 +206,7 @@ def check(root: str, manifest, quarantine: list[dict], named: set[str],
   files, unlisted = files_under(root, skip)
   in_manifest_files = {f for row_files in manifest.image_files for f in row_files}
   quarantined = {q["path"] for q in quarantine if q.get("path") and "line" not in q}
-  tables_read = {f for f in TABLE_FILES if f in files}
+  tables_read = {table_file(root, f) for f in TABLE_FILES} & set(files)
   folders = tuple(q.rstrip(os.sep) + os.sep for q in quarantined)
   lost = [f for f in files + unlisted
           if f not in in_manifest_files and f not in quarantined and f not in tables_read

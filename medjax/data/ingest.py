@@ -246,9 +246,9 @@ def _read_tables(root: str, data, budgets: dicom.Budgets, problems: tables.Probl
   def table(name):
     """The table's path, None when absent; anything but a regular file (a FIFO that would block
     the read, a device, a directory, a link out of the cohort) or an oversized one is refused."""
-    path = os.path.join(root, name)
-    if not os.path.lexists(path):
+    if not accounting.table_file(root, name):
       return None
+    path = os.path.join(root, accounting.table_file(root, name))
     try:
       dicom.check_path(path, budgets, roots=(root,))
     except dicom.RejectedFile as e:

@@ -8,6 +8,7 @@ placement and the decoded cache, so decode-stage problems show).
 
 from __future__ import annotations
 
+import gzip
 import os
 import random
 
@@ -1108,6 +1109,28 @@ def _(ctx):
   return _tables(ctx, labs=table("patient_id,Platelets (/uL),WBC,Na", rows),
                  checks=[lib.table_info("labs.csv", "values_set_missing", {}),
                          _lab_value(IDS[1], "Platelets", 210.0), _lab_value(IDS[1], "WBC", 7.6)])
+
+
+@case("tables", "labs and labels gzipped as MIMIC ships them (labs.csv.gz)", ACCEPTED)
+def _(ctx):
+  # They were not part of the layout ('unpack it'), and every patient had no label.
+  def pack(root):
+    for name in ("labels.csv", "labs.csv"):
+      with open(os.path.join(root, name), "rb") as f:
+        lib.write(os.path.join(root, name + ".gz"), gzip.compress(f.read()))
+      os.remove(os.path.join(root, name))
+  return _tables(ctx, setup=pack, checks=[lib.table_info("labs.csv", "values_set_missing", {}),
+                                          _lab(IDS[1], "Na", True)])
+
+
+@case("tables", "labs.csv.gz cut short", CLEAR)
+def _(ctx):
+  def cut(root):
+    with open(os.path.join(root, "labs.csv"), "rb") as f:
+      packed = gzip.compress(f.read() * 20)
+    lib.write(os.path.join(root, "labs.csv.gz"), packed[:len(packed) // 2])
+    os.remove(os.path.join(root, "labs.csv"))
+  return _tables(ctx, setup=cut, error="labs.csv.gz: is a gzip file cut short or damaged")
 
 
 def _lab_value(pid: str, analyte: str, want: float):

@@ -166,7 +166,8 @@ def conservation(run: Run, manifest: list[dict], pseudonym) -> tuple[list, bool]
   named = {str(e["path"]).rstrip("/") for e in entries + run.decode_quarantine()
            if e.get("path") and "line" not in e}
   folders = tuple(n + os.sep for n in named)
-  tables = {f for f in TABLES if f in disk}
+  # A table's gzip (labs.csv.gz) is read where the table itself is not there.
+  tables = {f if f in disk else f + ".gz" for f in TABLES} & disk
   lost = sorted(f for f in disk if f not in referenced and f not in named and f not in tables
                 and not f.startswith(folders))
   silent |= bool(lost)

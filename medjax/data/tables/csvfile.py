@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import gzip
 import io
 import os
 import re
 import unicodedata
+import zlib
 from typing import Sequence
 
 import numpy as np
@@ -137,7 +139,7 @@ def _outside_quotes(line: str) -> str:
 
 
 def _split_lines(path: str, raw: bytes) -> Lines:
-  source = os.path.basename(path)
+  source = os.path.basename(path).removesuffix(".gz")   # labs.csv.gz's rows are labs.csv's
   if not raw:
     raise refuse(path, "the file is empty; a table needs a header line naming its columns (or "
                  "remove the file: every table is optional)")
@@ -473,14 +475,24 @@ def field_of(lines: Lines, line: int, column: int) -> str:
   return "".join(ch for ch in fields[column] if not _is_control(ch)).strip().strip('"').strip()
 
 
+MAX_UNPACKED_BYTES = 2048 << 20   # of a gzipped table: the default config.data.max_file_mb
+
+
 def load(path: str, text_columns_of) -> tuple[Lines, Frame]:
-  """Reads `path`; `text_columns_of(lines)` names the columns kept as text (the rest numeric)."""
+  """Reads `path` (gzipped where it ends in .gz); `text_columns_of(lines)` names the columns kept
+  as text (the rest numeric)."""
   try:
-    with open(path, "rb") as f:
-      raw = f.read()
+    with (gzip.open if path.endswith(".gz") else open)(path, "rb") as f:
+      raw = f.read(MAX_UNPACKED_BYTES + 1)
+  except (gzip.BadGzipFile, EOFError, zlib.error):
+    raise refuse(path, "is a gzip file cut short or damaged; copy or export it again (or "
+                 "remove it: every table is optional)") from None
   except OSError as e:
     raise refuse(path, f"cannot be read ({e.strerror or type(e).__name__}); give the process "
                  "read permission on it (or remove it: every table is optional)") from None
+  if len(raw) > MAX_UNPACKED_BYTES:
+    raise refuse(path, f"unpacks to more than {MAX_UNPACKED_BYTES >> 20} MiB; check that it is "
+                 "the table meant, or split it")
   lines = _split_lines(path, raw)
   text_columns = text_columns_of(lines)
   _check_header(lines)
