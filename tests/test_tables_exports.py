@@ -855,6 +855,24 @@ def test_units_of_one_quantity_per_volume_rescale_and_others_do_not():
     assert r(a, b) is None, (a, b)
 
 
+def test_excels_sep_line_names_the_delimiter_and_is_no_header(tmp_path):
+  """Excel writes 'sep=;' as the first line of a CSV meant for another locale: the file was
+  refused ('line 1 is not a header with a patient id column'). The line names the delimiter
+  (the header's own count of delimiters is not asked) and the header follows it."""
+  path = _write(tmp_path, "labs.csv", "sep=;\npatient_id;Na;K\nP1;140;4,1\nP2;138;3,9\n")
+  problems = tables.Problems("raise")
+  labs = tables.read_labs(path, (), {}, problems)
+  assert labs.analytes == ["Na", "K"]
+  np.testing.assert_allclose(labs.values, [[140, 4.1], [138, 3.9]], rtol=1e-6)
+  assert problems.files["labs.csv"]["sep_line"] == 1
+  # Quoted, CRLF, a one-column header that names no delimiter of its own: still the sep's.
+  path = _write(tmp_path, "labels.csv", '"sep=|"\r\npatient_id|diagnosis\r\nP1|flu\r\n')
+  labels = tables.read_labels(path, tables.Problems("raise"))
+  assert labels.ids.tolist() == ["P1"]
+  with pytest.raises(tables.TableError, match="holds only a 'sep=' line"):
+    tables.read_labs(_write(tmp_path, "only.csv", "sep=,\n\n"), (), {}, tables.Problems("raise"))
+
+
 def test_values_beyond_an_assays_limit_are_read_at_the_limit_and_counted(tmp_path):
   """'<0.01' (troponin under the detection limit) and '>60' (eGFR, the lab's cap) were set to
   missing as not numbers: the patient was measured, and the limit is the value the lab gives.

@@ -1157,6 +1157,18 @@ def _(ctx):
                          _lab_value(IDS[1], "size=>50", 0.0)])
 
 
+@case("tables", "labs and labels with Excel's 'sep=;' first line", ACCEPTED)
+def _(ctx):
+  # Refused as 'line 1 is not a header with a patient id column'.
+  rows = [f"{pid};{135 + i};4,{i}" for i, pid in enumerate(IDS)]
+  def sep_labels(root):
+    with open(os.path.join(root, "labels.csv"), encoding="utf-8") as f:
+      lib.write(os.path.join(root, "labels.csv"), "sep=,\r\n" + f.read())
+  return _tables(ctx, labs="sep=;\n" + table("patient_id;Na;K", rows), setup=sep_labels,
+                 checks=[lib.table_info("labs.csv", "sep_line", 1),
+                         _lab_value(IDS[2], "K", 4.2)])
+
+
 @case("tables", "labs wide: a SAS export, '.' for each missing value", ACCEPTED)
 def _(ctx):
   rows = [f"{pid},{'.' if i % 3 == 0 else 140},{'.A' if i == 1 else 4.1},{90 + i}"

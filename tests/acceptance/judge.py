@@ -66,7 +66,8 @@ def raw_id_leaks(run: Run) -> list[str]:
 
 def labels_data_lines(path: str) -> int:
   """Data lines of a labels.csv, counted independently of medjax: after the first non-blank
-  line (the header), every line holding more than spaces, tabs and delimiters."""
+  line (the header; after Excel's 'sep=,' line where one comes first), every line holding more
+  than spaces, tabs and delimiters."""
   with open(path, "rb") as f:
     raw = f.read()
   if raw[:2] in (b"\xff\xfe", b"\xfe\xff"):
@@ -77,6 +78,8 @@ def labels_data_lines(path: str) -> int:
   if lines and lines[-1] == "":
     lines.pop()
   body = [l for l in lines if l.strip(" \t,;|")]
+  if body and re.fullmatch(r'\s*"?sep=.\s*"?\s*', body[0], re.IGNORECASE):
+    body = body[1:]
   return max(0, len(body) - 1)
 
 

@@ -1,7 +1,9 @@
 """The clinical tables (labels, lab panels, vital-sign series), read strictly with pandas.
 
   csvfile  a file as checked physical lines (encoding, line endings, delimiter, malformed lines
-           set aside; one line is one record), the good ones parsed
+           set aside; one line is one record), the good ones parsed; gzipped too
+  other_lines  lines that are not one row each (a quoted field's line breaks, a repeated
+           header, a SQL tool's rules and row counts)
   analytes what is known of analytes and channels by name: aliases, plausible ranges, units
   values   ids, numbers, range checks, `Problems` (shared by the readers)
   categories results written as words (a wide column, a long file's analyte) as 0/1 indicators

@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from medjax import errors
+from medjax.data.tables import other_lines
 
 DELIMITERS = (",", ";", "\t", "|")
 
@@ -138,6 +139,38 @@ def _outside_quotes(line: str) -> str:
   return re.sub(r'"[^"]*"', "", line)
 
 
+_SEP_LINE = re.compile(r'\s*"?sep=([,;\t|])"?\s*', re.IGNORECASE)
+
+
+def _header_line(path: str, lines: list[str], info: dict) -> tuple[int, str, str, bool]:
+  """(index of the header line, its text, the delimiter, whether an Excel 'sep=;' line before it
+  named the delimiter); the delimiter to info['delimiter']. Refuses a file of blank lines or
+  whose header holds control bytes."""
+  h = next((i for i, line in enumerate(lines) if line.strip(" \t")), None)
+  if h is None:
+    raise refuse(path, "the file holds only blank lines; a table needs a header line naming "
+                 "its columns (or remove the file: every table is optional)")
+  sep = _SEP_LINE.fullmatch(lines[h])   # Excel's 'sep=;' before the header
+  if sep:
+    info["sep_line"] = 1
+    h = next((i for i in range(h + 1, len(lines)) if lines[i].strip(" \t")), None)
+    if h is None:
+      raise refuse(path, "holds only a 'sep=' line; a table needs a header line naming its "
+                   "columns (or remove the file: every table is optional)")
+  header_text = lines[h]
+  if any(ord(ch) < 32 and ch != "\t" for ch in header_text):
+    raise refuse(path, "not a text table (control or NUL bytes; binary data, or UTF-16 "
+                 "without a byte order mark?); export it as CSV (UTF-8)")
+  counts = {d: _outside_quotes(header_text).count(d) for d in DELIMITERS}
+  delimiter = max(DELIMITERS, key=lambda d: counts[d])   # ties: the earlier in DELIMITERS
+  if sep:
+    delimiter = sep[1]
+  elif counts[delimiter] == 0:
+    delimiter = ","
+  info["delimiter"] = delimiter
+  return h, header_text, delimiter, bool(sep)
+
+
 def _split_lines(path: str, raw: bytes) -> Lines:
   source = os.path.basename(path).removesuffix(".gz")   # labs.csv.gz's rows are labs.csv's
   if not raw:
@@ -147,19 +180,7 @@ def _split_lines(path: str, raw: bytes) -> Lines:
   lines = text.split("\n")
   if lines and lines[-1] == "":
     lines.pop()
-  h = next((i for i, line in enumerate(lines) if line.strip(" \t")), None)
-  if h is None:
-    raise refuse(path, "the file holds only blank lines; a table needs a header line naming "
-                 "its columns (or remove the file: every table is optional)")
-  header_text = lines[h]
-  if any(ord(ch) < 32 and ch != "\t" for ch in header_text):
-    raise refuse(path, "not a text table (control or NUL bytes; binary data, or UTF-16 "
-                 "without a byte order mark?); export it as CSV (UTF-8)")
-  counts = {d: _outside_quotes(header_text).count(d) for d in DELIMITERS}
-  delimiter = max(DELIMITERS, key=lambda d: counts[d])   # ties: the earlier in DELIMITERS
-  if counts[delimiter] == 0:
-    delimiter = ","
-  info["delimiter"] = delimiter
+  h, header_text, delimiter, sep = _header_line(path, lines, info)
   try:
     header = next(csv.reader([header_text], delimiter=delimiter, strict=True,
                              skipinitialspace=True))
@@ -171,7 +192,7 @@ def _split_lines(path: str, raw: bytes) -> Lines:
   body, text = lines[h + 1:], "\n".join(lines[h + 1:])
   joined = {}
   if '"' in text:
-    body, joined = _spanning_fields(body, delimiter, len(header), text)
+    body, joined = other_lines.spanning_fields(body, delimiter, len(header), text)
     text = "\n".join(body) if joined else text
   n = len(body)
   body_bytes = np.frombuffer((text + "\n" if n else "").encode("utf-8"), np.uint8)
@@ -193,7 +214,7 @@ def _split_lines(path: str, raw: bytes) -> Lines:
   for i in np.flatnonzero(plain & (delims + 1 != len(header))):
     bad.setdefault(int(i), f"{int(delims[i]) + 1} fields, the header has {len(header)}; the row "
                    "is set aside")
-  not_rows = _not_rows(body, header, header_text, delimiter, info, first, delims)
+  not_rows = other_lines.not_rows(body, header, header_text, delimiter, info, first, delims)
   for i in not_rows:
     bad.pop(i, None)
   quoted = (quotes > 0) & ~blank
@@ -208,122 +229,9 @@ def _split_lines(path: str, raw: bytes) -> Lines:
   if joined:
     info["fields_across_lines"] = len(joined)
   info["rows"] = int(n - blank.sum() - len(not_rows))
-  info["blank_lines"] = int(blank.sum() + h)
+  info["blank_lines"] = int(blank.sum() + h - sep)
   return Lines(path, source, header, h + 1, delimiter, body, h + 2, blank, bad, quoted, info,
                not_rows)
-
-
-# Lines a quoted field may span (a free-text comment with line breaks) before it must close.
-MAX_FIELD_LINES = 50
-
-
-def _spanning_fields(body: list[str], delimiter: str, fields: int,
-                     text: str) -> tuple[list[str], dict]:
-  """`body` with each record whose quoted field spans lines (an EHR export's comment with line
-  breaks: 'P1,140,"called' then 'the doctor"') on its first line, the breaks as spaces (its
-  other lines as they were); and {first line's index: lines joined after it}. Only where the
-  field closes within `MAX_FIELD_LINES`, every line it takes holds fewer delimiters than a
-  whole record (it is no row of its own) and the record has the header's `fields`: a stray
-  quote still costs its own line only. `text`: the lines joined by line ends."""
-  body, joined = list(body), {}
-  done = -1
-  for i in _lines_matching(body, text, '"'):
-    if i <= done or body[i].count('"') % 2 == 0:
-      continue
-    quotes, j = body[i].count('"'), i
-    while quotes % 2 and j + 1 < len(body) and j - i < MAX_FIELD_LINES:
-      j += 1
-      if body[j].count(delimiter) + 1 >= fields:
-        break
-      quotes += body[j].count('"')
-    record = " ".join(body[i:j + 1])
-    if quotes % 2 == 0 and body[j].count(delimiter) + 1 < fields and _fields(
-        record, delimiter) == fields:
-      body[i] = record
-      joined[i] = j - i
-      done = j
-  return body, joined
-
-
-def _lines_matching(body: list[str], text: str, pattern: str) -> list[int]:
-  """The indices of `body`'s lines (`text`, joined by line ends) where `pattern` matches: one
-  regex pass over the whole text, where a Python loop over millions of lines would not do."""
-  at = [m.start() for m in re.finditer(pattern, text)]
-  if not at:
-    return []
-  starts = np.cumsum([0, *(n + 1 for n in map(len, body[:-1]))])
-  return np.unique(np.searchsorted(starts, at, side="right") - 1).tolist()
-
-
-def _fields(line: str, delimiter: str) -> int:
-  """How many fields the csv module reads in `line` (0 where its quoting is malformed)."""
-  try:
-    return len(next(csv.reader([line], delimiter=delimiter, strict=True,
-                               skipinitialspace=True)))
-  except (csv.Error, StopIteration):
-    return 0
-
-
-# What a SQL tool's text output puts around the rows: a rule under the header (sqlcmd's and
-# psql's '-----', '+----+') and a row count after them ('(42 rows affected)', psql's
-# '(42 rows)', SQL*Plus's '42 rows selected.', MySQL's '42 rows in set (0.01 sec)', SSMS's
-# 'Completion time: ...').
-_RULE = re.compile(r"[\s|+:=\-]*(?:-{3,}|={3,})[\s|+:=\-]*")
-_ROW_COUNT = re.compile(r"\(\s*\d[\d,]*\s+rows?(?:\s+affected)?\s*\)|\d[\d,]*\s+rows?\s+"
-                        r"(?:affected|selected|in set\b.*)\.?|completion time: .*", re.IGNORECASE)
-
-
-def _not_rows(body: list[str], header: list[str], header_text: str, delimiter: str, info: dict,
-              first: np.ndarray, delims: np.ndarray) -> dict[int, str]:
-  """Body lines that are no rows, each with its reason: those repeating the header (`_repeats`)
-  and a SQL tool's rule and row count (`_RULE`, `_ROW_COUNT`); counted as
-  info['repeated_headers'] and info['sql_tool_lines']. Only lines whose first byte (`first`)
-  and delimiter count (`delims`) allow it are looked at: a file of millions of rows costs
-  a few numpy passes, not a Python loop over them."""
-  fold = np.where((first >= 65) & (first <= 90), first + 32, first)   # ASCII lower case
-  lead = header_text.lstrip("\ufeff\"").encode("utf-8")[:1].lower()
-  maybe_header = (np.isin(fold, np.frombuffer(lead + b'"\xef', np.uint8))
-                  & (delims + 1 == len(header)))
-  out = {i: "repeats the header line (files joined end to end?); the line is set aside"
-         for i in _repeats(body, header, delimiter, np.flatnonzero(maybe_header))}
-  info.update({"repeated_headers": len(out)} if out else {})
-  tool = 0
-  short = delims + 1 < len(header)   # a row count has fewer fields than a row; a rule need not
-  maybe_tool = (np.isin(fold, np.frombuffer(b"-=+|", np.uint8))
-                | (short & (np.isin(fold, np.frombuffer(b"(c", np.uint8))
-                            | ((fold >= 48) & (fold <= 57)))))
-  for i in np.flatnonzero(maybe_tool).tolist():
-    if i in out:
-      continue
-    text = body[i].replace(delimiter, " ").strip()
-    if _RULE.fullmatch(text) or _ROW_COUNT.fullmatch(text):
-      out[i] = ("a rule or row count of a SQL tool's text output, not a row (export the query "
-                "as CSV to leave it out); the line is set aside")
-      tool += 1
-  info.update({"sql_tool_lines": tool} if tool else {})
-  return out
-
-
-def _repeats(body: list[str], header: list[str], delimiter: str,
-             candidates: np.ndarray) -> tuple[int, ...]:
-  """Of the `candidates` body lines, those that repeat the header (files joined end to end, `cat
-  a.csv b.csv`: each part's header, a byte order mark or quotes around its names too),
-  compared ignoring case."""
-  if not header or not header[0]:
-    return ()
-  want = [h.casefold() for h in header]
-  out = []
-  for i in candidates.tolist():
-    if header[0].casefold() not in body[i][:256].casefold():
-      continue
-    try:
-      fields = next(csv.reader([body[i].lstrip("\ufeff")], delimiter=delimiter,
-                               skipinitialspace=True))
-    except (csv.Error, StopIteration):
-      continue
-    if [unicodedata.normalize("NFC", f.strip()).casefold() for f in fields] == want:
-      out.append(i)
-  return tuple(out)
 
 
 def _is_control(ch: str) -> bool:
