@@ -41,7 +41,7 @@ def dates(col: pd.Series, name: str) -> bool:
     return True
   if col.dtype.kind in "fiu":
     v = col.to_numpy(np.float64)
-    v = v[~np.isnan(v)]
+    v = v[np.isfinite(v)]   # an 'inf' cell is no date (and would warn in the // below)
     if not len(v) or np.max(v) < 18_500_101:   # no value is a day of 1850 or after
       return False
     month, day = v // 100 % 100, v % 100
