@@ -246,9 +246,10 @@ def _read_tables(root: str, data, budgets: dicom.Budgets, problems: tables.Probl
   def table(name):
     """The table's path, None when absent; anything but a regular file (a FIFO that would block
     the read, a device, a directory, a link out of the cohort) or an oversized one is refused."""
-    if not accounting.table_file(root, name):
+    rel = accounting.table_file(root, name)
+    if not rel:
       return None
-    path = os.path.join(root, accounting.table_file(root, name))
+    path = os.path.join(root, rel)
     try:
       dicom.check_path(path, budgets, roots=(root,))
     except dicom.RejectedFile as e:
