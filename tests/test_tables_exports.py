@@ -523,13 +523,17 @@ def test_wide_labs_without_units_in_si_are_converted_by_their_values(tmp_path):
                 "P3,600,120,135,,,1.2\n")
   problems = tables.Problems("quarantine")
   labs = tables.read_labs(path, (), {}, problems, tables.value_ranges())
-  np.testing.assert_allclose(labs.values, [[1.0, 14.0, 140, 4.0, 13862, 1.0],
-                                           [0.4, 9.5, np.nan, 3.5, 200, np.nan],
-                                           [6.786, 12.0, 135, np.nan, np.nan, 1.2]], rtol=1e-3)
+  # 'crea' and 'Creatinine' name one analyte: one column of the model, 'crea''s value first.
+  assert labs.analytes == ["crea", "hgb", "sod", "alb", "alk.phos"]
+  np.testing.assert_allclose(labs.values, [[1.0, 14.0, 140, 4.0, 13862],
+                                           [0.4, 9.5, np.nan, 3.5, 200],
+                                           [6.786, 12.0, 135, np.nan, np.nan]], rtol=1e-3)
   info = problems.files["labs.csv"]
   assert info["si_units_by_value"] == 8
   assert info["analyte_units"] == {"crea": "mg/dL", "hgb": "g/dL", "alb": "g/dL"}
-  assert info["values"]["out_of_range"] == {"sod": 1, "Creatinine": 1}
+  assert info["values"]["out_of_range"] == {"sod": 1, "crea": 1}
+  assert "column 'Creatinine': value '88.0' is outside" in problems.items[1].reason
+  assert problems.items[2].reason.startswith("columns 'crea' and 'Creatinine' both give analyte")
   assert "8 values read as SI units or counts per µL by their values" in _ingest_table(problems)
 
 
@@ -734,10 +738,10 @@ def test_wide_labs_with_a_row_per_draw_keep_each_analytes_first_value(tmp_path):
   rest were set aside), where the same data in a long file kept them: each analyte's first
   usable value now wins in both. A later row that adds nothing is still set aside; a value it
   repeats is reported, not used."""
-  path = _write(tmp_path, "labs.csv", "patient_id,date,Na,Glucose\n"
-                "P1,2024-01-01,140,\nP1,2024-01-02,150,95\n"     # Glucose from the second draw
-                "P2,2024-01-01,141,96\nP2,2024-01-03,142,97\n"   # adds nothing: set aside
-                "P3,2024-01-01,,\nP3,2024-01-02,x,98\nP3,2024-01-04,139,\n")
+  path = _write(tmp_path, "labs.csv", "patient_id,Na,Glucose\n"
+                "P1,140,\nP1,150,95\n"     # Glucose from the second draw
+                "P2,141,96\nP2,142,97\n"   # adds nothing: set aside
+                "P3,,\nP3,x,98\nP3,139,\n")
   problems = tables.Problems("quarantine")
   labs = tables.read_labs(path, (), {}, problems)
   assert labs.ids.tolist() == ["P1", "P2", "P3"]
@@ -750,6 +754,55 @@ def test_wide_labs_with_a_row_per_draw_keep_each_analytes_first_value(tmp_path):
                 "P1,Glucose,95\nP2,Na,141\nP2,Glucose,96\nP3,Na,x\nP3,Glucose,98\nP3,Na,139\n")
   same = tables.read_labs(long, ("Na", "Glucose"), {}, tables.Problems("quarantine"))
   np.testing.assert_allclose(same.values, labs.values)
+
+
+def test_labs_with_a_draw_date_keep_each_patients_earliest_draw(tmp_path):
+  """An export newest first (a 'date' or 'collection_date' column) kept each patient's latest
+  labs, where a file with MIMIC's charttime kept the earliest: a wide file's row per draw, or a
+  long file's later value, read as a duplicate of the first in the file. A draw date is a draw
+  time now, wide or long: each analyte's earliest value wins, a later draw is counted, not
+  reported; two rows on one date are still duplicates."""
+  wide = _write(tmp_path, "labs.csv", "patient_id,Collection Date,Na,Glucose\n"
+                "P1,2024-03-01,150,99\nP1,2024-01-01,140,\n"   # Glucose from the later draw
+                "P2,2024-01-01,141,96\nP2,2024-01-01,142,97\n"  # one date twice: a duplicate
+                "P3,unknown,138,90\nP3,2024-02-01,139,\n")      # an unreadable date goes last
+  problems = tables.Problems("quarantine")
+  labs = tables.read_labs(wide, (), {}, problems)
+  assert labs.ids.tolist() == ["P1", "P2", "P3"] and labs.analytes == ["Na", "Glucose"]
+  np.testing.assert_allclose(labs.values, [[140, 99], [141, 96], [139, 90]])
+  assert [(p.line, p.what) for p in problems.items] == [(5, "row")]
+  assert problems.items[0].reason.startswith("duplicate patient row (line 4 has this patient)")
+  assert problems.files["labs.csv"]["later_draws"] == 2
+  long = _write(tmp_path, "long.csv", "patient_id,date,analyte,value\nP1,2024-03-01,Na,150\n"
+                "P1,2024-03-01,Glucose,99\nP1,2024-01-01,Na,140\nP2,2024-01-01,Na,141\n"
+                "P2,2024-01-01,Glucose,96\nP3,2024-02-01,Na,139\nP3,unknown,Glucose,90\n")
+  problems = tables.Problems("quarantine")
+  same = tables.read_labs(long, ("Na", "Glucose"), {}, problems)
+  np.testing.assert_allclose(same.values, labs.values)
+  assert problems.items == [] and problems.files["long.csv"]["later_draws"] == 1
+
+
+def test_wide_columns_that_name_one_analyte_are_one_analyte(tmp_path):
+  """Two lab systems' columns in one wide export, 'Na' beside 'SODIUM': with config.data.analytes
+  naming 'sodium', both were ignored as 'not in config.data.analytes' and every sodium was lost;
+  without, they were two analytes, each half empty. Columns that name one analyte (as a long
+  file's rows do: `analytes.same_analyte`) are one, spelt as config.data.analytes spells it;
+  where both give a value the first column's is used, and a disagreement is reported."""
+  path = _write(tmp_path, "labs.csv", "patient_id,Na,SODIUM,Hgb\n"
+                "P1,140,,13\nP2,,141,12\nP3,138,138,11\nP4,135,145,10\n")
+  for analytes, spelt in (((), "Na"), (("sodium", "Hgb"), "sodium")):
+    problems = tables.Problems("quarantine")
+    labs = tables.read_labs(path, analytes, {}, problems, tables.value_ranges())
+    assert labs.analytes == [spelt, "Hgb"]
+    np.testing.assert_allclose(labs.values, [[140, 13], [141, 12], [138, 11], [135, 10]])
+    assert [(p.line, p.what) for p in problems.items] == [(5, "values")]
+    assert problems.items[0].reason == (
+        f"columns 'Na' and 'SODIUM' both give analyte {spelt!r} and differ; the value in 'Na' "
+        "is used")
+    assert problems.files["labs.csv"]["columns_merged"] == {spelt: 2}
+  problems = tables.Problems("quarantine")   # config.data.rename mapping two columns to one
+  labs = tables.read_labs(path, ("Na", "Hgb"), {"SODIUM": "Na"}, problems)
+  np.testing.assert_allclose(labs.values[:, 0], [140, 141, 138, 135])
 
 
 def test_labels_columns_that_are_not_read_are_named_not_dropped_quietly(tmp_path):
@@ -804,14 +857,14 @@ def test_cell_counts_in_any_spelling_of_their_unit_are_one_scale(tmp_path):
   assert [p.patient for p in problems.items] == ["P4"]
   assert "analyte 'WBC' in '/hpf'" in problems.items[0].reason
   wide = _write(tmp_path, "wide.csv", "patient_id,Platelets (/uL),WBC (K/µL),plt,Hb\n"
-                "P1,250000,7.5,250000,14\nP2,300000,8.2,310000,13\nP3,180000,4.0,170000,12\n")
+                "P1,250000,7.5,,14\nP2,,8.2,310000,13\nP3,180000,4.0,180000,12\n")
   problems = tables.Problems("raise")
   labs = tables.read_labs(wide, (), {}, problems, tables.value_ranges())
-  np.testing.assert_allclose(labs.values, [[250, 7.5, 250, 14], [300, 8.2, 310, 13],
-                                           [180, 4.0, 170, 12]])
+  assert labs.analytes == ["Platelets", "WBC", "Hb"]   # 'plt' is Platelets: one column
+  np.testing.assert_allclose(labs.values, [[250, 7.5, 14], [310, 8.2, 13], [180, 4.0, 12]])
   info = problems.files["wide.csv"]
-  assert info["si_units_converted"] == 3 and info["si_units_by_value"] == 3
-  assert info["analyte_units"] == {"Platelets": "10^9/L", "WBC": "K/µL", "plt": "10^9/L"}
+  assert info["si_units_converted"] == 2 and info["si_units_by_value"] == 2
+  assert info["analyte_units"] == {"Platelets": "10^9/L", "WBC": "K/µL"}
 
 
 def test_a_long_files_names_of_one_analyte_are_one_analyte(tmp_path):

@@ -262,13 +262,15 @@ def test_a_header_cell_that_may_identify_a_patient_is_never_echoed(tmp_path, ide
   assert result.tables["analytes"].tolist() == ["Na"]
   everything = json.dumps([result.quarantine, result.summary])
   assert ident not in everything and "withheld" in everything
-  for labs in (f"patient_id,Na,{ident},{ident}\nP1,1,2,3\n",     # a duplicate name
-               f"patient_id,Na,{ident}\nP1,1,2\n"):                # two columns give Na
-    (root / "labs.csv").write_text(labs)
-    with pytest.raises(errors.InputError) as e:
-      ingest.run(_config(analytes=("Na",), rename={ident: "Na"}, vitals_channels=("hr",)),
-                 str(tmp_path / "w2"), str(root))
-    assert ident not in str(e.value)
+  renamed = _config(analytes=("Na",), rename={ident: "Na"}, vitals_channels=("hr",))
+  (root / "labs.csv").write_text(f"patient_id,Na,{ident},{ident}\nP1,1,2,3\n")   # one name twice
+  with pytest.raises(errors.InputError) as e:
+    ingest.run(renamed, str(tmp_path / "w2"), str(root))
+  assert ident not in str(e.value)
+  (root / "labs.csv").write_text(f"patient_id,Na,{ident}\nP1,140,150\n")   # two give Na
+  result = ingest.run(renamed, str(tmp_path / "w2"), str(root))
+  everything = json.dumps([result.quarantine, result.summary])
+  assert "both give analyte 'Na' and differ" in everything and ident not in everything
   (root / "labs.csv").unlink()
   (root / "vitals.csv").write_text(f"patient_id,hour,{ident}\nP1,0,1\n")   # no hr column
   with pytest.raises(errors.InputError) as e:

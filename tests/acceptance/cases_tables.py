@@ -1783,3 +1783,30 @@ def _(ctx):
 @case("tables", "vitals: written newest first", ACCEPTED)
 def _(ctx):
   return _tables(ctx, vitals=table(VH, vitals_rows(hours=(2, 1, 0))))
+
+
+@case("tables", "labs wide: a row per draw, newest first, by collection date", ACCEPTED)
+def _(ctx):
+  # The file's first row of a patient won: each patient's latest labs, and its earlier draws
+  # quarantined as duplicate patient rows.
+  rows = [f"{pid},2024-01-0{1 + d},{135 + i + d},4.{d},{98 + i}" for i, pid in enumerate(IDS)
+          for d in (2, 1, 0)]
+  return _tables(ctx, labs=table("patient_id,Collection Date,Na,K,Cl", rows),
+                 checks=[_lab_value(IDS[0], "Na", 135), _lab_value(IDS[9], "K", 4.0),
+                         lib.table_info("labs.csv", "later_draws", 20),
+                         lib.table_info("labs.csv", "rows_quarantined", 0)])
+
+
+@case("tables", "labs wide: two lab systems' sodium columns (Na, SODIUM)", QUARANTINED)
+def _(ctx):
+  # 'SODIUM' was an analyte of its own beside 'Na', each half empty; with config.data.analytes
+  # naming only 'Na' its values were ignored. Patient 4's two values disagree.
+  rows = [f"{pid},{135 + i if i < 5 else ''},{135 + i if i >= 4 else ''},4.{i},{98 + i}"
+          for i, pid in enumerate(IDS)]
+  rows[4] = f"{IDS[4]},139,140,4.4,102"
+  return _tables(ctx, labs=table("patient_id,Na,SODIUM,K,Cl", rows),
+                 checks=[_analytes(["Na", "K", "Cl"]), _lab_value(IDS[9], "Na", 144),
+                         _lab_value(IDS[4], "Na", 139),
+                         lib.table_info("labs.csv", "columns_merged", {"Na": 2})],
+                 quarantined=[Quarantined("labs.csv", "columns 'Na' and 'SODIUM' both give "
+                                          "analyte 'Na' and differ", line=6)])

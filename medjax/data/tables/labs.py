@@ -19,7 +19,7 @@ from medjax.data.tables import values as values_lib
 
 # A wide file's columns that are neither analytes nor identifiers (by `csvfile.column_key`):
 # the draw's date or time (MIMIC's charttime too).
-_NOT_ANALYTES = frozenset({"date", ""} | {csvfile.column_key(c) for c in values_lib.TIME_COLUMNS})
+_NOT_ANALYTES = frozenset({""} | {csvfile.column_key(c) for c in labs_long.DRAW_TIME_COLUMNS})
 
 
 @dataclasses.dataclass
@@ -43,11 +43,12 @@ def read_labs(path: str, analytes: Sequence[str], rename: dict[str, str],
     ranges: `tables.value_ranges()` (analyte key -> plausible (low, high)); values outside are
       set to missing.
     fold_case: casefold patient ids (config.data.ids_case_insensitive).
-    date_order: a long file's time column's dates ('03/01/2020'), config.data.date_order.
+    date_order: the draw time column's dates ('03/01/2020'), config.data.date_order.
 
   Returns:
-    Labs with one row per patient: each analyte's first usable value, in file order (a
-    patient's later rows fill what its earlier ones left missing).
+    Labs with one row per patient: each analyte's earliest usable value by the file's draw
+    time, else its first in the file (later rows fill what earlier ones left missing); columns
+    naming one analyte ('Na', 'SODIUM') are one, the first column's value used first.
   """
   ranges = ranges or {}
   cols = {"date_order": date_order}
@@ -56,8 +57,8 @@ def read_labs(path: str, analytes: Sequence[str], rename: dict[str, str],
     cols["header"] = header = values_lib.renamed(lines.header, rename)
     cols["pid"] = csvfile.find_column(lines, values_lib.PATIENT_COLUMNS, "patient id", header)
     cols.update(values_lib.long_columns(header))
+    cols["time"] = csvfile.column_index(header, labs_long.DRAW_TIME_COLUMNS)
     if "analyte" in cols:
-      cols["time"] = csvfile.column_index(header, values_lib.TIME_COLUMNS)
       return [j for j in range(len(header)) if j != cols["value"]]
     return [cols["pid"]] + [j for j, h in enumerate(header)
                             if csvfile.column_key(h) in _NOT_ANALYTES
@@ -81,15 +82,16 @@ def read_labs(path: str, analytes: Sequence[str], rename: dict[str, str],
   names, units = _names_and_units(frame.columns, columns, categories, rename, analytes)
   units.update({j: u for j, u in row_units.items() if j in columns and j not in units})
   units.update(cell_units)
-  _check_renamed(lines.path, [frame.columns[j] for j in columns], names, problems.known_ids)
   columns, names = _in_known_units(frame, lines, columns, names, units, problems.known_ids,
                                    found)
+  names = list(labs_long.one_name_per_analyte(np.array(names, object), analytes,
+                                              problems.known_ids, lines.info))
   if not analytes:
     # Analytes from the header: a name that may identify a patient (a shifted row, a pasted
     # id) becomes no analyte, which would carry it into tables.npz and the summary (an
     # indicator's name is its column's and a category checked alike).
-    analytes = [n for j, n in zip(columns, names)
-                if j in categories or not values_lib.withheld(n, problems.known_ids)]
+    analytes = list(dict.fromkeys(n for j, n in zip(columns, names) if j in categories
+                                  or not values_lib.withheld(n, problems.known_ids)))
   index = {a: i for i, a in enumerate(analytes)}
   for j, name in zip(columns, names):
     if name not in index:
@@ -103,8 +105,8 @@ def read_labs(path: str, analytes: Sequence[str], rename: dict[str, str],
                                  f"empty {frame.columns[cols['pid']]!r}; the row is set aside"))
   read = [(j, name) for j, name in zip(columns, names) if name in index]
   _wide_in_conventional_units(frame, read, units, ranges, problems.known_ids, lines.info)
-  patients, values = _one_row_per_patient(frame, lines, read, index, ids, np.flatnonzero(~empty),
-                                          ranges, id_set, found)
+  patients, values = _one_row_per_patient(frame, lines, cols, read, index, ids,
+                                          np.flatnonzero(~empty), ranges, id_set, found)
   problems.files[source] = lines.info
   problems.extend(found)
   return Labs(list(analytes), patients, values)
@@ -250,24 +252,64 @@ def _si_by_value(frame, j, factors: dict[str, float], bounds) -> float | None:
 def _column_values(frame, read, index, rows, ranges, id_set) -> tuple[np.ndarray, list, dict]:
   """The (rows, analytes) values of the columns `read` ((column, analyte) pairs) in `rows`, their
   problems, and what they add to the file's info (bad values' counts, decimal commas, values
-  at an assay's limit)."""
+  at an assay's limit). Of columns giving one analyte, the first's value is used where both
+  give one; where they differ, that is a 'values' problem."""
   values = np.full((len(rows), len(index)), np.nan, np.float32)
-  found, info = [], {}
+  found, info, first = [], {}, {}
   for j, name in read:
-    v, probs, counts, notes = values_lib.read_values(frame, j, name, "column", ranges, id_set,
+    # A column merged by name ('Sodium' into 'Na') is named as the file spells it.
+    spelt = (frame.columns[j] if analytes_lib.key(frame.columns[j]) == analytes_lib.key(name)
+             else name)
+    v, probs, counts, notes = values_lib.read_values(frame, j, spelt, "column", ranges, id_set,
                                                      rows)
-    values[:, index[name]] = v
+    a = index[name]
+    if name in first:
+      info.setdefault("columns_merged", {})[name] = info.get("columns_merged", {}).get(name, 1) + 1
+      differ = ~np.isnan(values[:, a]) & ~np.isnan(v) & ~np.isclose(values[:, a], v, rtol=1e-3)
+      if differ.any():
+        found.append(_differing(frame, (first[name], j), name, frame.lines[rows[differ]],
+                                id_set))
+      v = np.where(np.isnan(values[:, a]), v, values[:, a])
+    first.setdefault(name, j)
+    values[:, a] = v
     found += probs
     values_lib.count_values(info, counts, name)
     values_lib.add_counts(info, notes)
   return values, found, info
 
 
-def _one_row_per_patient(frame, lines, read, index, ids, rows, ranges, id_set, found):
+def _differing(frame, columns, name, at, ids) -> csvfile.Problem:
+  """The 'values' problem of two columns giving analyte `name` different values on lines `at`."""
+  kept, other = (values_lib.shown(frame.columns[j], ids) for j in columns)
+  more = f" ({len(at)} rows, first on lines {', '.join(map(str, at[:5]))})" if len(at) > 1 else ""
+  return csvfile.Problem(
+      frame.source, int(at[0]), f"columns {kept} and {other} both give analyte "
+      f"{values_lib.shown(name, ids)} and differ{more}; the value in {kept} is used",
+      "values", len(at), tuple(int(x) for x in at[:values_lib.SHOWN_LINES]))
+
+
+def _in_draw_order(frame, cols, rows, ids, info) -> tuple[np.ndarray, np.ndarray]:
+  """`rows` with each patient's in the order of their draw times (`labs_long.draw_hours`; file
+  order between equals), where the file has a draw time and a patient has several rows; and
+  whether each (in that order) is a later draw than its patient's row before it."""
+  later = np.zeros(len(rows), bool)
+  if cols["time"] is None or not pd.Series(ids[rows]).duplicated().any():
+    return rows, later
+  codes, _ = pd.factorize(pd.Series(ids[rows], dtype=object))
+  hours = labs_long.draw_hours(frame, cols, rows, info)
+  order = np.lexsort((np.arange(len(rows)), hours, codes))
+  codes, hours = codes[order], hours[order]
+  later[1:] = (codes[1:] == codes[:-1]) & (hours[1:] > hours[:-1])
+  return rows[order], later
+
+
+def _one_row_per_patient(frame, lines, cols, read, index, ids, rows, ranges, id_set, found):
   """A wide file's (patients, values), one row per patient, as a long file's: each analyte's
-  first usable value (in file order) wins, so a patient's later row (a later draw) fills the
-  analytes its earlier rows left missing. A later row that adds none is set aside ("duplicate
-  patient row"); a later value of an analyte already given is reported and not used."""
+  first usable value in draw order (`_in_draw_order`) wins, so a patient's later row (a later
+  draw) fills the analytes its earlier rows left missing. A later row that adds none is set
+  aside, a "duplicate patient row" unless drawn later (info['later_draws'] counts those); a
+  later value of an analyte already given is not used, and reported unless drawn later."""
+  rows, drawn_later = _in_draw_order(frame, cols, rows, ids, lines.info)
   values, probs, info = _column_values(frame, read, index, rows, ranges, id_set)
   codes, patients = pd.factorize(pd.Series(ids[rows], dtype=object))
   usable = ~np.isnan(values)
@@ -276,8 +318,9 @@ def _one_row_per_patient(frame, lines, read, index, ids, rows, ranges, id_set, f
                   if later.any() else np.zeros_like(usable))
   wins = usable & ~given_before
   aside = later & ~wins.any(axis=1)
-  first = values_lib.first_lines(ids[rows], frame.lines[rows], np.flatnonzero(aside))
-  for i, line in zip(rows[aside], first):
+  duplicate = aside & ~drawn_later
+  first = values_lib.first_lines(ids[rows], frame.lines[rows], np.flatnonzero(duplicate))
+  for i, line in zip(rows[duplicate], first):
     found.append(csvfile.Problem(frame.source, int(frame.lines[i]), "duplicate patient row (line "
                                  f"{line} has this patient); the row is set aside",
                                  patient=ids[i]))
@@ -285,9 +328,9 @@ def _one_row_per_patient(frame, lines, read, index, ids, rows, ranges, id_set, f
     _, probs, info = _column_values(frame, read, index, rows[~aside], ranges, id_set)
   found += probs
   lines.info.update(info)   # the wide path is the only one to count the file's values
-  repeated = usable & given_before & ~aside[:, None]
+  repeated = usable & given_before & ~(aside | drawn_later)[:, None]
   for name, a in index.items():
-    at = frame.lines[rows[repeated[:, a]]]
+    at = np.sort(frame.lines[rows[repeated[:, a]]])
     if len(at):
       more = (f" ({len(at)} such values, first on lines {', '.join(map(str, at[:5]))})"
               if len(at) > 1 else "")
@@ -297,6 +340,8 @@ def _one_row_per_patient(frame, lines, read, index, ids, rows, ranges, id_set, f
           len(at), tuple(int(x) for x in at[:values_lib.SHOWN_LINES])))
   if (later & ~aside).any():
     lines.info["rows_merged"] = int(np.sum(later & ~aside))
+  if drawn_later.any():
+    lines.info["later_draws"] = int(drawn_later.sum())
   out = np.full((len(patients), len(index)), np.nan, np.float32)
   r, a = np.nonzero(wins)
   out[codes[r], a] = values[r, a]
@@ -309,16 +354,6 @@ def _ignored(frame, lines, j: int, ids: set[str], what: str) -> csvfile.Problem:
   return csvfile.Problem(frame.source, lines.header_line,
                          f"column {j + 1} ({values_lib.shown(frame.columns[j], ids)}) {what}",
                          "column")
-
-
-def _check_renamed(path: str, columns: list[str], names: list[str], ids: set[str]) -> None:
-  seen = {}
-  for column, name in zip(columns, names):
-    if name in seen:
-      raise csvfile.refuse(path, f"columns {values_lib.shown(seen[name], ids)} and "
-                           f"{values_lib.shown(column, ids)} both give analyte "
-                           f"{values_lib.shown(name, ids)} (config.data.rename); keep one")
-    seen[name] = column
 
 
 def _unnamed(frame: csvfile.Frame, lines: csvfile.Lines) -> list[csvfile.Problem]:

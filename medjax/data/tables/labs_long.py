@@ -14,6 +14,15 @@ from medjax.data.tables import timestamps
 from medjax.data.tables import values as values_lib
 
 
+# A lab row's draw time, in order of preference: a time (`values.TIME_COLUMNS`: MIMIC's
+# charttime, OMOP's measurement_datetime), else a date (an export's collection or result date),
+# so that a patient's earliest draw is the one kept, wide or long.
+DRAW_TIME_COLUMNS = values_lib.TIME_COLUMNS + (
+    "collection_datetime", "collected_datetime", "specimen_datetime", "result_datetime",
+    "date_time", "date", "collection_date", "collected_date", "collected", "draw_date",
+    "drawn_date", "specimen_date", "sample_date", "result_date", "lab_date", "test_date")
+
+
 def read_long(lines, frame, cols, analytes, rename, problems, ranges,
               fold_case) -> tuple[list, np.ndarray, np.ndarray]:
   """A long labs.csv (an analyte and a value column: `labs.read_labs`): (analytes, patient
@@ -25,7 +34,7 @@ def read_long(lines, frame, cols, analytes, rename, problems, ranges,
                             lambda s: rename.get(s.strip(), s.strip())),
       analytes, lines.info, "analytes_merged_by_case")
   names = columns_lib.long_units(frame, cols, names, analytes, lines.info)
-  names = _one_name_per_analyte(names, analytes, problems.known_ids, lines.info)
+  names = one_name_per_analyte(names, analytes, problems.known_ids, lines.info)
   frame, names, ids = categories_lib.long_rows(frame, cols, names, ids, analytes or None,
                                                problems.known_ids, lines.info)
   if not analytes:
@@ -79,10 +88,11 @@ def read_long(lines, frame, cols, analytes, rename, problems, ranges,
   return list(analytes), np.asarray(patients, dtype=object), out
 
 
-def _one_name_per_analyte(names, analytes, known_ids, info) -> np.ndarray:
+def one_name_per_analyte(names, analytes, known_ids, info) -> np.ndarray:
   """The names exports give one analyte (`analytes.same_analyte`: 'Platelets', 'PLT' and
-  'Platelet Count', as two lab systems' rows merged into one file spell them) as one, spelt as
-  config.data.analytes spells it, else as most rows do (ties: the first seen); a name that
+  'Platelet Count', as two lab systems' rows merged into one file spell them; a long file's
+  rows' or a wide file's columns') as one, spelt as config.data.analytes spells it, else as
+  most rows do (ties: the first seen); a name that
   config.data.analytes lists, or that may identify a patient, stays itself. The merges go to
   info['analytes_merged_by_name'] (summary.json's tables.labs.csv)."""
   codes, uniques = pd.factorize(pd.Series(names, dtype=object))
@@ -182,17 +192,23 @@ def _rescaled(frame, value_column, rows, units, major, other) -> np.ndarray:
   return factor
 
 
+def draw_hours(frame, cols, rows, info) -> np.ndarray:
+  """The draw times of `rows` in hours by the file's time column (cols['time'], of
+  `DRAW_TIME_COLUMNS`), an unreadable one after every readable one; all 0 without one."""
+  if cols.get("time") is None:
+    return np.zeros(len(rows))
+  hours, kind = timestamps.times(frame.frame[cols["time"]].iloc[rows], frame.delimiter != ",",
+                                 cols.get("date_order", "auto"), info)
+  return np.where(kind > 0, hours, np.inf)
+
+
 def _earliest_draws(frame, cols, rows, keys, names, ids, id_set, info, found) -> np.ndarray:
   """Of a long file's usable `rows`, the one kept for each patient and analyte (`keys`), as an
   index into `rows`: the earliest by the file's time column (a charttime), if it has one, else
   the first in the file. A later draw is what such a file holds (MIMIC's labevents: hundreds per
   patient), counted as info['later_draws']; a second value at the same time, or in a file
   without times, is a duplicate, set aside with its reason."""
-  hours = np.zeros(len(rows))
-  if cols["time"] is not None:
-    hours, kind = timestamps.times(frame.frame[cols["time"]].iloc[rows], frame.delimiter != ",",
-                                   cols.get("date_order", "auto"), info)
-    hours = np.where(kind > 0, hours, np.inf)   # an unreadable time: after every readable one
+  hours = draw_hours(frame, cols, rows, info)
   order = np.lexsort((np.arange(len(rows)), hours, keys))
   dup = np.zeros(len(rows), bool)
   dup[order[1:]] = keys[order[1:]] == keys[order[:-1]]
