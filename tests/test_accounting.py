@@ -6,6 +6,7 @@ import dataclasses
 import gzip
 import json
 import os
+import zipfile
 
 import numpy as np
 import pydicom
@@ -158,6 +159,48 @@ def test_gzipped_tables_are_read_as_mimic_ships_them(tmp_path, monkeypatch):
   monkeypatch.setattr(csvfile, "MAX_UNPACKED_BYTES", 4 << 10)
   with pytest.raises(errors.InputError, match=r"labs.csv.gz: unpacks to more than 0 MiB"):
     _ingest(tmp_path, root)
+
+
+def test_zipped_tables_are_read_as_a_mail_or_a_share_packs_them(tmp_path):
+  """labs.csv.zip (an export zipped for mail, with a Mac's __MACOSX/ entry) was 'not part of a
+  cohort's layout; unpack it to labs.csv': every lab lost. A table's zip holding one file is read
+  where neither the table nor its gzip is there; a zip holding several files, cut short, or
+  encrypted is refused with one line naming it and what to do."""
+  root = tmp_path / "cohort"
+  root.mkdir()
+  (root / "labels.csv").write_text("patient_id,diagnosis\nP1,flu\nP2,copd\n")
+  with zipfile.ZipFile(root / "labs.csv.zip", "w", zipfile.ZIP_DEFLATED) as z:
+    z.writestr("__MACOSX/._labs.csv", b"\0\5\26\7")
+    z.writestr("export 2024/labs.csv", "patient_id,Na,K\nP1,140,4\nP2,abc,4.1\n")
+  result = _ingest(tmp_path, root)
+  assert len(result.manifest) == 2 and not _patients(result) and not _files(result)
+  assert [(q["path"], q["line"]) for q in result.quarantine if "line" in q] == [("labs.csv", 3)]
+  assert result.summary["accounting"]["files"]["tables_read"] == 2
+  packed = (root / "labs.csv.zip").read_bytes()
+  with zipfile.ZipFile(root / "labs.csv.zip", "w") as z:
+    z.writestr("labs.csv", "patient_id,Na\nP1,140\n")
+    z.writestr("vitals.csv", "patient_id,hour,hr\nP1,0,80\n")
+  for data, refusal in ((None, "holds 2 files where a zipped table holds one; unpack the "
+                         "table's file to its name"),
+                        (packed[:len(packed) // 2], "is a zip file cut short or damaged"),
+                        (_encrypted(packed), "is zipped encrypted or by a method Python cannot "
+                         "unpack; unpack it to labs.csv")):
+    if data is not None:
+      (root / "labs.csv.zip").write_bytes(data)
+    with pytest.raises(errors.InputError, match=r"labs.csv.zip: " + refusal):
+      _ingest(tmp_path, root)
+
+
+def _encrypted(packed: bytes) -> bytes:
+  """A zip's bytes with its members flagged encrypted (bit 0 of the general purpose flag, in
+  each local header and central directory entry), as a password-protected export is."""
+  data = bytearray(packed)
+  for signature, at in ((b"PK\3\4", 6), (b"PK\1\2", 8)):
+    start = data.find(signature)
+    while start >= 0:
+      data[start + at] |= 1
+      start = data.find(signature, start + 4)
+  return bytes(data)
 
 
 def test_a_patient_whose_every_image_is_rejected_is_accounted_for(tmp_path):

@@ -28,8 +28,9 @@ NO_LABEL = "its PatientID has no row in labels.csv"
 
 def table_file(root: str, table: str) -> str:
   """The file a table is read from, relative to `root`: `table` (labs.csv), else its gzip
-  (labs.csv.gz, as MIMIC ships its tables) where only that is there; '' where neither is."""
-  for name in (table, table + ".gz"):
+  (labs.csv.gz, as MIMIC ships its tables), else its zip (labs.csv.zip, as a mail or a file
+  share packs an export); '' where none is."""
+  for name in (table, table + ".gz", table + ".zip"):
     if os.path.lexists(os.path.join(root, name)):
       return name
   return ""
@@ -112,9 +113,9 @@ def foreign_files(root: str, skip: tuple[str, ...] = ()) -> list[dict]:
     hint, meant, stem = "", meant_as(rel), os.path.splitext(rel)[0]
     if stem in TABLE_FILES[:3] and table_file(root, stem) == rel:   # labs.csv.gz, read
       continue
-    if stem in TABLE_FILES:   # labs.csv.gz beside labs.csv, or another packing (.zip, .bz2)
-      hint = (f"{stem} beside it is read" if os.path.lexists(os.path.join(root, stem))
-              else f"unpack it to {stem}")
+    if stem in TABLE_FILES:   # labs.csv.zip beside labs.csv, or another packing (.bz2)
+      read = table_file(root, stem) if stem in TABLE_FILES[:3] else ""
+      hint = f"{read} beside it is read" if read else f"unpack it to {stem}"
     elif meant and not os.path.exists(os.path.join(root, meant)):   # Labs.xlsx, no labs.csv
       hint = table_hint(rel)
     out.append({"path": rel, "stage": "scan",

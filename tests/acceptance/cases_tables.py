@@ -11,6 +11,7 @@ from __future__ import annotations
 import gzip
 import os
 import random
+import zipfile
 
 import numpy as np
 
@@ -1121,6 +1122,31 @@ def _(ctx):
       os.remove(os.path.join(root, name))
   return _tables(ctx, setup=pack, checks=[lib.table_info("labs.csv", "values_set_missing", {}),
                                           _lab(IDS[1], "Na", True)])
+
+
+@case("tables", "labs and vitals zipped for mail (labs.csv.zip, a __MACOSX/ entry)", ACCEPTED)
+def _(ctx):
+  # They were not part of the layout ('unpack it to labs.csv'): every lab and vital lost.
+  def pack(root):
+    for name in ("labs.csv", "vitals.csv"):
+      with zipfile.ZipFile(os.path.join(root, name + ".zip"), "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr(f"__MACOSX/._{name}", b"\0\5\26\7")
+        z.write(os.path.join(root, name), f"export/{name}")
+      os.remove(os.path.join(root, name))
+  return _tables(ctx, setup=pack, checks=[lib.table_info("labs.csv", "values_set_missing", {}),
+                                          _lab(IDS[1], "Na", True),
+                                          lib.table_info("vitals.csv", "rows", 30)])
+
+
+@case("tables", "labs.csv.zip holding two tables", CLEAR)
+def _(ctx):
+  def pack(root):
+    with zipfile.ZipFile(os.path.join(root, "labs.csv.zip"), "w") as z:
+      z.write(os.path.join(root, "labs.csv"), "labs.csv")
+      z.write(os.path.join(root, "vitals.csv"), "vitals.csv")
+    os.remove(os.path.join(root, "labs.csv"))
+  return _tables(ctx, setup=pack, error="labs.csv.zip: holds 2 files where a zipped table "
+                 "holds one")
 
 
 @case("tables", "labs.csv.gz cut short", CLEAR)

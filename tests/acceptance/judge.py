@@ -169,8 +169,8 @@ def conservation(run: Run, manifest: list[dict], pseudonym) -> tuple[list, bool]
   named = {str(e["path"]).rstrip("/") for e in entries + run.decode_quarantine()
            if e.get("path") and "line" not in e}
   folders = tuple(n + os.sep for n in named)
-  # A table's gzip (labs.csv.gz) is read where the table itself is not there.
-  tables = {f if f in disk else f + ".gz" for f in TABLES} & disk
+  # A table's gzip (labs.csv.gz), else its zip, is read where the table itself is not there.
+  tables = {next((n for n in (f, f + ".gz", f + ".zip") if n in disk), f) for f in TABLES} & disk
   lost = sorted(f for f in disk if f not in referenced and f not in named and f not in tables
                 and not f.startswith(folders))
   silent |= bool(lost)

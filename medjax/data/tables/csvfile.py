@@ -20,6 +20,7 @@ import io
 import os
 import re
 import unicodedata
+import zipfile
 import zlib
 from typing import Sequence
 
@@ -172,7 +173,8 @@ def _header_line(path: str, lines: list[str], info: dict) -> tuple[int, str, str
 
 
 def _split_lines(path: str, raw: bytes) -> Lines:
-  source = os.path.basename(path).removesuffix(".gz")   # labs.csv.gz's rows are labs.csv's
+  # labs.csv.gz's and labs.csv.zip's rows are labs.csv's
+  source = os.path.basename(path).removesuffix(".gz").removesuffix(".zip")
   if not raw:
     raise refuse(path, "the file is empty; a table needs a header line naming its columns (or "
                  "remove the file: every table is optional)")
@@ -383,18 +385,40 @@ def field_of(lines: Lines, line: int, column: int) -> str:
   return "".join(ch for ch in fields[column] if not _is_control(ch)).strip().strip('"').strip()
 
 
-MAX_UNPACKED_BYTES = 2048 << 20   # of a gzipped table: the default config.data.max_file_mb
+MAX_UNPACKED_BYTES = 2048 << 20   # of a packed table: the default config.data.max_file_mb
+
+
+def _unzipped(path: str) -> bytes:
+  """The one file of a zipped table (a Mac's __MACOSX/ and ._ entries aside), at most
+  MAX_UNPACKED_BYTES + 1 of it."""
+  with zipfile.ZipFile(path) as z:
+    members = [m for m in z.infolist() if not m.is_dir()
+               and not m.filename.startswith("__MACOSX/")
+               and not os.path.basename(m.filename).startswith("._")]
+    if len(members) != 1:
+      raise refuse(path, f"holds {len(members)} files where a zipped table holds one; unpack "
+                   "the table's file to its name (or remove it: every table is optional)")
+    with z.open(members[0]) as f:
+      return f.read(MAX_UNPACKED_BYTES + 1)
 
 
 def load(path: str, text_columns_of) -> tuple[Lines, Frame]:
-  """Reads `path` (gzipped where it ends in .gz); `text_columns_of(lines)` names the columns kept
-  as text (the rest numeric)."""
+  """Reads `path` (gzipped where it ends in .gz, zipped where in .zip); `text_columns_of(lines)`
+  names the columns kept as text (the rest numeric)."""
+  packing = "zip" if path.endswith(".zip") else "gzip"
   try:
-    with (gzip.open if path.endswith(".gz") else open)(path, "rb") as f:
-      raw = f.read(MAX_UNPACKED_BYTES + 1)
-  except (gzip.BadGzipFile, EOFError, zlib.error):
-    raise refuse(path, "is a gzip file cut short or damaged; copy or export it again (or "
+    if path.endswith(".zip"):
+      raw = _unzipped(path)
+    else:
+      with (gzip.open if path.endswith(".gz") else open)(path, "rb") as f:
+        raw = f.read(MAX_UNPACKED_BYTES + 1)
+  except (gzip.BadGzipFile, zipfile.BadZipFile, EOFError, zlib.error):
+    raise refuse(path, f"is a {packing} file cut short or damaged; copy or export it again (or "
                  "remove it: every table is optional)") from None
+  except (NotImplementedError, RuntimeError):   # zipfile: Deflate64, or an encrypted member
+    raise refuse(path, "is zipped encrypted or by a method Python cannot unpack; unpack it to "
+                 f"{os.path.basename(path).removesuffix('.zip')} (or remove it: every table is "
+                 "optional)") from None
   except OSError as e:
     raise refuse(path, f"cannot be read ({e.strerror or type(e).__name__}); give the process "
                  "read permission on it (or remove it: every table is optional)") from None
