@@ -17,7 +17,6 @@ from configs import default as default_config
 from medjax import errors
 from medjax.data import accounting
 from medjax.data import ingest
-from medjax.data.tables import csvfile
 from tests import testdata
 
 CLASSES = ("flu", "copd", "gout")
@@ -127,7 +126,7 @@ def test_patients_named_only_by_tables_or_images_each_end_somewhere(tmp_path):
   assert counts["patients"] == {"named": 6, "in_manifest": 1, "quarantined": 5}
 
 
-def test_gzipped_tables_are_read_as_mimic_ships_them(tmp_path, monkeypatch):
+def test_gzipped_tables_are_read_as_mimic_ships_them(tmp_path):
   """labels.csv.gz and labs.csv.gz (MIMIC-IV's hosp/labevents.csv.gz, unpacked by nobody) were
   'not part of a cohort's layout; unpack it': every patient without a label. A table's gzip is
   read where the table itself is not there; beside it, the copy is reported, not read; a gzip
@@ -149,16 +148,19 @@ def test_gzipped_tables_are_read_as_mimic_ships_them(tmp_path, monkeypatch):
   # Its rows are labs.csv's, by line: P2's sodium is not a number.
   assert [(q["path"], q["line"]) for q in result.quarantine if "line" in q] == [("labs.csv", 3)]
   assert result.summary["accounting"]["files"]["tables_read"] == 3
-  data = gzip.compress(b"patient_id,Na\n" + b"P1,140\n" * 1000)
+  data = gzip.compress(b"patient_id,Na\n" + b"P1,140\n" * 160_000)   # 1.1 MiB unpacked
   (root / "labs.csv.gz").write_bytes(data[:len(data) // 2])
   with pytest.raises(errors.InputError, match=r"labs.csv.gz: is a gzip file cut short or "
                      "damaged; copy or export it again"):
     _ingest(tmp_path, root)
-  # A gzip that unpacks past the limit (a bomb, or not the table meant) is refused unread.
+  # A gzip that unpacks past config.data.max_file_mb (a bomb, or not the table meant) is
+  # refused unread; a higher budget reads it.
   (root / "labs.csv.gz").write_bytes(data)
-  monkeypatch.setattr(csvfile, "MAX_UNPACKED_BYTES", 4 << 10)
-  with pytest.raises(errors.InputError, match=r"labs.csv.gz: unpacks to more than 0 MiB"):
-    _ingest(tmp_path, root)
+  with pytest.raises(errors.InputError, match=r"labs.csv.gz: unpacks to more than "
+                     r"config.data.max_file_mb=1 MiB; check that it is the table meant, and "
+                     "raise it if so"):
+    _ingest(tmp_path, root, max_file_mb=1)
+  assert len(_ingest(tmp_path, root, max_file_mb=2).manifest) == 2
 
 
 def test_zipped_tables_are_read_as_a_mail_or_a_share_packs_them(tmp_path):

@@ -264,7 +264,7 @@ def _read_tables(root: str, data, budgets: dicom.Budgets, problems: tables.Probl
     if path is None:
       return None
     try:
-      return reader(path, *args)
+      return reader(path, *args, max_bytes=int(budgets.max_file_mb * (1 << 20)))
     except errors.InputError:
       raise
     except Exception as e:  # pylint: disable=broad-except

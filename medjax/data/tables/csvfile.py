@@ -385,12 +385,12 @@ def field_of(lines: Lines, line: int, column: int) -> str:
   return "".join(ch for ch in fields[column] if not _is_control(ch)).strip().strip('"').strip()
 
 
-MAX_UNPACKED_BYTES = 2048 << 20   # of a packed table: the default config.data.max_file_mb
+MAX_BYTES = 2048 << 20   # a table's, read or unpacked: the default config.data.max_file_mb
 
 
-def _unzipped(path: str) -> bytes:
+def _unzipped(path: str, max_bytes: int) -> bytes:
   """The one file of a zipped table (a Mac's __MACOSX/ and ._ entries aside), at most
-  MAX_UNPACKED_BYTES + 1 of it."""
+  `max_bytes` + 1 of it."""
   with zipfile.ZipFile(path) as z:
     members = [m for m in z.infolist() if not m.is_dir()
                and not m.filename.startswith("__MACOSX/")
@@ -399,19 +399,20 @@ def _unzipped(path: str) -> bytes:
       raise refuse(path, f"holds {len(members)} files where a zipped table holds one; unpack "
                    "the table's file to its name (or remove it: every table is optional)")
     with z.open(members[0]) as f:
-      return f.read(MAX_UNPACKED_BYTES + 1)
+      return f.read(max_bytes + 1)
 
 
-def load(path: str, text_columns_of) -> tuple[Lines, Frame]:
-  """Reads `path` (gzipped where it ends in .gz, zipped where in .zip); `text_columns_of(lines)`
-  names the columns kept as text (the rest numeric)."""
+def load(path: str, text_columns_of, max_bytes: int = MAX_BYTES) -> tuple[Lines, Frame]:
+  """Reads `path` (gzipped where it ends in .gz, zipped where in .zip), refused past
+  `max_bytes` (config.data.max_file_mb) unpacked; `text_columns_of(lines)` names the columns
+  kept as text (the rest numeric)."""
   packing = "zip" if path.endswith(".zip") else "gzip"
   try:
     if path.endswith(".zip"):
-      raw = _unzipped(path)
+      raw = _unzipped(path, max_bytes)
     else:
       with (gzip.open if path.endswith(".gz") else open)(path, "rb") as f:
-        raw = f.read(MAX_UNPACKED_BYTES + 1)
+        raw = f.read(max_bytes + 1)
   except (gzip.BadGzipFile, zipfile.BadZipFile, EOFError, zlib.error):
     raise refuse(path, f"is a {packing} file cut short or damaged; copy or export it again (or "
                  "remove it: every table is optional)") from None
@@ -422,9 +423,9 @@ def load(path: str, text_columns_of) -> tuple[Lines, Frame]:
   except OSError as e:
     raise refuse(path, f"cannot be read ({e.strerror or type(e).__name__}); give the process "
                  "read permission on it (or remove it: every table is optional)") from None
-  if len(raw) > MAX_UNPACKED_BYTES:
-    raise refuse(path, f"unpacks to more than {MAX_UNPACKED_BYTES >> 20} MiB; check that it is "
-                 "the table meant, or split it")
+  if len(raw) > max_bytes:
+    raise refuse(path, f"unpacks to more than config.data.max_file_mb={max_bytes >> 20} MiB; "
+                 "check that it is the table meant, and raise it if so")
   lines = _split_lines(path, raw)
   text_columns = text_columns_of(lines)
   _check_header(lines)

@@ -28,7 +28,8 @@ class Labels:
 
 
 def read_labels(path: str, problems: values_lib.Problems, classes: Sequence[str] = (),
-                fold_case: bool = False, rename: dict[str, str] | None = None) -> Labels:
+                fold_case: bool = False, rename: dict[str, str] | None = None,
+                max_bytes: int = csvfile.MAX_BYTES) -> Labels:
   """labels.csv (columns `patient_id`, `diagnosis`, optionally `split`, as named or as
   `rename` (config.data.rename) maps a column's name: {'status': 'diagnosis'}): one accepted
   row per patient.
@@ -46,7 +47,7 @@ def read_labels(path: str, problems: values_lib.Problems, classes: Sequence[str]
     cols["split"] = csvfile.column_index(header, values_lib.SPLIT_COLUMNS)
     return [j for j in (cols["pid"], cols["label"], cols["split"]) if j is not None]
 
-  lines, frame = csvfile.load(path, text_columns)
+  lines, frame = csvfile.load(path, text_columns, max_bytes)
   ids, id_set = values_lib.read_ids(frame, lines, cols["pid"], fold_case, problems)
   source, found = frame.source, list(frame.problems)   # now with their patients
   pid_name, label_name = frame.columns[cols["pid"]], frame.columns[cols["label"]]

@@ -32,7 +32,8 @@ class Labs:
 
 def read_labs(path: str, analytes: Sequence[str], rename: dict[str, str],
               problems: values_lib.Problems, ranges: dict[str, tuple[float, float]] | None = None,
-              fold_case: bool = False, date_order: str = "auto") -> Labs:
+              fold_case: bool = False, date_order: str = "auto",
+              max_bytes: int = csvfile.MAX_BYTES) -> Labs:
   """labs.csv, wide (one column per analyte) or long (`analyte`, `value` columns).
 
   Args:
@@ -44,6 +45,7 @@ def read_labs(path: str, analytes: Sequence[str], rename: dict[str, str],
       set to missing.
     fold_case: casefold patient ids (config.data.ids_case_insensitive).
     date_order: the draw time column's dates ('03/01/2020'), config.data.date_order.
+    max_bytes: the most the file may hold, unpacked (config.data.max_file_mb).
 
   Returns:
     Labs with one row per patient: each analyte's earliest usable value by the file's draw
@@ -64,7 +66,7 @@ def read_labs(path: str, analytes: Sequence[str], rename: dict[str, str],
                             if csvfile.column_key(h) in _NOT_ANALYTES
                             or values_lib.identifier_column(h)]
 
-  lines, frame = csvfile.load(path, text_columns)
+  lines, frame = csvfile.load(path, text_columns, max_bytes)
   if "analyte" in cols:
     return Labs(*labs_long.read_long(lines, frame, cols, analytes, rename, problems, ranges,
                                      fold_case))
@@ -93,16 +95,13 @@ def read_labs(path: str, analytes: Sequence[str], rename: dict[str, str],
     analytes = list(dict.fromkeys(n for j, n in zip(columns, names) if j in categories
                                   or not values_lib.withheld(n, problems.known_ids)))
   index = {a: i for i, a in enumerate(analytes)}
-  for j, name in zip(columns, names):
-    if name not in index:
-      found.append(_ignored(frame, lines, j, problems.known_ids, "not in config.data.analytes "
-                            f"({len(analytes)} names); add it or map it with config.data.rename; "
-                            "its values are ignored"))
+  found += [_ignored(frame, lines, j, problems.known_ids, "not in config.data.analytes "
+                     f"({len(analytes)} names); add it or map it with config.data.rename; its "
+                     "values are ignored") for j, name in zip(columns, names) if name not in index]
   found += _unnamed(frame, lines)
   empty = ids == ""
-  for i in np.flatnonzero(empty):
-    found.append(csvfile.Problem(source, int(frame.lines[i]),
-                                 f"empty {frame.columns[cols['pid']]!r}; the row is set aside"))
+  found += [csvfile.Problem(source, int(frame.lines[i]), f"empty {frame.columns[cols['pid']]!r}; "
+                            "the row is set aside") for i in np.flatnonzero(empty)]
   read = [(j, name) for j, name in zip(columns, names) if name in index]
   _wide_in_conventional_units(frame, read, units, ranges, problems.known_ids, lines.info)
   patients, values = _one_row_per_patient(frame, lines, cols, read, index, ids,

@@ -51,7 +51,7 @@ _FAHRENHEIT_UNITS = frozenset({"Â°f", "degf", "f", "degreesf", "fahrenheit", "â„
 def read_vitals(path: str, channels: Sequence[str], steps: int, hours_per_step: float,
                 problems: values_lib.Problems, ranges: dict[str, tuple[float, float]] | None = None,
                 fold_case: bool = False, rename: dict[str, str] | None = None,
-                date_order: str = "auto") -> Vitals:
+                date_order: str = "auto", max_bytes: int = csvfile.MAX_BYTES) -> Vitals:
   """vitals.csv, wide: one row per patient and time, one column per channel (by its name,
   data.rename or the names exports give it: `_channel_columns`); or long: one row per
   measurement (patient, time, a name or code, a value: MIMIC's chartevents), its channels' rows
@@ -93,7 +93,7 @@ def read_vitals(path: str, channels: Sequence[str], steps: int, hours_per_step: 
     return [cols["pid"]] + [j for j in range(len(lines.header))
                             if j != cols["time"] and j not in cols["channels"]]
 
-  lines, frame = csvfile.load(path, text_columns)
+  lines, frame = csvfile.load(path, text_columns, max_bytes)
   frame = _channels_frame(frame, lines, cols, channels, ranges, rename or {}, fold_case)
   ids, id_set = values_lib.read_ids(frame, lines, cols["pid"], fold_case, problems)
   found = list(frame.problems)   # now with their patients
