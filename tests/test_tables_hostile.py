@@ -7,6 +7,7 @@ import io
 import json
 import logging
 import os
+import re
 import tempfile
 
 import numpy as np
@@ -276,6 +277,30 @@ def test_a_header_cell_that_may_identify_a_patient_is_never_echoed(tmp_path, ide
   with pytest.raises(errors.InputError) as e:
     ingest.run(_config(vitals_channels=("hr",)), str(tmp_path / "w3"), str(root))
   assert "['hr']" in str(e.value) and ident not in str(e.value)
+
+
+def test_an_id_in_a_class_or_a_merged_name_reaches_no_summary_and_no_class(tmp_path):
+  """A patient's id in the class column (a shifted row) became a class: named in the manifest's
+  class names, summary.json's classes and every per-class metric; an id that an analyte cell
+  spelt twice ('P2', 'p2') was kept in summary.json's analytes_merged_by_case. Such a row is set
+  aside with the id withheld, and the files' counts are redacted like the reasons are; integer
+  classes beside integer ids are classes."""
+  root = tmp_path / "cohort"
+  root.mkdir()
+  (root / "labels.csv").write_text("patient_id,diagnosis\nP1,flu\nP2,copd\nP3,P4\nP4,flu\n"
+                                   "P5,p4\n")
+  (root / "labs.csv").write_text("patient_id,analyte,value\nP1,Na,140\nP2,Na,141\nP3,Na,142\n"
+                                 "P4,Na,143\nP5,Na,144\nP1,P2,1\nP3,p2,2\n")
+  result = ingest.run(_config(analytes=(), classes=()), str(tmp_path / "w"), str(root))
+  assert result.manifest.class_names == ["copd", "flu"]
+  everything = json.dumps([result.quarantine, result.summary])
+  assert not re.search(r"\b[Pp][24]\b", everything)
+  assert [q["line"] for q in result.quarantine if q.get("path") == "labels.csv"] == [4, 6]
+  assert "class (withheld: it is a patient's id; a shifted row?)" in everything
+  (root / "labels.csv").write_text("patient_id,outcome\n1,0\n2,1\n3,1\n")
+  (root / "labs.csv").write_text("patient_id,Na\n1,140\n2,141\n3,142\n")
+  result = ingest.run(_config(analytes=(), classes=()), str(tmp_path / "w2"), str(root))
+  assert result.manifest.class_names == ["0", "1"] and len(result.manifest) == 3
 
 
 def test_a_long_labs_analyte_cell_holding_an_id_becomes_no_analyte(tmp_path):

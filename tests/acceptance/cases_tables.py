@@ -1836,3 +1836,12 @@ def _(ctx):
                          lib.table_info("labs.csv", "columns_merged", {"Na": 2})],
                  quarantined=[Quarantined("labs.csv", "columns 'Na' and 'SODIUM' both give "
                                           "analyte 'Na' and differ", line=6)])
+
+
+@case("tables", "labels: a patient's id in the class column (a shifted row)", QUARANTINED)
+def _(ctx):
+  # The id became a class: on stdout, in log.txt, report.json and summary.json.
+  rows = lib.labels_rows()
+  rows[3] = f"{IDS[3]},{IDS[5]}"
+  return _tables(ctx, labels=table(lib.LABELS_HEADER, rows), patients=9,
+                 quarantined=[Quarantined("labels.csv", "is a patient's id", line=5)])

@@ -5,7 +5,8 @@
   other_lines  lines that are not one row each (a quoted field's line breaks, a repeated
            header, a SQL tool's rules and row counts)
   analytes what is known of analytes and channels by name: aliases, plausible ranges, units
-  values   ids, numbers, range checks, `Problems` (shared by the readers)
+  problems `Problems`: the rows and values the readers set aside, and their counts
+  values   ids, numbers, range checks
   categories results written as words (a wide column, a long file's analyte) as 0/1 indicators
   labels   labels.csv
   labs     labs.csv, wide or long
@@ -28,6 +29,6 @@ from medjax.data.tables.labels import read_labels
 from medjax.data.tables.labs import Labs
 from medjax.data.tables.labs import read_labs
 from medjax.data.tables.values import normalize_ids
-from medjax.data.tables.values import Problems
+from medjax.data.tables.problems import Problems
 from medjax.data.tables.vitals import read_vitals
 from medjax.data.tables.vitals import Vitals

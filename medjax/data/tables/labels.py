@@ -10,6 +10,7 @@ from typing import Sequence
 import numpy as np
 
 from medjax.data.tables import csvfile
+from medjax.data.tables import problems as problems_lib
 from medjax.data.tables import values as values_lib
 
 
@@ -27,7 +28,7 @@ class Labels:
             dict(zip(self.ids.tolist(), self.lines.tolist())))
 
 
-def read_labels(path: str, problems: values_lib.Problems, classes: Sequence[str] = (),
+def read_labels(path: str, problems: problems_lib.Problems, classes: Sequence[str] = (),
                 fold_case: bool = False, rename: dict[str, str] | None = None,
                 max_bytes: int = csvfile.MAX_BYTES) -> Labels:
   """labels.csv (columns `patient_id`, `diagnosis`, optionally `split`, as named or as
@@ -69,6 +70,8 @@ def read_labels(path: str, problems: values_lib.Problems, classes: Sequence[str]
           f"config.data.classes ({len(classes)} names); add it or fix the row; the row is set "
           "aside", patient=ids[i]))
     keep &= ~unknown
+  else:
+    keep &= ~_ids_as_classes(frame, names, keep, problems.known_ids, found, ids)
   # Other columns are not read (an export's age or sex beside the class): said, never quietly.
   others = [values_lib.shown(h, problems.known_ids) for j, h in enumerate(frame.columns)
             if h and j not in (cols["pid"], cols["label"], cols["split"])]
@@ -84,6 +87,20 @@ def read_labels(path: str, problems: values_lib.Problems, classes: Sequence[str]
   problems.extend(found)
   return Labels(ids[kept], names[kept], frame.lines[kept],
                 None if splits is None else splits[kept])
+
+
+def _ids_as_classes(frame, names, keep, known_ids: set[str], found: list, ids) -> np.ndarray:
+  """The kept rows whose class is a patient's id (a shifted row, the id pasted twice), each a
+  problem: as a class it would name the patient in the manifest, summary.json and every
+  per-class metric. An integer is a class (outcomes are written 0 and 1, and so are ids)."""
+  bad = keep & values_lib.map_unique(
+      names, lambda n: n.casefold() in known_ids and not re.fullmatch(r"[+-]?\d+", n)
+  ).astype(bool)
+  for i in np.flatnonzero(bad):
+    found.append(csvfile.Problem(
+        frame.source, int(frame.lines[i]), "class (withheld: it is a patient's id; a shifted "
+        "row?) is no class; fix the row; the row is set aside", patient=ids[i]))
+  return bad
 
 
 def _splits(frame, column: int, ids, id_set, keep, info: dict, found: list) -> np.ndarray:

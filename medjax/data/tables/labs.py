@@ -14,6 +14,7 @@ from medjax.data.tables import categories as categories_lib
 from medjax.data.tables import columns as columns_lib
 from medjax.data.tables import csvfile
 from medjax.data.tables import labs_long
+from medjax.data.tables import problems as problems_lib
 from medjax.data.tables import values as values_lib
 
 
@@ -31,7 +32,7 @@ class Labs:
 
 
 def read_labs(path: str, analytes: Sequence[str], rename: dict[str, str],
-              problems: values_lib.Problems, ranges: dict[str, tuple[float, float]] | None = None,
+              problems: problems_lib.Problems, ranges: dict[str, tuple[float, float]] | None = None,
               fold_case: bool = False, date_order: str = "auto",
               max_bytes: int = csvfile.MAX_BYTES) -> Labs:
   """labs.csv, wide (one column per analyte) or long (`analyte`, `value` columns).

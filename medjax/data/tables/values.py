@@ -17,6 +17,7 @@ import pandas as pd
 
 from medjax.data.tables import analytes as analytes_lib
 from medjax.data.tables import csvfile
+from medjax.data.tables import problems as problems_lib
 
 # The names a role's column may have, in order of preference, compared by `csvfile.column_key`
 # (case, spaces, '_', '-' and '.' ignored): MIMIC's subject_id, OMOP's person_id, R's pid and
@@ -68,7 +69,6 @@ FLOAT32_MAX = float(np.finfo(np.float32).max)
 MISSING_MARKERS = frozenset({"nan", "-nan", "+nan", "na", "n/a", "#n/a", "null", "none", "<na>",
                              "#div/0!", "#value!", "#ref!", "#num!", "#name?", "#null!",
                              "#n/a!", "#calc!", "#spill!"})
-_WITHHELD = "(withheld: it may identify a patient)"
 _FLOAT_ID = re.compile(r"\d+\.0+")
 _TEXT_FORMULA = re.compile(r'="(.*)"')
 _MINUS = str.maketrans({"\u2212": "-", "\u2012": "-", "\u2013": "-", "\ufe63": "-",
@@ -86,43 +86,6 @@ OK, NON_FINITE, NOT_A_NUMBER, OUT_OF_RANGE, BEYOND_FLOAT32, AMBIGUOUS_COMMA = ra
 _VALUE_KINDS = {NON_FINITE: "non_finite", NOT_A_NUMBER: "not_a_number",
                 OUT_OF_RANGE: "out_of_range", BEYOND_FLOAT32: "beyond_float32",
                 AMBIGUOUS_COMMA: "ambiguous_comma"}
-
-
-class Problems:
-  """Collects set-aside rows and values, or raises on the first one; keeps per-file counts."""
-
-  def __init__(self, on_error: str):
-    if on_error not in ("raise", "quarantine"):
-      raise ValueError(f"config.data.on_error={on_error!r}: use 'raise' or 'quarantine'")
-    self.on_error = on_error
-    self.items: list[csvfile.Problem] = []
-    self.files: dict[str, dict] = {}   # file name -> counts and format (ingest summary)
-    self.known_ids: set[str] = set()   # casefolded ids seen so far: never shown in a reason
-    # Every patient id a table names in a row, accepted or set aside (normalised as joined):
-    # ingest accounts for each (the manifest, or the quarantine report with the reason).
-    self.named: set[str] = set()
-    self.first_line: dict[str, dict[str, int]] = {}   # table file -> id -> its first line
-
-  def report(self, source: str, line: int, reason: str) -> None:
-    self.extend([csvfile.Problem(source, line, reason)])
-
-  def redact(self) -> None:
-    """Withholds any value shown in a reason that turned out to be an id (of a table read later
-    or of a DICOM file): `shown` only knew the ids read before it."""
-    def withhold(match):
-      return _WITHHELD if match.group(1).strip().casefold() in self.known_ids else match.group(0)
-    self.items = [dataclasses.replace(p, reason=re.sub(r"'([^']*)'", withhold, p.reason))
-                  for p in self.items]
-
-  def extend(self, found: Sequence[csvfile.Problem]) -> None:
-    """Adds problems in line order; with on_error='raise', raises the first."""
-    found = sorted(found, key=lambda p: p.line)
-    if found and self.on_error == "raise":
-      p = found[0]
-      raise csvfile.TableError(f"{p.source}:{p.line}: {p.reason} (set "
-                               "config.data.on_error='quarantine' to set such rows and values "
-                               "aside and go on)")
-    self.items.extend(found)
 
 
 def normalize_ids(ids, fold_case: bool = False) -> np.ndarray:
@@ -173,7 +136,11 @@ def one_spelling(names: np.ndarray, preferred: Sequence[str], info: dict, key: s
   merged = {n: spelling[n.casefold()] for n in sorted(counts) if spelling[n.casefold()] != n}
   if not merged:
     return names
-  info[key] = merged
+  # Recorded without a name that may identify a patient (an id in the wrong column).
+  recorded = {n: spelt for n, spelt in merged.items()
+              if not withheld(n, set()) and not withheld(spelt, set())}
+  if recorded:
+    info[key] = recorded
   return np.array([merged.get(n, n) for n in names.tolist()], dtype=object)
 
 
@@ -185,7 +152,7 @@ def shown(text, ids: set[str]) -> str:
   text = unicodedata.normalize("NFC", str(text).strip())
   if (len(text) > 24 or re.search(r"\d{4}", text) or text.casefold() in ids
       or not text.isprintable() or "'" in text or '"' in text or "\\" in text):
-    return _WITHHELD
+    return problems_lib.WITHHELD
   return f"'{text}'"
 
 
@@ -203,13 +170,13 @@ def shown_value(text, ids: set[str]) -> str:
     return shown(text, ids)
   if (not re.search(r"\d", stripped)
       or re.search(r"\d{1,2}[/.\-]\d{1,2}[/.\-]\d{2}", stripped)):
-    return _WITHHELD
+    return problems_lib.WITHHELD
   return shown(text, ids)
 
 
 def withheld(text, ids: set[str]) -> bool:
   """Whether `shown` withholds `text` (it could identify a patient)."""
-  return shown(text, ids) == _WITHHELD
+  return shown(text, ids) == problems_lib.WITHHELD
 
 
 def numbers(col: pd.Series, decimal_comma: bool,
@@ -442,7 +409,7 @@ def name_malformed(frame: csvfile.Frame, lines: csvfile.Lines, column: int,
 
 
 def read_ids(frame: csvfile.Frame, lines: csvfile.Lines, column: int, fold_case: bool,
-             problems: Problems) -> tuple[np.ndarray, set[str]]:
+             problems: problems_lib.Problems) -> tuple[np.ndarray, set[str]]:
   """Normalised ids of a column; their spellings join `problems.known_ids` (for `shown`) and
   `problems.named`. The rows set aside as malformed (`frame.problems`) are given their
   patient where the line still shows it, and it is named too."""

@@ -14,6 +14,7 @@ from medjax.data.tables import columns as columns_lib
 from medjax.data.tables import csvfile
 from medjax.data.tables import pressure
 from medjax.data.tables import timestamps
+from medjax.data.tables import problems as problems_lib
 from medjax.data.tables import values as values_lib
 
 
@@ -49,7 +50,8 @@ _FAHRENHEIT_UNITS = frozenset({"Â°f", "degf", "f", "degreesf", "fahrenheit", "â„
 
 
 def read_vitals(path: str, channels: Sequence[str], steps: int, hours_per_step: float,
-                problems: values_lib.Problems, ranges: dict[str, tuple[float, float]] | None = None,
+                problems: problems_lib.Problems,
+                ranges: dict[str, tuple[float, float]] | None = None,
                 fold_case: bool = False, rename: dict[str, str] | None = None,
                 date_order: str = "auto", max_bytes: int = csvfile.MAX_BYTES) -> Vitals:
   """vitals.csv, wide: one row per patient and time, one column per channel (by its name,
