@@ -150,6 +150,30 @@ def test_vitals_times_with_decimal_commas_and_times_that_are_not_hours(tmp_path)
       "vitals_hours_per_step): are they hours since admission?")
 
 
+def test_a_date_column_beside_times_of_day_makes_them_timestamps(tmp_path):
+  """A flowsheet export splits each time into 'Recorded Date' and 'Recorded Time' (10:00 PM):
+  every vitals row was set aside ('time '22:00' is neither hours nor an ISO timestamp'), and a
+  labs file's draws were all at one unreadable time, the later kept as the first in the file.
+  A time of day beside a date column is that date's time (a 12-hour clock, a date a spreadsheet
+  wrote with midnight, a series across midnight); a row with no time is 'empty', not 'nan'."""
+  path = _write(tmp_path, "vitals.csv", "MRN,Recorded Date,Recorded Time,hr\n"
+                "P1,01/31/2024 00:00:00,10:00 PM,80\nP1,01/31/2024,11:00 pm,81\n"
+                "P1,02/01/2024,12:00 AM,82\nP1,02/01/2024,1:00,83\n"
+                "P2,02/05/2024,,70\nP2,02/05/2024,09:00:00,71\n")
+  problems = tables.Problems("quarantine")
+  vitals = tables.read_vitals(path, ["hr"], 6, 1.0, problems)
+  np.testing.assert_allclose(vitals.values[:, :4, 0], [[80, 81, 82, 83],
+                                                       [71, np.nan, np.nan, np.nan]])
+  assert [p.reason for p in problems.items] == ["empty 'Recorded Time'; the row is set aside"]
+  assert problems.files["vitals.csv"]["times_dated"] == {"date_column": "Recorded Date",
+                                                         "rows": 5}
+  labs = _write(tmp_path, "labs.csv", "patient_id,Date,Time,analyte,value\n"
+                "P1,2024-01-02,08:00,Na,150\nP1,2024-01-01,23:00,Na,140\n")
+  problems = tables.Problems("quarantine")
+  np.testing.assert_allclose(tables.read_labs(labs, (), {}, problems).values, [[140]])
+  assert problems.items == [] and problems.files["labs.csv"]["later_draws"] == 1
+
+
 def test_vitals_written_newest_first_or_in_no_order_keep_their_rows(tmp_path):
   """Order is checked where the file keeps one: newest first it runs backwards (50 of 60 rows
   were set aside as out of order), and a patient whose rows hold no order (an export without

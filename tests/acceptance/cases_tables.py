@@ -1845,3 +1845,16 @@ def _(ctx):
   rows[3] = f"{IDS[3]},{IDS[5]}"
   return _tables(ctx, labels=table(lib.LABELS_HEADER, rows), patients=9,
                  quarantined=[Quarantined("labels.csv", "is a patient's id", line=5)])
+
+
+@case("tables", "vitals: date and time of day in two columns (a flowsheet export)", ACCEPTED)
+def _(ctx):
+  # Every row was set aside ("time '10:00 PM' is neither hours nor an ISO timestamp").
+  rows = [f"{pid},{day},{clock},{70 + i + h},{110 + i},{70 + h},{14 + h},{97 + (i % 3)},36.{h}"
+          for i, pid in enumerate(IDS)
+          for h, (day, clock) in enumerate((("03/01/2024", "10:00 PM"), ("03/01/2024", "11:00 PM"),
+                                            ("03/02/2024", "12:00 AM")))]
+  return _tables(ctx, vitals=table("patient_id,Date,Time," + ",".join(lib.CHANNELS), rows),
+                 checks=[lib.table_info("vitals.csv", "times_dated",
+                                        {"date_column": "Date", "rows": 30}),
+                         lib.table_info("vitals.csv", "rows_quarantined", 0)])

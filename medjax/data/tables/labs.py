@@ -15,6 +15,7 @@ from medjax.data.tables import columns as columns_lib
 from medjax.data.tables import csvfile
 from medjax.data.tables import labs_long
 from medjax.data.tables import problems as problems_lib
+from medjax.data.tables import timestamps
 from medjax.data.tables import values as values_lib
 
 
@@ -68,6 +69,7 @@ def read_labs(path: str, analytes: Sequence[str], rename: dict[str, str],
                             or values_lib.identifier_column(h)]
 
   lines, frame = csvfile.load(path, text_columns, max_bytes)
+  timestamps.with_dates(frame, cols["time"], cols["header"], lines.info)
   if "analyte" in cols:
     return Labs(*labs_long.read_long(lines, frame, cols, analytes, rename, problems, ranges,
                                      fold_case))

@@ -19,8 +19,7 @@ from medjax.data.tables import values as values_lib
 # so that a patient's earliest draw is the one kept, wide or long.
 DRAW_TIME_COLUMNS = values_lib.TIME_COLUMNS + (
     "collection_datetime", "collected_datetime", "specimen_datetime", "result_datetime",
-    "date_time", "date", "collection_date", "collected_date", "collected", "draw_date",
-    "drawn_date", "specimen_date", "sample_date", "result_date", "lab_date", "test_date")
+    "date_time") + timestamps.DATE_COLUMNS
 
 
 def read_long(lines, frame, cols, analytes, rename, problems, ranges,

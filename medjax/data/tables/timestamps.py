@@ -10,9 +10,21 @@ import numpy as np
 import pandas as pd
 
 from medjax import errors
+from medjax.data.tables import csvfile
 from medjax.data.tables import values as values_lib
 
 DATE_ORDERS = ("auto", "month_first", "day_first")
+# A table's date column: a lab draw's when it has no time, or the date beside a time of day
+# ('Date' 2024-01-01 beside 'Time' 08:30, as a flowsheet export splits them: `with_dates`).
+DATE_COLUMNS = ("date", "collection_date", "collected_date", "collected", "draw_date",
+                "drawn_date", "specimen_date", "sample_date", "result_date", "lab_date",
+                "test_date", "recorded_date", "record_date", "measurement_date",
+                "observation_date", "obs_date", "chart_date", "charted_date", "event_date",
+                "visit_date", "service_date")
+# A time of day: '08:30', '8:30:15', '8:30 PM'; and a date written with midnight, as a
+# spreadsheet writes a date cell ('2024-01-01 00:00:00').
+_CLOCK = r"(?i)^(\d{1,2}):(\d{2})(?::(\d{2})(?:[.,]\d+)?)?\s*(?:([ap])\.?m\.?)?$"
+_MIDNIGHT = r"[ T]0?0:00(?::00(?:\.0+)?)?$"
 # A number of hours with its unit: '2 h', '+3h', '3.5 hrs', '12 hours'.
 _HOURS = r"(?i)^([+-]?\d+(?:[.,]\d+)?)\s*(?:h|hr|hrs|hour|hours)\.?$"
 # A date written with its day and month as numbers, and an optional time of day.
@@ -53,6 +65,31 @@ def times(col: pd.Series, decimal_comma: bool = False, order: str = "auto",
   hours[rest[valid]] = micros.astype(np.int64) / 3.6e9
   ok[rest[valid]] = 2
   return hours, ok
+
+
+def with_dates(frame: csvfile.Frame, time: int | None, header, info: dict) -> None:
+  """The `time` column's times of day ('08:30', '8:30 PM') given, in the frame, the date of
+  the row's date column (`DATE_COLUMNS`), where the file has one and most of its times are
+  times of day: '2024-01-01 20:30', read as a timestamp (a date written with midnight counts as
+  its date). Without it, every row's time was unreadable and set aside. Counted as
+  info['times_dated'] (the date column's name and the rows)."""
+  j = csvfile.column_index(header, DATE_COLUMNS)
+  if time is None or j is None or j == time or not (
+      frame.frame[time].iloc[:1000].astype(str).str.strip().str.match(_CLOCK).mean() > 0.5):
+    return   # the first rows say whether the whole column is worth a look
+  parts = frame.frame[time].astype(str).str.strip().str.extract(_CLOCK)
+  clock = parts[0].notna().to_numpy(bool)
+  dates = frame.frame[j].astype(str).str.strip().str.replace(_MIDNIGHT, "", regex=True)
+  dated = clock & (dates != "").to_numpy(bool) & frame.frame[j].notna().to_numpy(bool)
+  if not clock.mean() > 0.5 or not dated.any():
+    return
+  hour, half = parts[0].fillna("0").astype(int), parts[3].fillna("").str.lower()
+  hour = hour.where(~((half == "p") & (hour < 12)), hour + 12).where(
+      ~((half == "a") & (hour == 12)), 0)
+  stamp = (dates + " " + hour.map("{:02d}".format) + ":" + parts[1] + ":"
+           + parts[2].fillna("00"))
+  frame.frame[time] = frame.frame[time].astype(object).where(~dated, stamp)
+  info["times_dated"] = {"date_column": str(header[j]), "rows": int(dated.sum())}
 
 
 def _written(text: pd.Series, order: str, info: dict) -> pd.Series:

@@ -46,7 +46,9 @@ SPLIT_NAMES = {"train": "train", "training": "train", "val": "val", "valid": "va
 # Epic (result_time, specimen_taken_time) name them.
 TIME_COLUMNS = ("hour", "hours", "time", "timestamp", "charttime", "datetime",
                 "measurement_datetime", "observation_datetime", "result_time",
-                "specimen_taken_time", "collection_time")
+                "specimen_taken_time", "collection_time", "recorded_time", "recorded_datetime",
+                "chart_time", "charted_time", "charted_datetime", "measurement_time",
+                "observation_time", "obs_time", "event_time", "event_datetime")
 # A long labs.csv's analyte and value columns: MIMIC's labevents joined to d_labitems ('label',
 # 'valuenum' beside the text 'value', so the numeric one first), OMOP's measurement
 # ('measurement_source_value', 'value_as_number'), Epic's ('component_name', 'ord_num_value').

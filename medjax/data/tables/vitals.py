@@ -13,8 +13,8 @@ from medjax.data.tables import analytes as analytes_lib
 from medjax.data.tables import columns as columns_lib
 from medjax.data.tables import csvfile
 from medjax.data.tables import pressure
-from medjax.data.tables import timestamps
 from medjax.data.tables import problems as problems_lib
+from medjax.data.tables import timestamps
 from medjax.data.tables import values as values_lib
 
 
@@ -96,6 +96,7 @@ def read_vitals(path: str, channels: Sequence[str], steps: int, hours_per_step: 
                             if j != cols["time"] and j not in cols["channels"]]
 
   lines, frame = csvfile.load(path, text_columns, max_bytes)
+  timestamps.with_dates(frame, cols["time"], values_lib.renamed(lines.header, rename), lines.info)
   frame = _channels_frame(frame, lines, cols, channels, ranges, rename or {}, fold_case)
   ids, id_set = values_lib.read_ids(frame, lines, cols["pid"], fold_case, problems)
   found = list(frame.problems)   # now with their patients
@@ -159,6 +160,9 @@ def _rows_in_time_order(frame: csvfile.Frame, cols: dict, ids: np.ndarray, id_se
 
   pid_name, time_name = frame.columns[cols["pid"]], frame.columns[cols["time"]]
   kept = set_aside(ids == "", lambda i: f"empty {pid_name!r}; the row is set aside")
+  empty = pd.isna(tcells) | (pd.Series(tcells, dtype=object).astype(str).str.strip() == "")
+  kept &= set_aside(kept & empty.to_numpy(bool), lambda i: (
+      f"empty {time_name!r}; the row is set aside"))
   kept &= set_aside(kept & (kind == 0), lambda i: (
       f"time {shown(i)} is neither hours nor an ISO timestamp; the row is set aside"))
   kept &= set_aside(kept & (kind == (2 if numeric_file else 1)), lambda i: (
