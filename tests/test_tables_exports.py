@@ -174,6 +174,27 @@ def test_a_date_column_beside_times_of_day_makes_them_timestamps(tmp_path):
   assert problems.items == [] and problems.files["labs.csv"]["later_draws"] == 1
 
 
+def test_hl7_compact_timestamps_are_timestamps(tmp_path):
+  """An HL7 feed's times as digits (202401010800, 20240101083015, a date 20240102) were hours
+  since admission: every row past the last step. A number of 8, 12 or 14 digits that is a valid
+  date and time is a timestamp; epoch seconds are not (still past the last step, reported)."""
+  path = _write(tmp_path, "vitals.csv", "patient_id,charttime,hr\nP1,202401012300,80\n"
+                "P1,20240102000000,81\nP1,202401020130,82\nP2,20240105,70\nP2,,71\n")
+  problems = tables.Problems("quarantine")
+  vitals = tables.read_vitals(path, ["hr"], 4, 1.0, problems)
+  np.testing.assert_allclose(vitals.values[:, :, 0], [[80, 81, 82, np.nan],
+                                                      [70, np.nan, np.nan, np.nan]])
+  assert [p.line for p in problems.items] == [6]
+  labs = _write(tmp_path, "labs.csv", "patient_id,result_time,analyte,value\n"
+                "P1,202401020800,Na,150\nP1,202401012300,Na,140\n")
+  np.testing.assert_allclose(tables.read_labs(labs, (), {}, tables.Problems("raise")).values,
+                             [[140]])
+  epoch = _write(tmp_path, "epoch.csv", "patient_id,time,hr\nP1,1704067200,80\n")
+  problems = tables.Problems("quarantine")
+  tables.read_vitals(epoch, ["hr"], 4, 1.0, problems)
+  assert "lies past the last step" in problems.items[0].reason
+
+
 def test_vitals_written_newest_first_or_in_no_order_keep_their_rows(tmp_path):
   """Order is checked where the file keeps one: newest first it runs backwards (50 of 60 rows
   were set aside as out of order), and a patient whose rows hold no order (an export without

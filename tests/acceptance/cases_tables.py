@@ -1858,3 +1858,11 @@ def _(ctx):
                  checks=[lib.table_info("vitals.csv", "times_dated",
                                         {"date_column": "Date", "rows": 30}),
                          lib.table_info("vitals.csv", "rows_quarantined", 0)])
+
+
+@case("tables", "vitals: HL7 compact timestamps (202403012200)", ACCEPTED)
+def _(ctx):
+  # Read as hours since admission: every row past the last step, the vitals lost.
+  return _tables(ctx, vitals=_vitals_times(["202403012200", "20240301230000", "202403020000"]),
+                 checks=[lib.table_info("vitals.csv", "rows_past_last_step", 0),
+                         lib.table_info("vitals.csv", "rows_quarantined", 0)])

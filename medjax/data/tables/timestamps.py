@@ -36,9 +36,10 @@ def times(col: pd.Series, decimal_comma: bool = False, order: str = "auto",
           info: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
   """(hours, kind): kind 1 for a finite number of hours ('2', '2 h'), 2 for a timestamp (hours
   since the epoch, naive times taken as UTC): ISO 8601, or a date with its day and month as
-  numbers (`_written`); 0 for anything else."""
+  numbers (`_written`), or HL7's compact form (`_compact_stamps`); 0 for anything else."""
   hours, kinds, _ = values_lib.numbers(col, decimal_comma)   # '0,5' in a ';' file is 0.5
   ok = np.where(~np.isnan(hours), 1, 0)
+  _compact_stamps(col, hours, ok)
   rest = np.flatnonzero((ok == 0) & (kinds == values_lib.NOT_A_NUMBER))
   if not len(rest):
     return hours, ok
@@ -65,6 +66,31 @@ def times(col: pd.Series, decimal_comma: bool = False, order: str = "auto",
   hours[rest[valid]] = micros.astype(np.int64) / 3.6e9
   ok[rest[valid]] = 2
   return hours, ok
+
+
+# HL7's compact timestamps, read as numbers: YYYYMMDD, YYYYMMDDHHMM or YYYYMMDDHHMMSS.
+_COMPACT = {8: "%Y%m%d", 12: "%Y%m%d%H%M", 14: "%Y%m%d%H%M%S"}
+
+
+def _compact_stamps(col: pd.Series, hours: np.ndarray, ok: np.ndarray) -> None:
+  """Numbers of 8, 12 or 14 digits that are HL7 timestamps (20240101, 202401010830: a valid
+  date from 1800 to 2199 and time) made timestamps, in place (hours since the epoch, `ok` 2):
+  no number of hours since admission has that shape, nor do epoch seconds (10 digits) or
+  milliseconds (13)."""
+  big = np.flatnonzero((ok == 1) & (hours >= 1e7))
+  if not len(big):
+    return
+  digits = col.iloc[big].astype(str).str.strip().str.replace(r"\.0+$", "", regex=True)
+  shaped = digits.str.fullmatch(r"(?:1[89]|2[01])\d+").to_numpy(bool)
+  for length, form in _COMPACT.items():
+    of = shaped & (digits.str.len() == length).to_numpy(bool)
+    if not of.any():
+      continue
+    stamps = pd.to_datetime(digits[of], format=form, errors="coerce")
+    valid = stamps.notna().to_numpy()
+    at = big[of][valid]
+    hours[at] = stamps[valid].to_numpy().astype("datetime64[us]").astype(np.int64) / 3.6e9
+    ok[at] = 2
 
 
 def with_dates(frame: csvfile.Frame, time: int | None, header, info: dict) -> None:
