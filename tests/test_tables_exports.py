@@ -195,6 +195,17 @@ def test_hl7_compact_timestamps_are_timestamps(tmp_path):
   assert "lies past the last step" in problems.items[0].reason
 
 
+def test_a_monitor_exports_channel_names_are_the_channels(tmp_path):
+  """'NIBP Systolic', 'NIBP Diastolic' (a bedside monitor's export), 'Resp', 'Systolic' were
+  not channel names: the file was refused ('channel columns ['sbp', 'dbp'] not found')."""
+  for header in ("MRN,Time,Pulse,NIBP Systolic,NIBP Diastolic,Resp Rate,SpO2 (%),Temp (F)",
+                 "MRN,Time,ECG Heart Rate,Systolic,Diastolic,Resp,Pulse Ox,Body Temp"):
+    path = _write(tmp_path, "vitals.csv", header + "\nP1,0,80,120,80,16,98,98.6\n")
+    vitals = tables.read_vitals(path, ["hr", "sbp", "dbp", "rr", "spo2", "temp"], 2, 1.0,
+                                tables.Problems("raise"))
+    np.testing.assert_allclose(vitals.values[0, 0], [80, 120, 80, 16, 98, 37], rtol=1e-4)
+
+
 def test_vitals_written_newest_first_or_in_no_order_keep_their_rows(tmp_path):
   """Order is checked where the file keeps one: newest first it runs backwards (50 of 60 rows
   were set aside as out of order), and a patient whose rows hold no order (an export without

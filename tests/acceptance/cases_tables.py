@@ -1866,3 +1866,15 @@ def _(ctx):
   return _tables(ctx, vitals=_vitals_times(["202403012200", "20240301230000", "202403020000"]),
                  checks=[lib.table_info("vitals.csv", "rows_past_last_step", 0),
                          lib.table_info("vitals.csv", "rows_quarantined", 0)])
+
+
+@case("tables", "vitals: a bedside monitor's column names (NIBP Systolic, Resp Rate)", ACCEPTED)
+def _(ctx):
+  # The file was refused: "channel columns ['sbp', 'dbp'] not found".
+  return _tables(ctx, vitals=table("MRN,Time,Pulse,NIBP Systolic,NIBP Diastolic,Resp Rate,"
+                                   "SpO2 (%),Temp (F)", [
+                                       f"{pid},{h},{70 + i},{110 + i},{70 + h},{14 + h},98,"
+                                       f"{98.2 + 0.2 * h:.1f}"
+                                       for i, pid in enumerate(IDS) for h in range(3)]),
+                 checks=[lib.table_info("vitals.csv", "fahrenheit_to_celsius", 30),
+                         lib.table_info("vitals.csv", "rows_quarantined", 0)])

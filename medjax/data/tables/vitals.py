@@ -31,18 +31,24 @@ class Vitals:
 # 220179/220180 and 220050/220051 non-invasive and arterial blood pressure systolic/diastolic,
 # 220210 Respiratory Rate, 220277 O2 saturation pulseoxymetry, 223762 Temperature Celsius).
 CHANNEL_NAMES = {
-    "hr": ("heart rate", "heartrate", "pulse", "pulse rate", "220045"),
+    "hr": ("heart rate", "heartrate", "pulse", "pulse rate", "ecg heart rate", "hr bpm",
+           "220045"),
     "sbp": ("systolic blood pressure", "systolic bp", "non invasive blood pressure systolic",
-            "arterial blood pressure systolic", "nbp systolic", "nbps", "sysbp", "220179",
+            "arterial blood pressure systolic", "nbp systolic", "nbps", "sysbp", "nibp systolic",
+            "nibp sys", "nibps", "bp systolic", "blood pressure systolic", "systolic",
+            "systolic pressure", "sys bp", "abp systolic", "art bp systolic", "220179",
             "220050"),
     "dbp": ("diastolic blood pressure", "diastolic bp", "non invasive blood pressure diastolic",
-            "arterial blood pressure diastolic", "nbp diastolic", "nbpd", "diasbp", "220180",
-            "220051"),
-    "rr": ("respiratory rate", "resp rate", "respiration rate", "breathing rate", "220210"),
+            "arterial blood pressure diastolic", "nbp diastolic", "nbpd", "diasbp",
+            "nibp diastolic", "nibp dia", "nibpd", "bp diastolic", "blood pressure diastolic",
+            "diastolic", "diastolic pressure", "dia bp", "abp diastolic", "art bp diastolic",
+            "220180", "220051"),
+    "rr": ("respiratory rate", "resp rate", "respiration rate", "breathing rate", "resp",
+           "respirations", "220210"),
     "spo2": ("o2 saturation pulseoxymetry", "oxygen saturation", "o2 saturation", "o2 sat",
-             "pulse oximetry", "220277"),
+             "pulse oximetry", "spo2 %", "pulse ox", "sp o2", "220277"),
     "temp": ("temperature", "temperature celsius", "temperature c", "body temperature",
-             "temp c", "223762")}
+             "temp c", "body temp", "temp celsius", "223762")}
 # Temperatures given in Fahrenheit (MIMIC-IV charts most as 223761, Temperature Fahrenheit), by
 # name or by unit: a long file's are converted to the 'temp' channel's Celsius.
 FAHRENHEIT_NAMES = ("temperature fahrenheit", "temperature f", "temp f", "223761")
