@@ -266,7 +266,8 @@ def _column_values(frame, read, index, rows, ranges, id_set) -> tuple[np.ndarray
                                                      rows)
     a = index[name]
     if name in first:
-      info.setdefault("columns_merged", {})[name] = info.get("columns_merged", {}).get(name, 1) + 1
+      merged = info.setdefault("columns_merged", {})
+      merged[name] = merged.get(name, 1) + 1
       differ = ~np.isnan(values[:, a]) & ~np.isnan(v) & ~np.isclose(values[:, a], v, rtol=1e-3)
       if differ.any():
         found.append(_differing(frame, (first[name], j), name, frame.lines[rows[differ]],
