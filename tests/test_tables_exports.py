@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from medjax import errors
 from medjax.data import ingest_summary
 from medjax.data import tables
 from medjax.data.tables import analytes
@@ -204,6 +205,33 @@ def test_a_monitor_exports_channel_names_are_the_channels(tmp_path):
     vitals = tables.read_vitals(path, ["hr", "sbp", "dbp", "rr", "spo2", "temp"], 2, 1.0,
                                 tables.Problems("raise"))
     np.testing.assert_allclose(vitals.values[0, 0], [80, 120, 80, 16, 98, 37], rtol=1e-4)
+
+
+def test_a_long_file_is_never_read_as_one_analyte_mixing_them_all(tmp_path):
+  """An HL7 export's 'observation_identifier'/'observation_value' and Epic's 'Component'/'Result
+  Value' were not a long file's columns: the file was read as wide, its value column one
+  analyte mixing sodium and potassium (or, with few analytes, the names became categories).
+  Those names are a long file's now; a column of analyte names under any other name is
+  refused with the config.data.rename that reads it."""
+  for header in ("patient_id,observation_datetime,observation_identifier,observation_value,"
+                 "units", "MRN,Order Date,Component,Result Value,Reference Unit"):
+    path = _write(tmp_path, "labs.csv", header + "\nP1,202401010800,Sodium,140 H,mmol/L\n"
+                  "P1,202401010800,Potassium,4.1,mmol/L\nP2,202401020800,Sodium,135,mmol/L\n")
+    labs = tables.read_labs(path, (), {}, tables.Problems("raise"))
+    assert labs.analytes == ["Potassium", "Sodium"]
+    np.testing.assert_allclose(labs.values, [[4.1, 140], [np.nan, 135]])
+  for names in (("Sodium", "Potassium"), ("Sodium", "Sodium")):
+    path = _write(tmp_path, "labs.csv", "patient_id,obx_3,obx_5\n"
+                  f"P1,{names[0]},140\nP2,{names[1]},4.1\n")
+    with pytest.raises(errors.InputError, match=(
+        r"labs.csv: column 2 \('obx_3'\) names analytes \('Sodium', .*\) as a long file's "
+        r"analyte column does, under a name none of \[.*\]; map it and its value column with "
+        r"config.data.rename, e.g. \{'obx_3': 'analyte', <the value column>: 'value'\}")):
+      tables.read_labs(path, (), {}, tables.Problems("quarantine"))
+  # A wide file's categories are not analyte names.
+  path = _write(tmp_path, "labs.csv", "patient_id,Na,specimen\n" + "".join(
+      f"P{i},140,{'blood' if i % 2 else 'serum'}\n" for i in range(10)))
+  assert "specimen=blood" in tables.read_labs(path, (), {}, tables.Problems("raise")).analytes
 
 
 def test_vitals_written_newest_first_or_in_no_order_keep_their_rows(tmp_path):

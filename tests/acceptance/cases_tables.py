@@ -1878,3 +1878,22 @@ def _(ctx):
                                        for i, pid in enumerate(IDS) for h in range(3)]),
                  checks=[lib.table_info("vitals.csv", "fahrenheit_to_celsius", 30),
                          lib.table_info("vitals.csv", "rows_quarantined", 0)])
+
+
+@case("tables", "labs long: an HL7 export's names (observation_identifier, _value)", ACCEPTED)
+def _(ctx):
+  # Read as wide: one analyte 'observation_value' mixing sodium and potassium.
+  rows = [f"{pid},2024030{1 + k}0800,{a},{v},mmol/L" for i, pid in enumerate(IDS)
+          for k, (a, v) in enumerate((("Sodium", 135 + i), ("Potassium", 4.0)))]
+  return _tables(ctx, labs=table("patient_id,observation_datetime,observation_identifier,"
+                                 "observation_value,units", rows),
+                 checks=[_analytes(["Potassium", "Sodium"]), _lab_value(IDS[2], "Sodium", 137)])
+
+
+@case("tables", "labs long under names of no long file (obx_3, obx_5)", CLEAR)
+def _(ctx):
+  rows = [f"{pid},{a},{v}" for i, pid in enumerate(IDS)
+          for a, v in (("Sodium", 135 + i), ("Potassium", 4.0))]
+  return _tables(ctx, labs=table("patient_id,obx_3,obx_5", rows),
+                 error="labs.csv: column 2 ('obx_3') names analytes ('Sodium', 'Potassium', ...) "
+                       "as a long file's analyte column does")

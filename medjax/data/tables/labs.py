@@ -132,7 +132,31 @@ def _measurements(frame, lines, named, ids, found) -> list[int]:
       columns.append(j)
       continue
     found.append(_ignored(frame, lines, j, ids, f"{what}; its values are ignored"))
+  _not_long(frame, lines, columns, ids)
   return columns
+
+
+# Analytes by `analytes.key`: what a long file's analyte column names.
+_KNOWN_ANALYTES = frozenset(analytes_lib.key(n) for n in analytes_lib.LAB_RANGES)
+
+
+def _not_long(frame, lines, columns, ids) -> None:
+  """Refuses a long file read as wide: a column whose cells name analytes ('Sodium',
+  'Potassium') under a name that is none of `values.ANALYTE_COLUMNS` (an HL7 export's
+  'observation_identifier'), whose values would be one analyte mixing them all."""
+  for j in columns:
+    if pd.api.types.is_numeric_dtype(frame.frame[j].dtype):
+      continue
+    names = pd.unique(frame.frame[j].iloc[:5000].dropna().astype(str).str.strip())
+    known = [n for n in names if analytes_lib.key(n) in _KNOWN_ANALYTES]
+    if known and (len(known) == len(names) or len(known) >= max(2, len(names) / 2)):
+      shown = values_lib.shown(frame.columns[j], ids)
+      raise csvfile.refuse(
+          lines.path, f"column {j + 1} ({shown}) names analytes "
+          f"({', '.join(values_lib.shown(n, ids) for n in known[:3])}, ...) as a long file's "
+          f"analyte column does, under a name none of {list(values_lib.ANALYTE_COLUMNS)}; map "
+          f"it and its value column with config.data.rename, e.g. {{{shown}: 'analyte', "
+          "<the value column>: 'value'} (or, in a wide file, remove the column)")
 
 
 def _units_in_cells(frame, columns, info) -> dict[int, str]:

@@ -53,17 +53,21 @@ TIME_COLUMNS = ("hour", "hours", "time", "timestamp", "charttime", "datetime",
 # 'valuenum' beside the text 'value', so the numeric one first), OMOP's measurement
 # ('measurement_source_value', 'value_as_number'), Epic's ('component_name', 'ord_num_value').
 ANALYTE_COLUMNS = ("analyte", "test", "test_name", "label", "lab_name", "component_name",
-                   "measurement_source_value")
+                   "measurement_source_value", "component", "observation_identifier",
+                   "observation_name", "observation", "lab_test", "lab_test_name",
+                   "test_description", "result_name", "analyte_name")
 # A long file's analyte column by code where it names none (raw MIMIC labevents' and
 # chartevents' 'itemid', before d_labitems or d_items is joined; OMOP's concept id; a LOINC
 # code): the codes are the analytes (a long vitals.csv's: CHANNEL_NAMES or data.rename).
 ANALYTE_CODE_COLUMNS = ("itemid", "item_id", "loinc_code", "loinc", "test_code",
                         "measurement_concept_id")
 VALUE_COLUMNS = ("valuenum", "value_as_number", "ord_num_value", "numeric_value", "value",
-                 "result", "result_value")
+                 "result", "result_value", "observation_value", "numeric_result", "lab_value",
+                 "test_value", "measurement_value", "result_numeric")
 # A long labs.csv's unit column (MIMIC's valueuom, OMOP's unit_source_value).
 UNIT_COLUMNS = ("unit", "units", "uom", "valueuom", "unit_of_measure", "result_unit",
-                "unit_source_value", "reference_unit")
+                "unit_source_value", "reference_unit", "result_units", "observation_units",
+                "unit_name")
 # Every value is stored as float32: a finite float64 beyond this is not a number the tables hold.
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 # Text read as a missing value but counted, like inf and nan, as a non-finite value.
