@@ -621,6 +621,17 @@ def test_wide_labs_without_units_in_si_are_converted_by_their_values(tmp_path):
   assert "8 values read as SI units or counts per µL by their values" in _ingest_table(problems)
 
 
+def test_a_study_databases_id_and_class_columns_are_found(tmp_path):
+  """REDCap's 'record_id', a study's 'participant_id' and a 'dx' column were refused ('not a
+  header with a patient id column'); they are a patient id's and a class's names now."""
+  labels = tables.read_labels(_write(tmp_path, "labels.csv", "record_id,dx\n1,copd\n2,flu\n"),
+                              tables.Problems("raise"))
+  assert labels.ids.tolist() == ["1", "2"] and labels.classes.tolist() == ["copd", "flu"]
+  labs = tables.read_labs(_write(tmp_path, "labs.csv", "Participant ID,Na\nS-01,140\n"), (),
+                          {}, tables.Problems("raise"))
+  assert labs.ids.tolist() == ["S-01"] and labs.analytes == ["Na"]
+
+
 def test_headers_spelt_as_exports_spell_them_name_the_same_columns(tmp_path):
   """'Patient ID', 'Diagnosis', 'HR' and MIMIC's labevents (subject_id, label, a text 'value'
   beside 'valuenum', valueuom) were refused ('not a header with a patient id column') or read

@@ -20,10 +20,11 @@ from medjax.data.tables import csvfile
 from medjax.data.tables import problems as problems_lib
 
 # The names a role's column may have, in order of preference, compared by `csvfile.column_key`
-# (case, spaces, '_', '-' and '.' ignored): MIMIC's subject_id, OMOP's person_id, R's pid and
-# the bare 'id' of R's datasets (the PBC trial's, SUPPORT's), last: any other is preferred.
-# config.data.rename maps any other name to one of these ({'record_id': 'patient_id'}).
-PATIENT_COLUMNS = ("patient_id", "patient", "mrn", "subject_id", "person_id", "pid", "id")
+# (case, spaces, '_', '-' and '.' ignored): MIMIC's subject_id, OMOP's person_id, R's pid, the
+# bare 'id' of R's datasets (the PBC trial's, SUPPORT's), then a study's participant_id and
+# REDCap's record_id. config.data.rename maps any other name to one ({'study_no': 'patient_id'}).
+PATIENT_COLUMNS = ("patient_id", "patient", "mrn", "subject_id", "person_id", "pid", "id",
+                   "patient_number", "medical_record_number", "participant_id", "record_id")
 # Columns that identify a patient rather than measure one (compared by `csvfile.column_key`):
 # an export's MRN beside its PatientID, names, birth dates, addresses. Left out of
 # the analytes (and out of tables.npz), whatever config.data.analytes says.
@@ -34,7 +35,7 @@ IDENTIFIER_COLUMNS = frozenset({csvfile.column_key(c) for c in PATIENT_COLUMNS} 
     "city", "zip", "zipcode", "postcode", "postalcode", "phone", "telephone", "email",
     "accession", "accessionnumber", "encounterid", "visitid", "admissionid", "hadmid",
     "subjectid", "stayid", "insuranceid", "birthdt", "birthdatetime", "dobdt"})
-LABEL_COLUMNS = ("diagnosis", "label", "class", "outcome", "target")
+LABEL_COLUMNS = ("diagnosis", "label", "class", "outcome", "target", "dx", "class_label")
 # labels.csv's optional split column (a cohort's own train/val/test split, e.g. MIMIC-CXR's):
 # where there is one it decides each patient's split, config.data.split does not.
 SPLIT_COLUMNS = ("split", "data_split", "subset")
