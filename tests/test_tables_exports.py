@@ -545,6 +545,22 @@ def test_a_long_vitals_file_s_units_in_names_or_values_are_read(tmp_path):
     assert not problems.items and problems.files["vitals.csv"]["fahrenheit_to_celsius"] == 2
 
 
+def test_numbers_grouped_by_spaces_or_apostrophes_are_read(tmp_path):
+  """A French or Swiss export groups thousands with a space, a no-break space or an apostrophe
+  ('250 000', '300\u00a0000', "1'234.5", '1 234,5' beside a decimal comma): every such value
+  was 'not a number', set to missing. Groups of three so written are thousands; '120 80' (two
+  numbers in one cell) is still not a number."""
+  path = _write(tmp_path, "labs.csv", "patient_id;Platelets;Glucose;odd\n"
+                "P1;250 000;5,5;120 80\nP2;300\u00a0000;1 234,5;\nP3;1'234.5;6,1;\n"
+                "P4;180\u202f000;7;\n")
+  problems = tables.Problems("quarantine")
+  labs = tables.read_labs(path, (), {}, problems, {})
+  np.testing.assert_allclose(labs.values[:, :2], [[250000, 5.5], [300000, 1234.5],
+                                                  [1234.5, 6.1], [180000, 7]])
+  info = problems.files["labs.csv"]
+  assert info["thousands_separators"] == 5 and info["values"]["not_a_number"] == {"odd": 1}
+
+
 def test_numbers_with_thousands_separators_are_read(tmp_path):
   """A spreadsheet's number format writes a platelet count as "250,000" (quoted in a comma
   file): it was 'not a number', set to missing. Groups of three after the first digits are

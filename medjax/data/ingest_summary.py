@@ -136,7 +136,7 @@ _READ_COUNTS = (
      "as their numbers"),
     ("units_in_cells", "values written with their unit ('140 mmol/L') read as numbers in "
      "it"),
-    ("thousands_separators", "numbers with thousands separators read ('250,000')"),
+    ("thousands_separators", "numbers with thousands separators read ('250,000', '250 000')"),
     ("missing_dots", "cells of '.' (SAS's and Stata's missing value) read as missing"),
     ("values_at_limit", "values beyond an assay's limit ('<0.01', '>60') read at the limit"),
     ("later_draws", "later draws not used (each patient's earliest value of an analyte is)"),

@@ -1897,3 +1897,12 @@ def _(ctx):
   return _tables(ctx, labs=table("patient_id,obx_3,obx_5", rows),
                  error="labs.csv: column 2 ('obx_3') names analytes ('Sodium', 'Potassium', ...) "
                        "as a long file's analyte column does")
+
+
+@case("tables", "labs: a French export's thousands grouped by spaces ('250 000')", ACCEPTED)
+def _(ctx):
+  # Every platelet count was 'not a number', set to missing.
+  rows = [f"{pid};{135 + i};{250 + 10 * i}\u00a0000;5,{i}" for i, pid in enumerate(IDS)]
+  return _tables(ctx, labs=table("patient_id;Na;Platelets;Glucose", rows),
+                 checks=[_lab_value(IDS[3], "Platelets", 280.0),
+                         lib.table_info("labs.csv", "values_set_missing", {})])

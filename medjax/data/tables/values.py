@@ -77,6 +77,9 @@ MISSING_MARKERS = frozenset({"nan", "-nan", "+nan", "na", "n/a", "#n/a", "null",
                              "#div/0!", "#value!", "#ref!", "#num!", "#name?", "#null!",
                              "#n/a!", "#calc!", "#spill!"})
 _FLOAT_ID = re.compile(r"\d+\.0+")
+# A number grouped in threes by spaces (a European export's '250 000', its no-break spaces
+# folded to spaces) or apostrophes (a Swiss one's "1'234.5"); a decimal point or comma after.
+_SPACED = r"[+-]?\d{1,3}(?:[ '’]\d{3})+(?:[.,]\d+)?"
 _TEXT_FORMULA = re.compile(r'="(.*)"')
 _MINUS = str.maketrans({"\u2212": "-", "\u2012": "-", "\u2013": "-", "\ufe63": "-",
                         "\uff0d": "-"})
@@ -241,6 +244,10 @@ def numbers(col: pd.Series, decimal_comma: bool,
   rest = ~marker & ~dots & (text != "").to_numpy(bool)
   thousands = _thousands(text, rest, decimal_comma)
   values[failed[thousands]] = text[thousands].str.replace(",", "").astype(float).to_numpy()
+  spaced = rest & ~thousands & text.str.fullmatch(_SPACED).to_numpy(bool)   # '250 000'
+  values[failed[spaced]] = (text[spaced].str.replace(r"[ '’]", "", regex=True)
+                            .str.replace(",", ".").astype(float).to_numpy())
+  thousands = thousands | spaced
   rest = rest & ~thousands
   commas = 0
   if decimal_comma and rest.any():
