@@ -559,6 +559,12 @@ def test_numbers_grouped_by_spaces_or_apostrophes_are_read(tmp_path):
                                                   [1234.5, 6.1], [180000, 7]])
   info = problems.files["labs.csv"]
   assert info["thousands_separators"] == 5 and info["values"]["not_a_number"] == {"odd": 1}
+  # Counts per µL converted by their values (250 000/µL is 250 x 10^9/L) are counted too: the
+  # numbers converted no longer show their separators.
+  problems = tables.Problems("quarantine")
+  labs = tables.read_labs(path, (), {}, problems, tables.value_ranges())
+  np.testing.assert_allclose(labs.values[[0, 1, 3], 0], [250, 300, 180])
+  assert problems.files["labs.csv"]["thousands_separators"] == 5
 
 
 def test_numbers_with_thousands_separators_are_read(tmp_path):

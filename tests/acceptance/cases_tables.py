@@ -1905,4 +1905,5 @@ def _(ctx):
   rows = [f"{pid};{135 + i};{250 + 10 * i}\u00a0000;5,{i}" for i, pid in enumerate(IDS)]
   return _tables(ctx, labs=table("patient_id;Na;Platelets;Glucose", rows),
                  checks=[_lab_value(IDS[3], "Platelets", 280.0),
-                         lib.table_info("labs.csv", "values_set_missing", {})])
+                         lib.table_info("labs.csv", "values_set_missing", {}),
+                         lib.table_info("labs.csv", "thousands_separators", 10)])

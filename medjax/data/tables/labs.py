@@ -251,7 +251,7 @@ def _wide_in_conventional_units(frame, read, units, ranges, ids, info) -> None:
       factor = _si_by_value(frame, j, conversion[1], analytes_lib.range_for(ranges, name))
     if factor is not None:
       key = "si_units_converted" if j in units else "si_units_by_value"
-      at = values_lib.convert(frame, j, rows, np.full(len(rows), factor))
+      at = values_lib.convert(frame, j, rows, np.full(len(rows), factor), info)
       info[key] = info.get(key, 0) + len(at)
     unit = conversion[0] if factor is not None else units.get(j, "")
     if unit and not values_lib.withheld(unit, ids):
@@ -354,7 +354,8 @@ def _one_row_per_patient(frame, lines, cols, read, index, ids, rows, ranges, id_
   if aside.any():   # the values' problems and counts are of the rows kept only
     _, probs, info = _column_values(frame, read, index, rows[~aside], ranges, id_set)
   found += probs
-  lines.info.update(info)   # the wide path is the only one to count the file's values
+  for key, n in info.items():   # the wide path is the only one to count the file's values
+    lines.info[key] = lines.info.get(key, 0) + n if isinstance(n, int) else n
   repeated = usable & given_before & ~(aside | drawn_later)[:, None]
   for name, a in index.items():
     at = np.sort(frame.lines[rows[repeated[:, a]]])

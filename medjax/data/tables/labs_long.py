@@ -125,7 +125,7 @@ def _in_conventional_units(frame, cols, rows, analyte_of, names, info) -> None:
       of = analyte_of == a
       factor[of] = values_lib.map_unique(units[of], lambda u, f=conversion[1]: f.get(u, np.nan))
       unit[of] = conversion[0]
-  at = values_lib.convert(frame, cols["value"], rows, factor)
+  at = values_lib.convert(frame, cols["value"], rows, factor, info)
   if len(at):
     values_lib.set_cells(frame, cols["unit"], rows[at], unit[at])
     info["si_units_converted"] = len(at)
@@ -154,7 +154,7 @@ def _in_one_unit(frame, cols, rows, sel, name, ids, id_set, info, found) -> np.n
   other = given & (units != major)
   factor = _rescaled(frame, cols["value"], rows[sel], units, major, other)
   at = np.flatnonzero(other)[values_lib.convert(frame, cols["value"], rows[sel[other]],
-                                                factor[other])]
+                                                factor[other], info)]
   if len(at):
     other[at] = False
     info["units_rescaled"] = info.get("units_rescaled", 0) + len(at)

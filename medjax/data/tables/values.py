@@ -322,18 +322,22 @@ def set_cells(frame: csvfile.Frame, column: int, rows: np.ndarray, values: np.nd
   frame.frame[column] = pd.Series(cells, index=frame.frame.index)
 
 
-def convert(frame: csvfile.Frame, column: int, rows: np.ndarray,
-            factor: np.ndarray) -> np.ndarray:
+def convert(frame: csvfile.Frame, column: int, rows: np.ndarray, factor: np.ndarray,
+            info: dict) -> np.ndarray:
   """The numbers of `column` in `rows` multiplied in the frame by `factor` (NaN: left as they
   are; a value at an assay's limit is converted at it); returns the positions in `rows` of the
-  values converted."""
+  values converted. What was read of those besides plain numbers (`numbers`: a thousands
+  separator, a limit) goes to `info`, as the numbers they become will not say it."""
   maybe = np.flatnonzero(~np.isnan(factor))
   if not len(maybe):
     return maybe
-  v, kinds, _ = numbers(frame.frame[column].iloc[rows[maybe]], frame.delimiter != ",",
-                        limits=True)
+  v, kinds, read = numbers(frame.frame[column].iloc[rows[maybe]], frame.delimiter != ",",
+                           limits=True)
   ok = (kinds == OK) & ~np.isnan(v)
   at = maybe[ok]
+  if read and len(at):   # of the values converted only: the others are read again later
+    add_counts(info, numbers(frame.frame[column].iloc[rows[at]], frame.delimiter != ",",
+                             limits=True)[2])
   if len(at):
     set_cells(frame, column, rows[at], v[ok] * factor[at])
   return at
