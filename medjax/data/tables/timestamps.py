@@ -59,13 +59,24 @@ def times(col: pd.Series, decimal_comma: bool = False, order: str = "auto",
     stamps = stamps.copy()
     stamps[unread] = _written(text[unread], order, info if info is not None else {}).to_numpy()
   valid = stamps.notna().to_numpy()
-  # In microseconds, not via nanosecond Timedeltas: a placeholder date ('9999-12-31',
-  # '1600-01-01') is a valid timestamp, outside the series like a mistyped year, and
-  # subtracting the epoch in nanoseconds overflowed for the whole file.
-  micros = stamps[valid].to_numpy().astype("datetime64[us]")
-  hours[rest[valid]] = micros.astype(np.int64) / 3.6e9
+  hours[rest[valid]] = _hours_since_epoch(stamps[valid])
   ok[rest[valid]] = 2
   return hours, ok
+
+
+def _hours_since_epoch(stamps: pd.Series) -> np.ndarray:
+  """Timestamps as hours since the epoch. In microseconds, not via nanosecond Timedeltas: a
+  placeholder date ('9999-12-31', '1600-01-01') is a valid timestamp, outside the series like a
+  mistyped year, and subtracting the epoch in nanoseconds overflowed for the whole file."""
+  return stamps.to_numpy().astype("datetime64[us]").astype(np.int64) / 3.6e9
+
+
+def _on_24h_clock(hour: pd.Series, half: pd.Series) -> tuple[pd.Series, pd.Series]:
+  """Hours of a 12-hour clock ('p' or 'a' in `half`; '' for a 24-hour one) on a 24-hour clock
+  (12 AM is 0, 1 PM is 13), and whether each is an hour of its clock."""
+  pm, am = half == "p", half == "a"
+  valid = (hour >= 0) & (hour <= np.where(pm | am, 12, 23))
+  return hour.where(~(pm & (hour < 12)), hour + 12).where(~(am & (hour == 12)), 0), valid
 
 
 # HL7's compact timestamps, read as numbers: YYYYMMDD, YYYYMMDDHHMM or YYYYMMDDHHMMSS.
@@ -89,7 +100,7 @@ def _compact_stamps(col: pd.Series, hours: np.ndarray, ok: np.ndarray) -> None:
     stamps = pd.to_datetime(digits[of], format=form, errors="coerce")
     valid = stamps.notna().to_numpy()
     at = big[of][valid]
-    hours[at] = stamps[valid].to_numpy().astype("datetime64[us]").astype(np.int64) / 3.6e9
+    hours[at] = _hours_since_epoch(stamps[valid])
     ok[at] = 2
 
 
@@ -109,9 +120,7 @@ def with_dates(frame: csvfile.Frame, time: int | None, header, info: dict) -> No
   dated = clock & (dates != "").to_numpy(bool) & frame.frame[j].notna().to_numpy(bool)
   if not clock.mean() > 0.5 or not dated.any():
     return
-  hour, half = parts[0].fillna("0").astype(int), parts[3].fillna("").str.lower()
-  hour = hour.where(~((half == "p") & (hour < 12)), hour + 12).where(
-      ~((half == "a") & (hour == 12)), 0)
+  hour, _ = _on_24h_clock(parts[0].fillna("0").astype(int), parts[3].fillna("").str.lower())
   stamp = (dates + " " + hour.map("{:02d}".format) + ":" + parts[1] + ":"
            + parts[2].fillna("00"))
   frame.frame[time] = frame.frame[time].astype(object).where(~dated, stamp)
@@ -145,11 +154,8 @@ def _written(text: pd.Series, order: str, info: dict) -> pd.Series:
   day, month = (a, b) if day_first else (b, a)
   year = parts[3].astype(int)
   year = year.where(parts[3].str.len() == 4, year + np.where(year <= 68, 2000, 1900))
-  hour = parts[4].fillna("0").astype(int)
-  half = parts[7].fillna("").astype(str).str.lower()
-  pm, am = half == "p", half == "a"
-  clock = (hour >= 0) & (hour <= np.where(pm | am, 12, 23))
-  hour = hour.where(~(pm & (hour < 12)), hour + 12).where(~(am & (hour == 12)), 0)
+  hour, clock = _on_24h_clock(parts[4].fillna("0").astype(int),
+                              parts[7].fillna("").astype(str).str.lower())
   minute, second = parts[5].fillna("0").astype(int), parts[6].fillna("0").astype(int)
   stamps = pd.to_datetime(pd.DataFrame({
       "year": year, "month": month, "day": day, "hour": hour, "minute": minute,

@@ -79,7 +79,7 @@ def read_vitals(path: str, channels: Sequence[str], steps: int, hours_per_step: 
   cols = {}
 
   def text_columns(lines):
-    header = values_lib.renamed(lines.header, rename)
+    cols["header"] = header = values_lib.renamed(lines.header, rename)
     cols["pid"] = csvfile.find_column(lines, values_lib.PATIENT_COLUMNS, "patient id", header)
     cols["time"] = csvfile.find_column(lines, values_lib.TIME_COLUMNS, "time", header)
     cols["channels"], cols["fahrenheit"], cols["named"] = _channel_columns(
@@ -102,7 +102,7 @@ def read_vitals(path: str, channels: Sequence[str], steps: int, hours_per_step: 
                             if j != cols["time"] and j not in cols["channels"]]
 
   lines, frame = csvfile.load(path, text_columns, max_bytes)
-  timestamps.with_dates(frame, cols["time"], values_lib.renamed(lines.header, rename), lines.info)
+  timestamps.with_dates(frame, cols["time"], cols["header"], lines.info)
   frame = _channels_frame(frame, lines, cols, channels, ranges, rename or {}, fold_case)
   ids, id_set = values_lib.read_ids(frame, lines, cols["pid"], fold_case, problems)
   found = list(frame.problems)   # now with their patients
